@@ -1,0 +1,127 @@
+//! Wire types shared by the kernel probes (`tracetap-ebpf`) and the agent.
+//!
+//! Invariants:
+//! - Every type is `#[repr(C)]`, has no padding the compiler could fill with garbage that the
+//!   other side reads, and has an alignment of at most 8 (a ring buffer record is 8-aligned).
+//! - A ring buffer record is an [`EventHeader`] immediately followed by `header.captured` bytes
+//!   of payload (`captured <= MAX_CAPTURE_BYTES`). Only data events carry payload.
+//! - `ret` is what the syscall returned: the byte count for data events (which may exceed
+//!   `captured`: only the first bytes are copied), the new fd for accepts.
+#![no_std]
+
+/// Largest capture window a user may configure (`TRACETAP_CAPTURE_BYTES`).
+pub const MAX_CAPTURE_BYTES: u32 = 16 * 1024;
+/// Size of the per-CPU staging buffer for payload. A power of two above `MAX_CAPTURE_BYTES` so the
+/// probe can bound lengths with a mask the verifier understands.
+pub const STAGING_BYTES: usize = 32 * 1024;
+/// Mask that bounds any length to the staging buffer.
+pub const STAGING_MASK: u64 = (STAGING_BYTES as u64) - 1;
+/// Size of the copied socket address: `sizeof(struct sockaddr_in6)`.
+pub const SOCKADDR_BYTES: usize = 28;
+/// Length of a task command name, including the trailing NUL (`TASK_COMM_LEN`).
+pub const COMM_BYTES: usize = 16;
+
+/// What a ring buffer record describes.
+#[repr(u32)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    /// `accept`/`accept4` returned a new connection `fd`; `addr` is the peer.
+    Accept = 1,
+    /// `connect` was called on `fd`; `addr` is the destination.
+    Connect = 2,
+    /// `close(fd)` was called.
+    Close = 3,
+    /// The process read `ret` bytes from `fd` (`ret == 0` is end of stream).
+    Read = 4,
+    /// The process wrote `ret` bytes to `fd`.
+    Write = 5,
+}
+
+impl EventKind {
+    /// Decodes the raw `kind` field of a header.
+    #[must_use]
+    pub fn from_raw(raw: u32) -> Option<Self> {
+        Some(match raw {
+            1 => Self::Accept,
+            2 => Self::Connect,
+            3 => Self::Close,
+            4 => Self::Read,
+            5 => Self::Write,
+            _ => return None,
+        })
+    }
+}
+
+/// Fixed part of every ring buffer record.
+#[repr(C)]
+#[derive(Copy, Clone, Debug)]
+pub struct EventHeader {
+    /// `bpf_ktime_get_ns()` at the syscall exit (monotonic clock).
+    pub ts_ns: u64,
+    /// What the syscall returned (bytes moved, or the new fd for accepts).
+    pub ret: i64,
+    pub tgid: u32,
+    pub tid: u32,
+    pub fd: i32,
+    /// An [`EventKind`] as `u32`.
+    pub kind: u32,
+    /// Number of payload bytes that follow the header.
+    pub captured: u32,
+    /// Number of valid bytes in `addr` (0 when the syscall carried no address).
+    pub addr_len: u32,
+    /// Raw `struct sockaddr_in`/`sockaddr_in6` as the process passed or received it.
+    pub addr: [u8; SOCKADDR_BYTES],
+    pub _reserved: u32,
+}
+
+impl EventHeader {
+    pub const SIZE: usize = size_of::<Self>();
+}
+
+/// Indexes into the per-CPU `LOSSES` array: why an event never reached the ring buffer.
+#[repr(u32)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Loss {
+    /// The ring buffer had no room for the record.
+    RingFull = 0,
+    /// The in-flight syscall table was full, so the exit could not be matched with its entry.
+    InflightFull = 1,
+    /// Copying the payload or address from user memory failed.
+    ReadFailed = 2,
+}
+
+/// Number of entries in the `LOSSES` array.
+pub const LOSS_SLOTS: u32 = 3;
+
+/// Global variables the agent sets before loading the probes (`EbpfLoader::set_global`).
+pub mod globals {
+    /// `u32`: how many payload bytes to copy per syscall (`TRACETAP_CAPTURE_BYTES`).
+    pub const CAPTURE_BYTES: &str = "CAPTURE_BYTES";
+    /// `[u8; COMM_BYTES]`: command name to trace; all zero means "pid list only".
+    pub const TARGET_COMM: &str = "TARGET_COMM";
+}
+
+/// Names of the maps the agent opens.
+pub mod maps {
+    pub const EVENTS: &str = "EVENTS";
+    pub const LOSSES: &str = "LOSSES";
+    pub const TARGET_PIDS: &str = "TARGET_PIDS";
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: plain-old-data, repr(C), every bit pattern is a valid value.
+    unsafe impl aya::Pod for super::EventHeader {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_layout_is_stable_and_aligned() {
+        assert_eq!(EventHeader::SIZE % 8, 0, "records must keep 8-byte alignment");
+        assert_eq!(EventHeader::SIZE, 72);
+        assert!((MAX_CAPTURE_BYTES as usize) < STAGING_BYTES);
+    }
+}

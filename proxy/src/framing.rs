@@ -1,0 +1,571 @@
+//! HTTP/1 message framing over one direction of a connection, fed with syscall-sized chunks of
+//! which only a prefix may be known.
+//!
+//! The probes copy the first `TRACETAP_CAPTURE_BYTES` of each syscall and the last few bytes (the
+//! tail). A [`Chunk`] therefore has `known` bytes, then `total - known.len()` bytes that passed
+//! through the socket but were not copied. The framer must stay in step anyway:
+//! - a head must lie inside known bytes; a head cut by unknown bytes is an error (the caller
+//!   decides whether and how to resynchronise);
+//! - Content-Length bodies are counted, so unknown bytes inside them cost nothing;
+//! - chunked bodies are parsed; when unknown bytes hide a chunk-size line the framer switches to
+//!   [`Lost`](BodyState::ChunkedLost) and ends the message when a chunk's tail shows the last-chunk
+//!   marker `0\r\n\r\n` (which is what every HTTP/1 sender HAProxy talks to writes without trailers).
+//!
+//! Invariant: the framer never holds more than [`MAX_HEAD_BYTES`] of a head, or
+//! [`MAX_CHUNK_LINE`] of a chunk-size line, so memory per connection is bounded.
+
+/// Longest head (request or status line plus headers) the framer accepts.
+pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// Longest chunk-size line (with extensions) the framer accepts.
+pub const MAX_CHUNK_LINE: usize = 1024;
+/// Marker the sender writes after the last chunk when there are no trailers.
+const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
+
+/// One syscall's worth of bytes of one direction.
+#[derive(Clone, Copy, Debug)]
+pub struct Chunk<'a> {
+    /// The bytes that were copied: a prefix of the syscall's bytes.
+    pub known: &'a [u8],
+    /// How many bytes the syscall moved in all (`>= known.len()`).
+    pub total: u64,
+    /// The last bytes of the syscall's bytes, when `total > known.len()`.
+    pub tail: &'a [u8],
+}
+
+impl<'a> Chunk<'a> {
+    /// A chunk whose bytes are all known.
+    #[must_use]
+    pub fn complete(bytes: &'a [u8]) -> Self {
+        Self { known: bytes, total: bytes.len() as u64, tail: &[] }
+    }
+}
+
+/// How the body of a message is delimited, decided by the caller from the head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BodyFraming {
+    /// No body follows the head.
+    Empty,
+    /// Exactly this many bytes follow.
+    Length(u64),
+    /// `Transfer-Encoding: chunked`.
+    Chunked,
+    /// The body runs until the connection closes.
+    UntilClose,
+    /// The connection stops speaking HTTP after this head (101 Switching Protocols, CONNECT).
+    Tunnel,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ChunkPart {
+    SizeLine,
+    Data(u64),
+    DataCrlf(u8),
+    Trailers,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BodyState {
+    Length(u64),
+    Chunked(ChunkPart),
+    /// Unknown bytes hid the chunk framing; waiting for a tail that ends with the last chunk.
+    ChunkedLost,
+    UntilClose,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    /// Collecting a head in `buf`.
+    Head,
+    /// A head was returned; waiting for the caller's [`Framer::set_body`].
+    AwaitingFraming,
+    Body(BodyState),
+    Tunnel,
+    /// Out of step; everything is ignored until [`Framer::resync`].
+    Desync,
+}
+
+/// What one step of the framer found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Step {
+    /// A complete head. The bytes are in [`Framer::head_bytes`] until the next step; the caller must
+    /// call [`Framer::set_body`] before stepping again.
+    Head,
+    /// The current message ended.
+    MessageEnd,
+    /// The framer lost sync; it ignores input until resynchronised.
+    Error(FramingError),
+    /// The chunk is used up.
+    NeedMore,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FramingError {
+    #[error("message head longer than {MAX_HEAD_BYTES} bytes")]
+    HeadTooLarge,
+    #[error("message head cut by bytes that were not captured")]
+    HeadTruncated,
+    #[error("malformed message head")]
+    BadHead,
+    #[error("malformed chunked body")]
+    BadChunk,
+}
+
+/// Position inside a [`Chunk`] while the framer consumes it.
+#[derive(Debug)]
+pub struct Cursor<'a> {
+    chunk: Chunk<'a>,
+    pos: usize,
+    unknown_left: u64,
+}
+
+impl<'a> Cursor<'a> {
+    #[must_use]
+    pub fn new(chunk: Chunk<'a>) -> Self {
+        let unknown_left = chunk.total.saturating_sub(chunk.known.len() as u64);
+        Self { chunk, pos: 0, unknown_left }
+    }
+
+    fn known(&self) -> &'a [u8] {
+        &self.chunk.known[self.pos..]
+    }
+
+    /// True when no byte of the chunk is left, known or not.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.pos == self.chunk.known.len() && self.unknown_left == 0
+    }
+
+    fn remaining(&self) -> u64 {
+        (self.chunk.known.len() - self.pos) as u64 + self.unknown_left
+    }
+
+    /// Skips `n` bytes (known first, then unknown).
+    fn skip(&mut self, n: u64) {
+        let known_left = (self.chunk.known.len() - self.pos) as u64;
+        let from_known = n.min(known_left);
+        self.pos += from_known as usize;
+        self.unknown_left -= (n - from_known).min(self.unknown_left);
+    }
+
+    fn skip_all(&mut self) {
+        self.pos = self.chunk.known.len();
+        self.unknown_left = 0;
+    }
+}
+
+/// The framing state machine of one direction of one connection.
+#[derive(Debug)]
+pub struct Framer {
+    state: State,
+    buf: Vec<u8>,
+    /// Length of the head in `buf` after [`Step::Head`].
+    head_len: usize,
+}
+
+impl Default for Framer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Framer {
+    #[must_use]
+    pub fn new() -> Self {
+        Self { state: State::Head, buf: Vec::new(), head_len: 0 }
+    }
+
+    /// The head returned by the last [`Step::Head`].
+    #[must_use]
+    pub fn head_bytes(&self) -> &[u8] {
+        &self.buf[..self.head_len]
+    }
+
+    /// True between messages: no byte of a next message has been seen.
+    #[must_use]
+    pub fn is_idle(&self) -> bool {
+        self.state == State::Head && self.buf.is_empty()
+    }
+
+    /// True when the direction carries opaque tunnel bytes.
+    #[must_use]
+    pub fn is_tunnel(&self) -> bool {
+        self.state == State::Tunnel
+    }
+
+    /// True when the framer gave up on this direction.
+    #[must_use]
+    pub fn is_desynced(&self) -> bool {
+        self.state == State::Desync
+    }
+
+    /// Starts looking for a head again at the start of the next chunk.
+    pub fn resync(&mut self) {
+        self.buf.clear();
+        self.head_len = 0;
+        self.state = State::Head;
+    }
+
+    /// Stops framing: the direction now carries opaque bytes (after 101 or CONNECT).
+    pub fn enter_tunnel(&mut self) {
+        self.buf.clear();
+        self.head_len = 0;
+        self.state = State::Tunnel;
+    }
+
+    /// Gives up on this direction until [`Framer::resync`].
+    pub fn abandon(&mut self) {
+        self.buf.clear();
+        self.head_len = 0;
+        self.state = State::Desync;
+    }
+
+    /// Tells the framer how the body of the head it just returned is delimited.
+    pub fn set_body(&mut self, framing: BodyFraming) {
+        debug_assert_eq!(self.state, State::AwaitingFraming);
+        self.buf.drain(..self.head_len);
+        self.head_len = 0;
+        self.state = match framing {
+            BodyFraming::Empty | BodyFraming::Length(0) => State::Head,
+            BodyFraming::Length(n) => State::Body(BodyState::Length(n)),
+            BodyFraming::Chunked => State::Body(BodyState::Chunked(ChunkPart::SizeLine)),
+            BodyFraming::UntilClose => State::Body(BodyState::UntilClose),
+            BodyFraming::Tunnel => State::Tunnel,
+        };
+        // Bytes after the head stay in the cursor; `buf` only ever held bytes of the head itself.
+        self.buf.clear();
+    }
+
+    /// The stream ended (peer closed): ends a body that runs until close.
+    /// Returns true when that completed a message.
+    pub fn finish(&mut self) -> bool {
+        if self.state == State::Body(BodyState::UntilClose) {
+            self.state = State::Head;
+            return true;
+        }
+        false
+    }
+
+    /// Consumes bytes of `cursor` until something happens.
+    pub fn step(&mut self, cursor: &mut Cursor<'_>) -> Step {
+        match self.state {
+            State::AwaitingFraming => {
+                debug_assert!(false, "set_body not called after Step::Head");
+                self.state = State::Desync;
+                Step::Error(FramingError::BadHead)
+            }
+            State::Desync | State::Tunnel => {
+                cursor.skip_all();
+                Step::NeedMore
+            }
+            State::Head => self.step_head(cursor),
+            State::Body(body) => self.step_body(body, cursor),
+        }
+    }
+
+    fn fail(&mut self, err: FramingError, cursor: &mut Cursor<'_>) -> Step {
+        self.state = State::Desync;
+        self.buf.clear();
+        self.head_len = 0;
+        cursor.skip_all();
+        Step::Error(err)
+    }
+
+    fn step_head(&mut self, cursor: &mut Cursor<'_>) -> Step {
+        let known = cursor.known();
+        if known.is_empty() {
+            if cursor.unknown_left > 0 {
+                return self.fail(FramingError::HeadTruncated, cursor);
+            }
+            return Step::NeedMore;
+        }
+        // Empty lines before a message are allowed and ignored (RFC 9112, section 2.2).
+        if self.buf.is_empty() {
+            let blank = known.iter().take_while(|b| **b == b'\r' || **b == b'\n').count();
+            if blank > 0 {
+                cursor.skip(blank as u64);
+                return self.step_head(cursor);
+            }
+        }
+        let before = self.buf.len();
+        // Search for the end of the head only where it can be: in what we add plus 3 bytes back.
+        let search_from = before.saturating_sub(3);
+        let room = MAX_HEAD_BYTES - before;
+        let take = known.len().min(room);
+        self.buf.extend_from_slice(&known[..take]);
+        if let Some(end) = find_head_end(&self.buf[search_from..]) {
+            let head_len = search_from + end;
+            let consumed = head_len - before;
+            cursor.skip(consumed as u64);
+            self.buf.truncate(head_len);
+            self.head_len = head_len;
+            self.state = State::AwaitingFraming;
+            return Step::Head;
+        }
+        if take < known.len() {
+            return self.fail(FramingError::HeadTooLarge, cursor);
+        }
+        cursor.skip(take as u64);
+        if cursor.unknown_left > 0 {
+            return self.fail(FramingError::HeadTruncated, cursor);
+        }
+        if !looks_like_start_line(&self.buf) {
+            return self.fail(FramingError::BadHead, cursor);
+        }
+        Step::NeedMore
+    }
+
+    fn step_body(&mut self, body: BodyState, cursor: &mut Cursor<'_>) -> Step {
+        match body {
+            BodyState::Length(left) => {
+                let n = left.min(cursor.remaining());
+                cursor.skip(n);
+                if n == left {
+                    self.state = State::Head;
+                    Step::MessageEnd
+                } else {
+                    self.state = State::Body(BodyState::Length(left - n));
+                    Step::NeedMore
+                }
+            }
+            BodyState::UntilClose => {
+                cursor.skip_all();
+                Step::NeedMore
+            }
+            BodyState::ChunkedLost => {
+                let ends = ends_with_last_chunk(cursor);
+                cursor.skip_all();
+                if ends {
+                    self.state = State::Head;
+                    Step::MessageEnd
+                } else {
+                    Step::NeedMore
+                }
+            }
+            BodyState::Chunked(part) => self.step_chunked(part, cursor),
+        }
+    }
+
+    fn step_chunked(&mut self, mut part: ChunkPart, cursor: &mut Cursor<'_>) -> Step {
+        loop {
+            if cursor.is_empty() {
+                self.state = State::Body(BodyState::Chunked(part));
+                return Step::NeedMore;
+            }
+            let known = cursor.known();
+            if known.is_empty() && !matches!(part, ChunkPart::Data(_)) {
+                // Framing bytes were not captured: fall back to watching chunk tails.
+                self.buf.clear();
+                self.state = State::Body(BodyState::ChunkedLost);
+                return self.step_body(BodyState::ChunkedLost, cursor);
+            }
+            part = match part {
+                ChunkPart::Data(left) => {
+                    let n = left.min(cursor.remaining());
+                    cursor.skip(n);
+                    if n == left { ChunkPart::DataCrlf(0) } else { ChunkPart::Data(left - n) }
+                }
+                ChunkPart::DataCrlf(seen) => {
+                    let want: &[u8] = if seen == 0 { b"\r\n" } else { b"\n" };
+                    let n = want.len().min(known.len());
+                    if known[..n] != want[..n] {
+                        return self.fail(FramingError::BadChunk, cursor);
+                    }
+                    cursor.skip(n as u64);
+                    if seen as usize + n == 2 { ChunkPart::SizeLine } else { ChunkPart::DataCrlf(1) }
+                }
+                ChunkPart::SizeLine | ChunkPart::Trailers => {
+                    let Some(line_end) = known.iter().position(|b| *b == b'\n') else {
+                        if self.buf.len() + known.len() > MAX_CHUNK_LINE {
+                            return self.fail(FramingError::BadChunk, cursor);
+                        }
+                        self.buf.extend_from_slice(known);
+                        cursor.skip(known.len() as u64);
+                        continue;
+                    };
+                    self.buf.extend_from_slice(&known[..line_end]);
+                    cursor.skip(line_end as u64 + 1);
+                    let line = std::mem::take(&mut self.buf);
+                    let line = line.strip_suffix(b"\r").unwrap_or(&line);
+                    if part == ChunkPart::Trailers {
+                        if line.is_empty() {
+                            self.state = State::Head;
+                            return Step::MessageEnd;
+                        }
+                        ChunkPart::Trailers
+                    } else {
+                        match parse_chunk_size(line) {
+                            Some(0) => ChunkPart::Trailers,
+                            Some(size) => ChunkPart::Data(size),
+                            None => return self.fail(FramingError::BadChunk, cursor),
+                        }
+                    }
+                }
+            };
+        }
+    }
+}
+
+/// Offset just past `\r\n\r\n` (or a bare `\n\n`), if the head ends in `buf`.
+fn find_head_end(buf: &[u8]) -> Option<usize> {
+    let mut i = 0;
+    while i < buf.len() {
+        if buf[i] == b'\n' {
+            if buf[i + 1..].starts_with(b"\r\n") {
+                return Some(i + 3);
+            }
+            if buf[i + 1..].starts_with(b"\n") {
+                return Some(i + 2);
+            }
+        }
+        i += 1;
+    }
+    None
+}
+
+/// A cheap check that a partial head could become an HTTP/1 request or status line, so garbage is
+/// rejected at once instead of after [`MAX_HEAD_BYTES`].
+fn looks_like_start_line(buf: &[u8]) -> bool {
+    let first_line = buf.split(|b| *b == b'\n').next().unwrap_or(buf);
+    let token_end = first_line.iter().position(|b| *b == b' ').unwrap_or(first_line.len());
+    let token = &first_line[..token_end];
+    if token.len() > 32 {
+        return false;
+    }
+    token.iter().all(|b| b.is_ascii_graphic())
+}
+
+fn parse_chunk_size(line: &[u8]) -> Option<u64> {
+    let digits_end = line.iter().position(|b| !b.is_ascii_hexdigit()).unwrap_or(line.len());
+    let digits = &line[..digits_end];
+    if digits.is_empty() || digits.len() > 15 {
+        return None;
+    }
+    let rest = &line[digits_end..];
+    if !(rest.is_empty() || rest[0] == b';' || rest[0] == b' ' || rest[0] == b'\t') {
+        return None;
+    }
+    let text = std::str::from_utf8(digits).ok()?;
+    u64::from_str_radix(text, 16).ok()
+}
+
+/// True when the bytes of the chunk end with the last-chunk marker.
+fn ends_with_last_chunk(cursor: &Cursor<'_>) -> bool {
+    let chunk = cursor.chunk;
+    if chunk.total == chunk.known.len() as u64 {
+        return chunk.known[cursor.pos..].ends_with(LAST_CHUNK) || chunk.known.ends_with(LAST_CHUNK);
+    }
+    chunk.tail.ends_with(LAST_CHUNK)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Feeds `chunks` and records the steps, answering each head with `framing`.
+    fn run(framer: &mut Framer, chunks: &[Chunk<'_>], framing: BodyFraming) -> Vec<Step> {
+        let mut steps = Vec::new();
+        for chunk in chunks {
+            let mut cursor = Cursor::new(*chunk);
+            loop {
+                let step = framer.step(&mut cursor);
+                match step {
+                    Step::NeedMore => break,
+                    Step::Head => framer.set_body(framing),
+                    _ => {}
+                }
+                steps.push(step);
+            }
+        }
+        steps
+    }
+
+    #[test]
+    fn head_split_over_reads() {
+        let mut f = Framer::new();
+        let steps = run(
+            &mut f,
+            &[Chunk::complete(b"GET / HT"), Chunk::complete(b"TP/1.1\r\nHost: a\r"), Chunk::complete(b"\n\r\n")],
+            BodyFraming::Empty,
+        );
+        assert_eq!(steps, vec![Step::Head]);
+        assert!(f.is_idle());
+    }
+
+    #[test]
+    fn pipelined_heads_in_one_read() {
+        let mut f = Framer::new();
+        let steps = run(&mut f, &[Chunk::complete(b"GET /a HTTP/1.1\r\n\r\nGET /b HTTP/1.1\r\n\r\n")], BodyFraming::Empty);
+        assert_eq!(steps, vec![Step::Head, Step::Head]);
+    }
+
+    #[test]
+    fn content_length_body_counts_unknown_bytes() {
+        let mut f = Framer::new();
+        let head = b"HTTP/1.1 200 OK\r\nContent-Length: 10000\r\n\r\nxxxx";
+        let chunk = Chunk { known: head, total: head.len() as u64 + 9996, tail: b"" };
+        let mut cursor = Cursor::new(chunk);
+        assert_eq!(f.step(&mut cursor), Step::Head);
+        f.set_body(BodyFraming::Length(10000));
+        assert_eq!(f.step(&mut cursor), Step::MessageEnd);
+        assert!(cursor.is_empty());
+    }
+
+    #[test]
+    fn chunked_body_parsed_across_reads() {
+        let mut f = Framer::new();
+        let steps = run(
+            &mut f,
+            &[
+                Chunk::complete(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel"),
+                Chunk::complete(b"lo\r\n3;ext=1\r\nabc\r"),
+                Chunk::complete(b"\n0\r\nX-T: 1\r\n\r\n"),
+            ],
+            BodyFraming::Chunked,
+        );
+        assert_eq!(steps, vec![Step::Head, Step::MessageEnd]);
+        assert!(f.is_idle());
+    }
+
+    #[test]
+    fn chunked_body_with_lost_framing_ends_on_tail_marker() {
+        let mut f = Framer::new();
+        let head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n";
+        // 2 known chunk bytes, then 50000 bytes not captured whose last bytes are the last chunk.
+        let first = Chunk { known: head, total: head.len() as u64 + 50000, tail: b"xx\r\n0\r\n\r\n" };
+        let steps = run(&mut f, &[first], BodyFraming::Chunked);
+        assert_eq!(steps, vec![Step::Head, Step::MessageEnd]);
+    }
+
+    #[test]
+    fn head_cut_by_uncaptured_bytes_is_an_error() {
+        let mut f = Framer::new();
+        let chunk = Chunk { known: b"GET / HTTP/1.1\r\nHost: a", total: 9000, tail: b"" };
+        let steps = run(&mut f, &[chunk], BodyFraming::Empty);
+        assert_eq!(steps, vec![Step::Error(FramingError::HeadTruncated)]);
+        assert!(f.is_desynced());
+    }
+
+    #[test]
+    fn garbage_is_rejected_at_once() {
+        let mut f = Framer::new();
+        let steps = run(&mut f, &[Chunk::complete(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01])], BodyFraming::Empty);
+        assert_eq!(steps, vec![Step::Error(FramingError::BadHead)]);
+    }
+
+    #[test]
+    fn until_close_ends_on_finish() {
+        let mut f = Framer::new();
+        let steps = run(&mut f, &[Chunk::complete(b"HTTP/1.0 200 OK\r\n\r\nbody")], BodyFraming::UntilClose);
+        assert_eq!(steps, vec![Step::Head]);
+        assert!(f.finish());
+    }
+
+    #[test]
+    fn chunk_size_rejects_garbage() {
+        assert_eq!(parse_chunk_size(b"1a"), Some(26));
+        assert_eq!(parse_chunk_size(b"1a;x=y"), Some(26));
+        assert_eq!(parse_chunk_size(b""), None);
+        assert_eq!(parse_chunk_size(b"zz"), None);
+        assert_eq!(parse_chunk_size(b"ffffffffffffffff"), None);
+    }
+}

@@ -1,0 +1,298 @@
+//! Parsing complete HTTP/1 heads (from [`Framer`](crate::framing::Framer)) with `httparse`, keeping
+//! only the fields spans need. Sensitive headers (Authorization, Proxy-Authorization, Cookie,
+//! Set-Cookie) are never copied out of the captured bytes.
+
+use crate::framing::BodyFraming;
+
+/// Most headers a head may carry; more is a parse error.
+const MAX_HEADERS: usize = 128;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum HeadError {
+    #[error("invalid HTTP/1 head: {0}")]
+    Invalid(&'static str),
+    #[error("head not complete")]
+    Partial,
+    #[error("invalid Content-Length")]
+    BadContentLength,
+}
+
+/// How many `traceparent` headers a request carried, and the value when there was exactly one.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum TraceparentField {
+    #[default]
+    Absent,
+    One(String),
+    /// Two or more: per W3C Trace Context the request starts a new trace.
+    Repeated,
+}
+
+/// What a span needs from a request head.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RequestHead {
+    pub method: String,
+    /// The request target as sent (origin form `/path?query`, or absolute form).
+    pub target: String,
+    /// Minor version: 0 for HTTP/1.0, 1 for HTTP/1.1.
+    pub version_minor: u8,
+    pub host: Option<String>,
+    pub user_agent: Option<String>,
+    pub traceparent: TraceparentField,
+    pub tracestate: Option<String>,
+    pub framing: BodyFraming,
+    /// The client asked to switch protocols (`Upgrade`) or to open a tunnel (`CONNECT`).
+    pub wants_tunnel: bool,
+    /// `Connection: close`, or HTTP/1.0 without keep-alive.
+    pub closes: bool,
+}
+
+impl Default for BodyFraming {
+    fn default() -> Self {
+        Self::Empty
+    }
+}
+
+impl RequestHead {
+    /// The path part of the target, without query (for `url.path`).
+    #[must_use]
+    pub fn path(&self) -> &str {
+        let target = self.target.as_str();
+        let path = match target.find("://") {
+            Some(scheme_end) => {
+                let rest = &target[scheme_end + 3..];
+                rest.find('/').map_or("/", |i| &rest[i..])
+            }
+            None => target,
+        };
+        path.split(['?', '#']).next().unwrap_or(path)
+    }
+
+    /// The query string without `?`, if any.
+    #[must_use]
+    pub fn query(&self) -> Option<&str> {
+        let q = self.target.split_once('?')?.1;
+        Some(q.split('#').next().unwrap_or(q))
+    }
+}
+
+/// What a span needs from a response head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ResponseHead {
+    pub status: u16,
+    pub version_minor: u8,
+    content_length: Option<u64>,
+    chunked: bool,
+    pub closes: bool,
+}
+
+impl ResponseHead {
+    /// A 1xx response other than 101: another response for the same request follows.
+    #[must_use]
+    pub fn is_interim(&self) -> bool {
+        (100..200).contains(&self.status) && self.status != 101
+    }
+
+    /// Body framing per RFC 9112 section 6.3, given the request method it answers.
+    #[must_use]
+    pub fn framing(&self, request_method: &str) -> BodyFraming {
+        if self.status == 101 || (request_method == "CONNECT" && (200..300).contains(&self.status)) {
+            return BodyFraming::Tunnel;
+        }
+        if request_method == "HEAD" || self.is_interim() || self.status == 204 || self.status == 304 {
+            return BodyFraming::Empty;
+        }
+        if self.chunked {
+            return BodyFraming::Chunked;
+        }
+        match self.content_length {
+            Some(n) => BodyFraming::Length(n),
+            None => BodyFraming::UntilClose,
+        }
+    }
+}
+
+fn header_str(value: &[u8]) -> Option<String> {
+    std::str::from_utf8(value).ok().map(|s| s.trim().to_owned())
+}
+
+fn parse_content_length(value: &[u8]) -> Result<u64, HeadError> {
+    let text = std::str::from_utf8(value).map_err(|_| HeadError::BadContentLength)?.trim();
+    // Repeated identical values ("5, 5") are allowed by RFC 9110; anything else is an error.
+    let mut values = text.split(',').map(str::trim);
+    let first: u64 = values.next().and_then(|v| v.parse().ok()).ok_or(HeadError::BadContentLength)?;
+    if values.all(|v| v.parse() == Ok(first)) { Ok(first) } else { Err(HeadError::BadContentLength) }
+}
+
+fn is_chunked(value: &[u8]) -> bool {
+    value
+        .rsplit(|b| *b == b',')
+        .next()
+        .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"))
+}
+
+fn has_token(value: &[u8], token: &[u8]) -> bool {
+    value.split(|b| *b == b',').any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
+}
+
+/// Parses a complete request head.
+pub fn parse_request(bytes: &[u8]) -> Result<RequestHead, HeadError> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut headers);
+    match req.parse(bytes) {
+        Ok(httparse::Status::Complete(_)) => {}
+        Ok(httparse::Status::Partial) => return Err(HeadError::Partial),
+        Err(e) => return Err(HeadError::Invalid(httparse_reason(e))),
+    }
+    let method = req.method.unwrap_or_default();
+    let mut head = RequestHead {
+        method: method.to_owned(),
+        target: req.path.unwrap_or_default().to_owned(),
+        version_minor: req.version.unwrap_or(1),
+        wants_tunnel: method == "CONNECT",
+        ..RequestHead::default()
+    };
+    let mut content_length = None;
+    let mut chunked = false;
+    let mut keep_alive = false;
+    for h in req.headers.iter() {
+        let name = h.name;
+        if name.eq_ignore_ascii_case("host") {
+            head.host = header_str(h.value);
+        } else if name.eq_ignore_ascii_case("user-agent") {
+            head.user_agent = header_str(h.value);
+        } else if name.eq_ignore_ascii_case("traceparent") {
+            head.traceparent = match head.traceparent {
+                TraceparentField::Absent => header_str(h.value).map_or(TraceparentField::Repeated, TraceparentField::One),
+                _ => TraceparentField::Repeated,
+            };
+        } else if name.eq_ignore_ascii_case("tracestate") {
+            // Several tracestate headers are one list (W3C Trace Context, section 3.3.1).
+            let value = header_str(h.value).unwrap_or_default();
+            head.tracestate = Some(match head.tracestate.take() {
+                Some(prev) => format!("{prev},{value}"),
+                None => value,
+            });
+        } else if name.eq_ignore_ascii_case("content-length") {
+            content_length = Some(parse_content_length(h.value)?);
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            chunked = is_chunked(h.value);
+        } else if name.eq_ignore_ascii_case("connection") {
+            head.closes |= has_token(h.value, b"close");
+            keep_alive |= has_token(h.value, b"keep-alive");
+        } else if name.eq_ignore_ascii_case("upgrade") {
+            head.wants_tunnel = true;
+        }
+    }
+    if head.version_minor == 0 && !keep_alive {
+        head.closes = true;
+    }
+    head.framing = if chunked {
+        BodyFraming::Chunked
+    } else {
+        content_length.map_or(BodyFraming::Empty, BodyFraming::Length)
+    };
+    Ok(head)
+}
+
+/// Parses a complete response head.
+pub fn parse_response(bytes: &[u8]) -> Result<ResponseHead, HeadError> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut resp = httparse::Response::new(&mut headers);
+    match resp.parse(bytes) {
+        Ok(httparse::Status::Complete(_)) => {}
+        Ok(httparse::Status::Partial) => return Err(HeadError::Partial),
+        Err(e) => return Err(HeadError::Invalid(httparse_reason(e))),
+    }
+    let mut head = ResponseHead {
+        status: resp.code.unwrap_or_default(),
+        version_minor: resp.version.unwrap_or(1),
+        content_length: None,
+        chunked: false,
+        closes: false,
+    };
+    let mut keep_alive = false;
+    for h in resp.headers.iter() {
+        if h.name.eq_ignore_ascii_case("content-length") {
+            head.content_length = Some(parse_content_length(h.value)?);
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            head.chunked = is_chunked(h.value);
+        } else if h.name.eq_ignore_ascii_case("connection") {
+            head.closes |= has_token(h.value, b"close");
+            keep_alive |= has_token(h.value, b"keep-alive");
+        }
+    }
+    if head.version_minor == 0 && !keep_alive {
+        head.closes = true;
+    }
+    Ok(head)
+}
+
+fn httparse_reason(e: httparse::Error) -> &'static str {
+    match e {
+        httparse::Error::HeaderName => "header name",
+        httparse::Error::HeaderValue => "header value",
+        httparse::Error::NewLine => "new line",
+        httparse::Error::Status => "status",
+        httparse::Error::Token => "token",
+        httparse::Error::TooManyHeaders => "too many headers",
+        httparse::Error::Version => "version",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_fields() {
+        let head = parse_request(
+            b"POST /a/b?x=1 HTTP/1.1\r\nHost: example.com:8080\r\nUser-Agent: curl/8\r\n\
+              traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\n\
+              Authorization: secret\r\nContent-Length: 5\r\n\r\n",
+        )
+        .unwrap();
+        assert_eq!(head.method, "POST");
+        assert_eq!(head.path(), "/a/b");
+        assert_eq!(head.query(), Some("x=1"));
+        assert_eq!(head.host.as_deref(), Some("example.com:8080"));
+        assert_eq!(head.user_agent.as_deref(), Some("curl/8"));
+        assert!(matches!(head.traceparent, TraceparentField::One(ref v) if v.starts_with("00-0af7")));
+        assert_eq!(head.framing, BodyFraming::Length(5));
+        assert!(!head.closes);
+        assert!(!format!("{head:?}").contains("secret"), "sensitive headers must not be kept");
+    }
+
+    #[test]
+    fn repeated_traceparent_is_marked() {
+        let head = parse_request(b"GET / HTTP/1.1\r\ntraceparent: a\r\nTraceparent: b\r\n\r\n").unwrap();
+        assert_eq!(head.traceparent, TraceparentField::Repeated);
+    }
+
+    #[test]
+    fn http10_closes_by_default() {
+        assert!(parse_request(b"GET / HTTP/1.0\r\n\r\n").unwrap().closes);
+        assert!(!parse_request(b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n").unwrap().closes);
+    }
+
+    #[test]
+    fn response_framing_rules() {
+        let r = parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n").unwrap();
+        assert_eq!(r.framing("GET"), BodyFraming::Length(3));
+        assert_eq!(r.framing("HEAD"), BodyFraming::Empty);
+        let r = parse_response(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n").unwrap();
+        assert_eq!(r.framing("GET"), BodyFraming::Chunked);
+        let r = parse_response(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n").unwrap();
+        assert_eq!(r.framing("GET"), BodyFraming::Tunnel);
+        let r = parse_response(b"HTTP/1.1 100 Continue\r\n\r\n").unwrap();
+        assert!(r.is_interim());
+        let r = parse_response(b"HTTP/1.0 200 OK\r\n\r\n").unwrap();
+        assert_eq!(r.framing("GET"), BodyFraming::UntilClose);
+        assert_eq!(parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 1, 2\r\n\r\n"), Err(HeadError::BadContentLength));
+    }
+
+    #[test]
+    fn absolute_form_path() {
+        let head = parse_request(b"GET http://h/x/y?q HTTP/1.1\r\n\r\n").unwrap();
+        assert_eq!(head.path(), "/x/y");
+    }
+}

@@ -1,0 +1,14 @@
+//! What tracetap knows about the proxy it watches: HTTP/1 byte streams as syscalls deliver them,
+//! request/response pairing, and the links between the frontend request HAProxy read and the
+//! backend requests it wrote for it. Pure: no eBPF, no async runtime, no clock.
+#![forbid(unsafe_code)]
+
+pub mod exchange;
+pub mod framing;
+pub mod head;
+pub mod tracker;
+
+pub use exchange::{ClientExchange, Finished, Outcome, ServerExchange};
+pub use framing::Chunk;
+pub use head::{RequestHead, ResponseHead, TraceparentField};
+pub use tracker::{Limits, Op, SyscallEvent, Tracker, TrackerStats};

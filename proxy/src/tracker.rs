@@ -1,0 +1,622 @@
+//! Turns the syscall events of the watched processes into finished exchanges.
+//!
+//! Model:
+//! - A connection is keyed by `(tgid, fd)`. `accept`/`connect` start a new connection on that key
+//!   and `close` ends it, so a reused fd number is always a new connection.
+//! - A connection's role comes from what flows on it: HAProxy *reads* requests on frontend sockets
+//!   and *writes* requests on backend sockets. Accepted sockets start as frontends, connected ones as
+//!   backends; sockets the tracker never saw open (older than the agent) get their role from their
+//!   first bytes; anything that does not speak HTTP/1 becomes opaque and is ignored until closed.
+//! - Responses pair with requests in order (HTTP/1 has no other way); interim 1xx responses are
+//!   skipped.
+//! - Each backend request is linked to the frontend request that caused it: first by an identical
+//!   forwarded `traceparent`, else by the same thread, method and target, earliest unmatched first.
+//!   A frontend request can be linked until its own response starts.
+//! - A frontend exchange is handed out once its response is done *and* no linked backend exchange
+//!   is still open, so a SERVER span always leaves with all its CLIENT spans.
+//!
+//! Invariants: memory is bounded by the number of open connections and open exchanges; exchanges
+//! idle longer than [`Limits::exchange_timeout_ns`] are expired by [`Tracker::expire`] and counted.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+
+use crate::exchange::{ClientExchange, Finished, Outcome, ServerExchange};
+use crate::framing::{BodyFraming, Chunk, Cursor, Framer, Step};
+use crate::head::{self, RequestHead, ResponseHead, TraceparentField};
+
+/// One syscall of a watched process, as the tracker needs it.
+#[derive(Clone, Copy, Debug)]
+pub struct SyscallEvent<'a> {
+    pub ts_ns: u64,
+    pub tgid: u32,
+    pub tid: u32,
+    pub fd: i32,
+    pub op: Op<'a>,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum Op<'a> {
+    /// A connection was accepted on `fd`, from `peer`.
+    Accept { peer: Option<SocketAddr> },
+    /// `fd` is connecting to `server`.
+    Connect { server: Option<SocketAddr> },
+    /// The process read these bytes; a chunk with `total == 0` is end of stream.
+    Read(Chunk<'a>),
+    /// The process wrote these bytes.
+    Write(Chunk<'a>),
+    Close,
+}
+
+/// Counters of what the tracker could not turn into exchanges. Nothing is dropped silently.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TrackerStats {
+    /// Heads or bodies that could not be parsed (framing lost on a direction).
+    pub parse_errors: u64,
+    /// Connections that turned out not to speak HTTP/1 (tcp mode, TLS, garbage).
+    pub opaque_connections: u64,
+    /// Responses seen with no request to pair with.
+    pub unpaired_responses: u64,
+    /// Backend requests that matched no frontend request.
+    pub unlinked_backend_requests: u64,
+    /// Exchanges given up after the expiry timeout.
+    pub expired_exchanges: u64,
+    /// Frontend requests parsed.
+    pub frontend_requests: u64,
+    /// Backend requests parsed.
+    pub backend_requests: u64,
+}
+
+/// Bounds on how long the tracker keeps state.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// An exchange with no activity for this long is expired.
+    pub exchange_timeout_ns: u64,
+    /// A finished frontend exchange waits at most this long for its open backend exchanges.
+    pub linger_ns: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { exchange_timeout_ns: 300 * 1_000_000_000, linger_ns: 5 * 1_000_000_000 }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    /// Opened before we watched; role decided by the first bytes.
+    Unknown,
+    Frontend,
+    Backend,
+    /// Not HTTP/1; ignored until closed.
+    Opaque,
+}
+
+/// A backend request waiting for (or receiving) its response.
+#[derive(Debug)]
+struct BackendRequest {
+    front: Option<u64>,
+    exchange: ClientExchange,
+}
+
+#[derive(Debug)]
+struct Connection {
+    role: Role,
+    addr: Option<SocketAddr>,
+    /// Bytes the process read.
+    ingress: Framer,
+    /// Bytes the process wrote.
+    egress: Framer,
+    /// When the message being framed in each direction started.
+    ingress_start: Option<u64>,
+    egress_start: Option<u64>,
+    /// Frontend: ids of requests read and not yet answered, oldest first.
+    fronts: VecDeque<u64>,
+    /// Backend: requests written and not yet answered, oldest first.
+    backs: VecDeque<BackendRequest>,
+}
+
+impl Connection {
+    fn new(role: Role, addr: Option<SocketAddr>) -> Self {
+        Self {
+            role,
+            addr,
+            ingress: Framer::new(),
+            egress: Framer::new(),
+            ingress_start: None,
+            egress_start: None,
+            fronts: VecDeque::new(),
+            backs: VecDeque::new(),
+        }
+    }
+}
+
+/// A frontend request from its head until it is handed out.
+#[derive(Debug)]
+struct FrontRecord {
+    tgid: u32,
+    tid: u32,
+    exchange: ServerExchange,
+    /// Linked backend exchanges not finished yet.
+    open_backends: u32,
+    /// The response started: no more links.
+    responding: bool,
+    /// The frontend exchange ended; waiting for `open_backends` to reach 0.
+    done: bool,
+    last_activity_ns: u64,
+}
+
+/// The tracker. Feed it with [`Tracker::handle`]; take results with [`Tracker::drain`].
+#[derive(Debug, Default)]
+pub struct Tracker {
+    limits: Limits,
+    conns: HashMap<(u32, i32), Connection>,
+    fronts: HashMap<u64, FrontRecord>,
+    /// Frontend requests that may still be linked, oldest first.
+    candidates: VecDeque<u64>,
+    next_id: u64,
+    stats: TrackerStats,
+    finished: Vec<Finished>,
+}
+
+impl Tracker {
+    #[must_use]
+    pub fn new(limits: Limits) -> Self {
+        Self { limits, ..Self::default() }
+    }
+
+    #[must_use]
+    pub fn stats(&self) -> TrackerStats {
+        self.stats
+    }
+
+    /// Number of connections currently tracked.
+    #[must_use]
+    pub fn connections(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// Number of frontend exchanges currently open.
+    #[must_use]
+    pub fn open_exchanges(&self) -> usize {
+        self.fronts.len()
+    }
+
+    /// Moves the finished exchanges out.
+    pub fn drain(&mut self) -> std::vec::Drain<'_, Finished> {
+        self.finished.drain(..)
+    }
+
+    pub fn handle(&mut self, ev: &SyscallEvent<'_>) {
+        let key = (ev.tgid, ev.fd);
+        match ev.op {
+            Op::Accept { peer } => {
+                self.close(key, ev.ts_ns);
+                self.conns.insert(key, Connection::new(Role::Frontend, peer));
+            }
+            Op::Connect { server } => {
+                self.close(key, ev.ts_ns);
+                self.conns.insert(key, Connection::new(Role::Backend, server));
+            }
+            Op::Close => self.close(key, ev.ts_ns),
+            Op::Read(chunk) if chunk.total == 0 => self.end_of_stream(key, ev.ts_ns),
+            Op::Read(chunk) => self.data(key, ev, chunk, Direction::Ingress),
+            Op::Write(chunk) => self.data(key, ev, chunk, Direction::Egress),
+        }
+    }
+
+    /// Forgets a process that exited: its open exchanges end as if its sockets closed.
+    pub fn forget_process(&mut self, tgid: u32, now_ns: u64) {
+        let keys: Vec<_> = self.conns.keys().filter(|(t, _)| *t == tgid).copied().collect();
+        for key in keys {
+            self.close(key, now_ns);
+        }
+    }
+
+    /// Expires exchanges idle for too long and hands out finished exchanges that waited too long
+    /// for their backends. Call it periodically with the current monotonic time.
+    pub fn expire(&mut self, now_ns: u64) {
+        let timeout = self.limits.exchange_timeout_ns;
+        let linger = self.limits.linger_ns;
+        let stale: Vec<u64> = self
+            .fronts
+            .iter()
+            .filter(|(_, f)| {
+                let idle = now_ns.saturating_sub(f.last_activity_ns);
+                (f.done && idle > linger) || idle > timeout
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in stale {
+            let Some(mut front) = self.fronts.remove(&id) else { continue };
+            if !front.done {
+                self.stats.expired_exchanges += 1;
+                front.exchange.outcome = Outcome::Expired;
+                front.exchange.end_ns = now_ns;
+            }
+            self.candidates.retain(|c| *c != id);
+            for conn in self.conns.values_mut() {
+                conn.fronts.retain(|c| *c != id);
+            }
+            self.finished.push(Finished::Server(front.exchange));
+        }
+    }
+
+    fn end_of_stream(&mut self, key: (u32, i32), ts: u64) {
+        let Some(conn) = self.conns.get_mut(&key) else { return };
+        if conn.role == Role::Backend && conn.ingress.finish() {
+            if let Some(back) = conn.backs.pop_front() {
+                self.finish_backend(key.0, back, ts, Outcome::Complete);
+            }
+        }
+    }
+
+    fn close(&mut self, key: (u32, i32), ts: u64) {
+        let Some(mut conn) = self.conns.remove(&key) else { return };
+        match conn.role {
+            Role::Frontend => {
+                let completes_body = conn.egress.finish();
+                while let Some(id) = conn.fronts.pop_front() {
+                    let responding = self.fronts.get(&id).is_some_and(|f| f.responding);
+                    let outcome = match (responding, completes_body) {
+                        (true, true) => Outcome::Complete,
+                        (true, false) => Outcome::ClosedDuringResponse,
+                        (false, _) => Outcome::ClosedBeforeResponse,
+                    };
+                    self.finish_front(id, ts, outcome);
+                }
+            }
+            Role::Backend => {
+                let completes_body = conn.ingress.finish();
+                while let Some(back) = conn.backs.pop_front() {
+                    let outcome = match (back.exchange.response.is_some(), completes_body) {
+                        (true, true) => Outcome::Complete,
+                        (true, false) => Outcome::ClosedDuringResponse,
+                        (false, _) => Outcome::ClosedBeforeResponse,
+                    };
+                    self.finish_backend(key.0, back, ts, outcome);
+                }
+            }
+            Role::Unknown | Role::Opaque => {}
+        }
+    }
+
+    fn data(&mut self, key: (u32, i32), ev: &SyscallEvent<'_>, chunk: Chunk<'_>, dir: Direction) {
+        let conn = self.conns.entry(key).or_insert_with(|| Connection::new(Role::Unknown, None));
+        if conn.role == Role::Unknown {
+            conn.role = match (classify(chunk.known), dir) {
+                (Some(Kind::Request), Direction::Ingress) | (Some(Kind::Response), Direction::Egress) => Role::Frontend,
+                (Some(Kind::Request), Direction::Egress) | (Some(Kind::Response), Direction::Ingress) => Role::Backend,
+                (None, _) => Role::Opaque,
+            };
+            if conn.role == Role::Opaque {
+                self.stats.opaque_connections += 1;
+            }
+        }
+        let role = conn.role;
+        let ctx = Ctx { key, tid: ev.tid, ts: ev.ts_ns };
+        match (role, dir) {
+            (Role::Frontend, Direction::Ingress) | (Role::Backend, Direction::Egress) => self.requests(ctx, chunk, dir),
+            (Role::Frontend, Direction::Egress) | (Role::Backend, Direction::Ingress) => self.responses(ctx, chunk, dir),
+            (Role::Unknown | Role::Opaque, _) => {}
+        }
+    }
+
+    /// Frames requests flowing in `dir` on the connection.
+    fn requests(&mut self, ctx: Ctx, chunk: Chunk<'_>, dir: Direction) {
+        let mut cursor = Cursor::new(chunk);
+        let mut first_step = true;
+        loop {
+            let Some(conn) = self.conns.get_mut(&ctx.key) else { return };
+            let role = conn.role;
+            let (framer, start) = conn.direction(dir);
+            if framer.is_desynced() && first_step && role == Role::Frontend && classify(chunk.known) == Some(Kind::Request) {
+                // A new read that starts with a request line: the client's next request.
+                framer.resync();
+            }
+            first_step = false;
+            if framer.is_idle() && start.is_none() {
+                *start = Some(ctx.ts);
+            }
+            match framer.step(&mut cursor) {
+                Step::NeedMore => return,
+                Step::MessageEnd => {}
+                Step::Error(_) => {
+                    self.stats.parse_errors += 1;
+                    *start = None;
+                    if framer_is_opaque_start(role, conn) {
+                        conn.role = Role::Opaque;
+                        self.stats.opaque_connections += 1;
+                    }
+                }
+                Step::Head => {
+                    let started = start.take().unwrap_or(ctx.ts);
+                    match head::parse_request(framer.head_bytes()) {
+                        Ok(request) => {
+                            framer.set_body(request.framing);
+                            match role {
+                                Role::Frontend => self.new_front(ctx, request, started),
+                                _ => self.new_backend(ctx, request, started),
+                            }
+                        }
+                        Err(_) => {
+                            self.stats.parse_errors += 1;
+                            // Give up on this direction until the next request line.
+                            framer.abandon();
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Frames responses flowing in `dir` on the connection.
+    fn responses(&mut self, ctx: Ctx, chunk: Chunk<'_>, dir: Direction) {
+        let mut cursor = Cursor::new(chunk);
+        loop {
+            let Some(conn) = self.conns.get_mut(&ctx.key) else { return };
+            let role = conn.role;
+            let (framer, _) = conn.direction(dir);
+            match framer.step(&mut cursor) {
+                Step::NeedMore => return,
+                Step::Error(_) => self.stats.parse_errors += 1,
+                Step::MessageEnd => self.response_done(ctx, role, Outcome::Complete),
+                Step::Head => {
+                    let Ok(response) = head::parse_response(framer.head_bytes()) else {
+                        self.stats.parse_errors += 1;
+                        framer.abandon();
+                        continue;
+                    };
+                    let framing = self.response_head(ctx, role, response);
+                    let conn = self.conns.get_mut(&ctx.key).expect("present");
+                    let (framer, _) = conn.direction(dir);
+                    framer.set_body(framing);
+                    if framing == BodyFraming::Tunnel {
+                        // Both directions now carry opaque bytes.
+                        conn.direction(dir.reverse()).0.enter_tunnel();
+                        self.response_done(ctx, role, Outcome::Upgraded);
+                    } else if framing == BodyFraming::Empty && !response.is_interim() {
+                        self.response_done(ctx, role, Outcome::Complete);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Records a response head on the oldest open request; returns how its body is framed.
+    fn response_head(&mut self, ctx: Ctx, role: Role, response: ResponseHead) -> BodyFraming {
+        let conn = self.conns.get_mut(&ctx.key).expect("present");
+        match role {
+            Role::Frontend => {
+                let id = match conn.fronts.front() {
+                    Some(id) => *id,
+                    None => {
+                        // HAProxy answered without a request we parsed (408, 400, ...).
+                        self.stats.unpaired_responses += 1;
+                        let id = self.insert_front(ctx, None, ctx.ts);
+                        self.conns.get_mut(&ctx.key).expect("present").fronts.push_back(id);
+                        id
+                    }
+                };
+                let Some(front) = self.fronts.get_mut(&id) else { return BodyFraming::Empty };
+                front.last_activity_ns = ctx.ts;
+                if response.is_interim() {
+                    return BodyFraming::Empty;
+                }
+                front.responding = true;
+                front.exchange.response = Some(response);
+                let method = front.exchange.request.as_ref().map_or("GET", |r| r.method.as_str());
+                let framing = response.framing(method);
+                self.candidates.retain(|c| *c != id);
+                framing
+            }
+            _ => {
+                let Some(back) = conn.backs.front_mut() else {
+                    self.stats.unpaired_responses += 1;
+                    return response.framing("GET");
+                };
+                if response.is_interim() {
+                    return BodyFraming::Empty;
+                }
+                back.exchange.response = Some(response);
+                response.framing(&back.exchange.request.method)
+            }
+        }
+    }
+
+    fn response_done(&mut self, ctx: Ctx, role: Role, outcome: Outcome) {
+        let conn = self.conns.get_mut(&ctx.key).expect("present");
+        match role {
+            Role::Frontend => {
+                let Some(id) = conn.fronts.front().copied() else { return };
+                if self.fronts.get(&id).is_some_and(|f| !f.responding) {
+                    return; // an interim response ended, the final one is still to come
+                }
+                conn.fronts.pop_front();
+                self.finish_front(id, ctx.ts, outcome);
+            }
+            _ => {
+                if conn.backs.front().is_some_and(|b| b.exchange.response.is_none()) {
+                    return;
+                }
+                let Some(back) = conn.backs.pop_front() else { return };
+                self.finish_backend(ctx.key.0, back, ctx.ts, outcome);
+            }
+        }
+    }
+
+    fn insert_front(&mut self, ctx: Ctx, request: Option<RequestHead>, started: u64) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        let peer = self.conns.get(&ctx.key).and_then(|c| c.addr);
+        self.fronts.insert(
+            id,
+            FrontRecord {
+                tgid: ctx.key.0,
+                tid: ctx.tid,
+                exchange: ServerExchange {
+                    tgid: ctx.key.0,
+                    request,
+                    response: None,
+                    peer,
+                    start_ns: started,
+                    end_ns: started,
+                    outcome: Outcome::Complete,
+                    clients: Vec::new(),
+                },
+                open_backends: 0,
+                responding: false,
+                done: false,
+                last_activity_ns: ctx.ts,
+            },
+        );
+        id
+    }
+
+    fn new_front(&mut self, ctx: Ctx, request: RequestHead, started: u64) {
+        self.stats.frontend_requests += 1;
+        let id = self.insert_front(ctx, Some(request), started);
+        self.candidates.push_back(id);
+        self.conns.get_mut(&ctx.key).expect("present").fronts.push_back(id);
+    }
+
+    fn new_backend(&mut self, ctx: Ctx, request: RequestHead, started: u64) {
+        self.stats.backend_requests += 1;
+        let front = self.link(ctx, &request);
+        if let Some(id) = front {
+            if let Some(f) = self.fronts.get_mut(&id) {
+                f.open_backends += 1;
+                f.last_activity_ns = ctx.ts;
+            }
+        } else {
+            self.stats.unlinked_backend_requests += 1;
+        }
+        let conn = self.conns.get_mut(&ctx.key).expect("present");
+        let server = conn.addr;
+        conn.backs.push_back(BackendRequest {
+            front,
+            exchange: ClientExchange {
+                request,
+                response: None,
+                server,
+                start_ns: started,
+                end_ns: started,
+                outcome: Outcome::Complete,
+            },
+        });
+    }
+
+    /// Finds the frontend request that caused a backend request, and takes it off the candidates.
+    fn link(&mut self, ctx: Ctx, request: &RequestHead) -> Option<u64> {
+        let tgid = ctx.key.0;
+        let by_traceparent = match &request.traceparent {
+            TraceparentField::One(value) => self.candidates.iter().position(|id| {
+                self.fronts.get(id).is_some_and(|f| {
+                    f.tgid == tgid
+                        && matches!(&f.exchange.request, Some(r) if matches!(&r.traceparent, TraceparentField::One(v) if v == value))
+                })
+            }),
+            _ => None,
+        };
+        let pos = by_traceparent.or_else(|| {
+            self.candidates.iter().position(|id| {
+                self.fronts.get(id).is_some_and(|f| {
+                    f.tgid == tgid
+                        && f.tid == ctx.tid
+                        && matches!(&f.exchange.request, Some(r) if r.method == request.method && r.target == request.target)
+                })
+            })
+        })?;
+        self.candidates.remove(pos)
+    }
+
+    fn finish_front(&mut self, id: u64, ts: u64, outcome: Outcome) {
+        self.candidates.retain(|c| *c != id);
+        let Some(front) = self.fronts.get_mut(&id) else { return };
+        front.exchange.end_ns = ts;
+        front.exchange.outcome = outcome;
+        front.done = true;
+        front.last_activity_ns = ts;
+        if front.open_backends == 0 {
+            let front = self.fronts.remove(&id).expect("present");
+            self.finished.push(Finished::Server(front.exchange));
+        }
+    }
+
+    fn finish_backend(&mut self, tgid: u32, back: BackendRequest, ts: u64, outcome: Outcome) {
+        let mut exchange = back.exchange;
+        exchange.end_ns = ts;
+        exchange.outcome = outcome;
+        let Some(front) = back.front.and_then(|id| self.fronts.get_mut(&id)) else {
+            if back.front.is_some() {
+                // Linked, but the frontend exchange was handed out already (expired or lingered).
+                self.stats.unlinked_backend_requests += 1;
+            }
+            self.finished.push(Finished::UnlinkedClient { tgid, exchange });
+            return;
+        };
+        front.exchange.clients.push(exchange);
+        front.open_backends = front.open_backends.saturating_sub(1);
+        front.last_activity_ns = ts;
+        if front.done && front.open_backends == 0 {
+            let id = back.front.expect("linked");
+            let front = self.fronts.remove(&id).expect("present");
+            self.finished.push(Finished::Server(front.exchange));
+        }
+    }
+}
+
+/// True when a frontend whose very first message failed to parse should be treated as opaque.
+fn framer_is_opaque_start(role: Role, conn: &Connection) -> bool {
+    role == Role::Frontend && conn.fronts.is_empty()
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Direction {
+    Ingress,
+    Egress,
+}
+
+impl Direction {
+    fn reverse(self) -> Self {
+        match self {
+            Self::Ingress => Self::Egress,
+            Self::Egress => Self::Ingress,
+        }
+    }
+}
+
+impl Connection {
+    fn direction(&mut self, dir: Direction) -> (&mut Framer, &mut Option<u64>) {
+        match dir {
+            Direction::Ingress => (&mut self.ingress, &mut self.ingress_start),
+            Direction::Egress => (&mut self.egress, &mut self.egress_start),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Ctx {
+    key: (u32, i32),
+    tid: u32,
+    ts: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Request,
+    Response,
+}
+
+/// Guesses what the first bytes of a connection's stream are.
+fn classify(bytes: &[u8]) -> Option<Kind> {
+    if bytes.starts_with(b"HTTP/1.") {
+        return Some(Kind::Response);
+    }
+    let sp = bytes.iter().take(33).position(|b| *b == b' ')?;
+    let method = &bytes[..sp];
+    let is_token = !method.is_empty() && method.iter().all(|b| b.is_ascii_uppercase() || *b == b'-' || *b == b'_');
+    let rest = &bytes[sp + 1..];
+    (is_token && (rest.starts_with(b"/") || rest.starts_with(b"http") || rest.starts_with(b"*") || method == b"CONNECT"))
+        .then_some(Kind::Request)
+}
