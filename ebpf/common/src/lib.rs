@@ -11,13 +11,14 @@
 
 /// Largest capture window a user may configure (`TRACETAP_CAPTURE_BYTES`).
 pub const MAX_CAPTURE_BYTES: u32 = 16 * 1024;
-/// Size of the per-CPU staging buffer for payload. A power of two above `MAX_CAPTURE_BYTES` so the
-/// probe can bound lengths with a mask the verifier understands.
-pub const STAGING_BYTES: usize = 32 * 1024;
-/// Mask that bounds any length to the staging buffer.
-pub const STAGING_MASK: u64 = (STAGING_BYTES as u64) - 1;
+/// Size of the per-CPU staging buffer for payload (a per-CPU map value may not exceed 32 KiB).
+pub const STAGING_BYTES: usize = MAX_CAPTURE_BYTES as usize;
 /// Size of the copied socket address: `sizeof(struct sockaddr_in6)`.
 pub const SOCKADDR_BYTES: usize = 28;
+/// Bytes copied from the end of a payload that is longer than the capture window.
+pub const TAIL_BYTES: usize = 16;
+/// Smallest capture window a user may configure.
+pub const MIN_CAPTURE_BYTES: u32 = 64;
 /// Length of a task command name, including the trailing NUL (`TASK_COMM_LEN`).
 pub const COMM_BYTES: usize = 16;
 
@@ -71,7 +72,11 @@ pub struct EventHeader {
     pub addr_len: u32,
     /// Raw `struct sockaddr_in`/`sockaddr_in6` as the process passed or received it.
     pub addr: [u8; SOCKADDR_BYTES],
-    pub _reserved: u32,
+    /// Number of valid bytes in `tail` (0 unless the payload was cut by the capture window).
+    pub tail_len: u32,
+    /// The last bytes the syscall moved, when they lie beyond the captured prefix: enough to see
+    /// the end of a chunked body (`0\r\n\r\n`) that the prefix does not show.
+    pub tail: [u8; TAIL_BYTES],
 }
 
 impl EventHeader {
@@ -121,7 +126,7 @@ mod tests {
     #[test]
     fn header_layout_is_stable_and_aligned() {
         assert_eq!(EventHeader::SIZE % 8, 0, "records must keep 8-byte alignment");
-        assert_eq!(EventHeader::SIZE, 72);
-        assert!((MAX_CAPTURE_BYTES as usize) < STAGING_BYTES);
+        assert_eq!(EventHeader::SIZE, 88);
+        assert!(EventHeader::SIZE + STAGING_BYTES <= 32 * 1024);
     }
 }

@@ -14,8 +14,9 @@
 //! Invariants:
 //! - Nothing here blocks or writes to user memory: the probes only read.
 //! - Every record that cannot be delivered is counted in `LOSSES` (per CPU), by reason.
-//! - Payload lengths are masked with `STAGING_MASK` before any copy, so the verifier can prove every
-//!   access stays inside the staging buffer; the logical bound (`CAPTURE_BYTES`) is applied first.
+//! - Payload lengths are clamped to `STAGING_BYTES` right before each copy (see [`bounded`]), so the
+//!   verifier can prove every access stays inside the staging buffer; the logical bound
+//!   (`CAPTURE_BYTES`) is applied first.
 #![no_std]
 #![no_main]
 
@@ -30,7 +31,7 @@ use aya_ebpf::{
 };
 use tracetap_ebpf_common::{
     COMM_BYTES, EventHeader, EventKind, LOSS_SLOTS, Loss, SOCKADDR_BYTES, STAGING_BYTES,
-    STAGING_MASK,
+    TAIL_BYTES,
 };
 
 /// Payload bytes copied per syscall. Set by the agent at load time.
@@ -163,13 +164,21 @@ fn stage(kind: EventKind, fd: i32, ret: i64) -> Option<&'static mut Staging> {
     header.kind = kind as u32;
     header.captured = 0;
     header.addr_len = 0;
-    header._reserved = 0;
+    header.tail_len = 0;
     Some(staging)
+}
+
+/// Clamps a length to the staging buffer in a way the verifier sees: the comparison with a
+/// constant happens on the register that is then passed to the helper.
+#[inline(always)]
+fn bounded(len: u64) -> u64 {
+    let len = core::hint::black_box(len);
+    if len > STAGING_BYTES as u64 { STAGING_BYTES as u64 } else { len }
 }
 
 #[inline(always)]
 fn emit(staging: &Staging, payload: u64) {
-    let size = (EventHeader::SIZE as u64) + (payload & STAGING_MASK);
+    let size = (EventHeader::SIZE as u64) + bounded(payload);
     // SAFETY: `size` is at most the size of `Staging`, which `staging` points to.
     let ret = unsafe {
         bpf_ringbuf_output(
@@ -259,7 +268,7 @@ fn on_exit(ctx: &TracePointContext) -> u32 {
                     // SAFETY: the agent writes this global before load.
                     let window = u64::from(unsafe { core::ptr::read_volatile(&raw const CAPTURE_BYTES) });
                     let want = if available < window { available } else { window };
-                    let want = want & STAGING_MASK;
+                    let want = bounded(want);
                     if want > 0 {
                         // SAFETY: `want` is bounded by the staging buffer size; the helper
                         // faults safely on bad user addresses.
@@ -274,6 +283,14 @@ fn on_exit(ctx: &TracePointContext) -> u32 {
                             copied = want;
                         } else {
                             count_loss(Loss::ReadFailed);
+                        }
+                    }
+                    if available > want && available >= TAIL_BYTES as u64 {
+                        let from = base + available - TAIL_BYTES as u64;
+                        // SAFETY: helper read of user memory into a fixed-size field.
+                        if let Ok(tail) = unsafe { bpf_probe_read_user(from as *const [u8; TAIL_BYTES]) } {
+                            staging.header.tail = tail;
+                            staging.header.tail_len = TAIL_BYTES as u32;
                         }
                     }
                 }

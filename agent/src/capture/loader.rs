@@ -1,0 +1,159 @@
+//! The agent's one place for `unsafe` and kernel plumbing: mounting tracefs, loading and attaching
+//! the probes, reading raw records, polling the ring buffer, and the monotonic clock.
+#![expect(unsafe_code, reason = "kernel interfaces: mount(2), poll(2), clock_gettime(2), raw records")]
+
+use std::ffi::CString;
+use std::os::fd::AsRawFd as _;
+use std::path::Path;
+use std::time::Duration;
+
+use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
+use aya::programs::TracePoint;
+use aya::{Ebpf, EbpfLoader};
+use tracetap_ebpf_common::{COMM_BYTES, EventHeader, LOSS_SLOTS, globals, maps};
+
+use crate::config::{Config, Targets};
+
+/// The probe object, built by `build.rs`.
+static PROBES: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracetap"));
+
+const TRACEFS: &str = "/sys/kernel/tracing";
+
+/// Why the probes could not be started. Each message says what is missing and how to grant it.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("tracefs is not mounted at {TRACEFS} and mounting it failed ({0}); mount it (`mount -t tracefs tracefs {TRACEFS}`) or grant CAP_SYS_ADMIN")]
+    Tracefs(std::io::Error),
+    #[error("this kernel has no BTF (/sys/kernel/btf/vmlinux is missing); tracetap needs Linux 5.8+ built with CONFIG_DEBUG_INFO_BTF")]
+    NoBtf,
+    #[error("loading the eBPF probes failed: {0}. tracetap needs root (or CAP_BPF, CAP_PERFMON and CAP_DAC_READ_SEARCH) and Linux 5.8+ with BPF ring buffers")]
+    Load(#[source] aya::EbpfError),
+    #[error("the probe object has no program {0}")]
+    MissingProgram(String),
+    #[error("attaching {program} to syscalls/{tracepoint} failed: {source}; run as root or grant CAP_PERFMON")]
+    Attach { program: String, tracepoint: String, source: aya::programs::ProgramError },
+    #[error("the probe object has no map {0}")]
+    MissingMap(&'static str),
+    #[error("opening map {name}: {source}")]
+    Map { name: &'static str, source: aya::maps::MapError },
+}
+
+/// Loaded and attached probes, with the maps the agent uses.
+pub struct Probes {
+    /// Keeps programs and links alive; dropping it detaches everything.
+    _ebpf: Ebpf,
+    pub ring: RingBuf<MapData>,
+    pub losses: PerCpuArray<MapData, u64>,
+    pub target_pids: BpfHashMap<MapData, u32, u8>,
+    pub attached: usize,
+}
+
+/// Mounts tracefs when it is missing: tracepoint attachment reads event ids from it.
+fn ensure_tracefs() -> Result<(), LoadError> {
+    if Path::new(TRACEFS).join("events").is_dir() || Path::new("/sys/kernel/debug/tracing/events").is_dir() {
+        return Ok(());
+    }
+    let c = |s: &str| CString::new(s).expect("no NUL in constants");
+    let (source, target, fstype) = (c("tracefs"), c(TRACEFS), c("tracefs"));
+    // SAFETY: valid NUL-terminated strings; no data argument.
+    let rc = unsafe { libc::mount(source.as_ptr(), target.as_ptr(), fstype.as_ptr(), 0, std::ptr::null()) };
+    if rc != 0 {
+        return Err(LoadError::Tracefs(std::io::Error::last_os_error()));
+    }
+    tracing::info!(path = TRACEFS, "mounted tracefs");
+    Ok(())
+}
+
+impl Probes {
+    /// Loads the probes with the configured capture window and targets, and attaches every
+    /// syscall tracepoint. Program `enter_X` attaches to `syscalls/sys_enter_X`, `exit_X` to
+    /// `syscalls/sys_exit_X`.
+    pub fn load(config: &Config) -> Result<Self, LoadError> {
+        if !Path::new("/sys/kernel/btf/vmlinux").exists() {
+            return Err(LoadError::NoBtf);
+        }
+        ensure_tracefs()?;
+        let mut comm = [0u8; COMM_BYTES];
+        if let Targets::Comm(name) = &config.targets {
+            comm[..name.len()].copy_from_slice(name.as_bytes());
+        }
+        let mut ebpf = EbpfLoader::new()
+            .override_global(globals::CAPTURE_BYTES, &config.capture_bytes, true)
+            .override_global(globals::TARGET_COMM, &comm, true)
+            .map_max_entries(maps::EVENTS, config.ring_bytes)
+            .load(PROBES)
+            .map_err(LoadError::Load)?;
+        let names: Vec<String> = ebpf.programs().map(|(name, _)| name.to_owned()).collect();
+        let mut attached = 0;
+        for name in names {
+            let tracepoint = match (name.strip_prefix("enter_"), name.strip_prefix("exit_")) {
+                (Some(sys), _) => format!("sys_enter_{sys}"),
+                (_, Some(sys)) => format!("sys_exit_{sys}"),
+                _ => continue,
+            };
+            let program: &mut TracePoint = ebpf
+                .program_mut(&name)
+                .ok_or_else(|| LoadError::MissingProgram(name.clone()))?
+                .try_into()
+                .map_err(|source| LoadError::Attach { program: name.clone(), tracepoint: tracepoint.clone(), source })?;
+            program.load().map_err(|source| LoadError::Attach { program: name.clone(), tracepoint: tracepoint.clone(), source })?;
+            program
+                .attach("syscalls", &tracepoint)
+                .map_err(|source| LoadError::Attach { program: name.clone(), tracepoint: tracepoint.clone(), source })?;
+            attached += 1;
+        }
+        let take = |ebpf: &mut Ebpf, name: &'static str| ebpf.take_map(name).ok_or(LoadError::MissingMap(name));
+        let ring = RingBuf::try_from(take(&mut ebpf, maps::EVENTS)?).map_err(|source| LoadError::Map { name: maps::EVENTS, source })?;
+        let losses =
+            PerCpuArray::try_from(take(&mut ebpf, maps::LOSSES)?).map_err(|source| LoadError::Map { name: maps::LOSSES, source })?;
+        let target_pids = BpfHashMap::try_from(take(&mut ebpf, maps::TARGET_PIDS)?)
+            .map_err(|source| LoadError::Map { name: maps::TARGET_PIDS, source })?;
+        Ok(Self { _ebpf: ebpf, ring, losses, target_pids, attached })
+    }
+
+    /// Sums the per-CPU loss counters, by [`tracetap_ebpf_common::Loss`] slot.
+    pub fn losses(&self) -> [u64; LOSS_SLOTS as usize] {
+        let mut out = [0u64; LOSS_SLOTS as usize];
+        for (slot, total) in out.iter_mut().enumerate() {
+            if let Ok(values) = self.losses.get(&(slot as u32), 0) {
+                *total = values.iter().sum();
+            }
+        }
+        out
+    }
+
+    /// Waits until the ring buffer has data or `timeout` passes.
+    pub fn wait(&self, timeout: Duration) {
+        let mut fds = libc::pollfd { fd: self.ring.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: one valid pollfd for the duration of the call.
+        let _ = unsafe { libc::poll(&raw mut fds, 1, ms) };
+    }
+}
+
+/// Copies the header out of a record. The caller checked the length.
+pub(super) fn read_header(record: &[u8]) -> EventHeader {
+    assert!(record.len() >= EventHeader::SIZE);
+    // SAFETY: length checked; EventHeader is plain old data valid for any bit pattern; the read
+    // is unaligned-safe.
+    unsafe { std::ptr::read_unaligned(record.as_ptr().cast::<EventHeader>()) }
+}
+
+fn clock_ns(clock: libc::clockid_t) -> i128 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid out pointer.
+    unsafe { libc::clock_gettime(clock, &raw mut ts) };
+    i128::from(ts.tv_sec) * 1_000_000_000 + i128::from(ts.tv_nsec)
+}
+
+/// The monotonic clock the probes stamp events with (`bpf_ktime_get_ns`).
+#[must_use]
+pub fn monotonic_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC) as u64
+}
+
+/// What to add to a monotonic timestamp to get Unix time, in ns.
+#[must_use]
+pub fn monotonic_to_unix_offset_ns() -> i128 {
+    clock_ns(libc::CLOCK_REALTIME) - clock_ns(libc::CLOCK_MONOTONIC)
+}

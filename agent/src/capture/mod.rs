@@ -1,0 +1,127 @@
+//! Capture: the thread that drains the ring buffer, keeps the target set current, runs the tracker
+//! and turns finished exchanges into spans for the export queue.
+//!
+//! One thread owns the tracker, so the per-event path takes no lock. It wakes when the ring buffer
+//! has data (or every 100 ms) and does its housekeeping (discovery, expiry, loss counters) at most
+//! every 250 ms.
+
+pub mod decode;
+pub mod discovery;
+pub mod loader;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+use tracetap_ebpf_common::Loss;
+use tracetap_proxy::{Finished, Limits, Tracker};
+
+use crate::config::Config;
+use crate::export::SpanQueue;
+use crate::metrics::{self, Metrics};
+use crate::spans::{Built, SpanBuilder};
+use loader::Probes;
+
+const HOUSEKEEPING: Duration = Duration::from_millis(250);
+const POLL: Duration = Duration::from_millis(100);
+
+/// Runs until `stop` is set, then hands out nothing more and returns (dropping the queue sender
+/// lets the exporter flush and finish).
+pub fn run(mut probes: Probes, config: &Config, metrics: &Metrics, queue: SpanQueue, stop: &Arc<AtomicBool>) {
+    let mut tracker = Tracker::new(Limits::default());
+    let mut builder = SpanBuilder::new(config.sampler, loader::monotonic_to_unix_offset_ns());
+    let mut targets: BTreeSet<u32> = BTreeSet::new();
+    let mut spans = Vec::with_capacity(16);
+    let mut last_housekeeping: Option<Instant> = None;
+    while !stop.load(Relaxed) {
+        if last_housekeeping.is_none_or(|t| t.elapsed() >= HOUSEKEEPING) {
+            refresh_targets(&mut probes, config, &mut targets, &mut tracker, metrics);
+            tracker.expire(loader::monotonic_ns());
+            publish(&probes, &tracker, metrics);
+            last_housekeeping = Some(Instant::now());
+        }
+        probes.wait(POLL);
+        let mut events = 0u64;
+        while let Some(record) = probes.ring.next() {
+            events += 1;
+            let Ok(header) = decode::header(&record) else {
+                metrics::add(&metrics.events_malformed, 1);
+                continue;
+            };
+            match decode::event(&header, &record) {
+                Ok(ev) => tracker.handle(&ev),
+                Err(_) => metrics::add(&metrics.events_malformed, 1),
+            }
+            if events % 64 == 0 {
+                hand_out(&mut tracker, &mut builder, &mut spans, &queue, metrics);
+            }
+        }
+        metrics::add(&metrics.events_captured, events);
+        hand_out(&mut tracker, &mut builder, &mut spans, &queue, metrics);
+        publish_tracker(&tracker, metrics);
+    }
+    publish(&probes, &tracker, metrics);
+    if tracker.open_exchanges() > 0 {
+        tracing::info!(open = tracker.open_exchanges(), "exchanges still open at shutdown are not exported");
+    }
+}
+
+fn hand_out(tracker: &mut Tracker, builder: &mut SpanBuilder, spans: &mut Vec<crate::spans::SpanRecord>, queue: &SpanQueue, metrics: &Metrics) {
+    for finished in tracker.drain() {
+        let built = match &finished {
+            Finished::Server(ex) => builder.build(ex, spans),
+            Finished::UnlinkedClient { tgid, exchange } => builder.build_unlinked(*tgid, exchange, spans),
+        };
+        match built {
+            Built::Dropped => metrics::add(&metrics.sampled_out, 1),
+            Built::Sampled { spans: n } => metrics::add(&metrics.spans_built, n as u64),
+        }
+        for record in spans.drain(..) {
+            queue.push(record);
+        }
+    }
+}
+
+fn refresh_targets(probes: &mut Probes, config: &Config, targets: &mut BTreeSet<u32>, tracker: &mut Tracker, metrics: &Metrics) {
+    let procs = discovery::read_processes(Path::new("/proc"));
+    let now = discovery::select(&config.targets, &procs);
+    for pid in now.difference(targets) {
+        if let Err(e) = probes.target_pids.insert(pid, 1, 0) {
+            tracing::warn!(pid, error = %e, "cannot add target process to the probe filter");
+        } else {
+            tracing::info!(pid, "tracing process");
+        }
+    }
+    for pid in targets.difference(&now) {
+        let _ = probes.target_pids.remove(pid);
+        tracker.forget_process(*pid, loader::monotonic_ns());
+        tracing::info!(pid, "process gone");
+    }
+    *targets = now;
+    metrics::set(&metrics.targets, targets.len() as u64);
+    metrics.ready.store(probes.attached > 0 && !targets.is_empty(), Relaxed);
+}
+
+fn publish(probes: &Probes, tracker: &Tracker, metrics: &Metrics) {
+    let losses = probes.losses();
+    metrics::set(&metrics.events_lost_ring_full, losses[Loss::RingFull as usize]);
+    metrics::set(&metrics.events_lost_inflight_full, losses[Loss::InflightFull as usize]);
+    metrics::set(&metrics.events_lost_read_failed, losses[Loss::ReadFailed as usize]);
+    publish_tracker(tracker, metrics);
+}
+
+/// Mirrors the tracker's counters (plain stores: cheap enough for every wake-up).
+fn publish_tracker(tracker: &Tracker, metrics: &Metrics) {
+    let s = tracker.stats();
+    metrics::set(&metrics.parse_errors, s.parse_errors);
+    metrics::set(&metrics.opaque_connections, s.opaque_connections);
+    metrics::set(&metrics.unpaired_responses, s.unpaired_responses);
+    metrics::set(&metrics.requests_seen, s.frontend_requests);
+    metrics::set(&metrics.backend_requests_seen, s.backend_requests);
+    metrics::set(&metrics.backend_unlinked, s.unlinked_backend_requests);
+    metrics::set(&metrics.exchanges_expired, s.expired_exchanges);
+    metrics::set(&metrics.connections, tracker.connections() as u64);
+    metrics::set(&metrics.open_exchanges, tracker.open_exchanges() as u64);
+}

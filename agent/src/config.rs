@@ -1,0 +1,375 @@
+//! Configuration: a pure parse of a key/value source (the process environment in production, a
+//! map in tests) into a validated [`Config`]. Every bad value is a [`ConfigError`] that names the
+//! variable and says what it accepts; `main` turns it into exit status 2.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tracetap_ebpf_common::{COMM_BYTES, MAX_CAPTURE_BYTES, MIN_CAPTURE_BYTES};
+
+use crate::sampling::Sampler;
+
+/// A bad configuration value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{var}={value:?} is invalid: {expected}")]
+pub struct ConfigError {
+    pub var: &'static str,
+    pub value: String,
+    pub expected: String,
+}
+
+/// Where spans go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Sink {
+    /// One JSON object per span on stdout (no endpoint configured).
+    Stdout,
+    /// OTLP/HTTP protobuf POSTs to this URL.
+    OtlpHttp(Endpoint),
+}
+
+/// A parsed `http://host:port/path` URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    /// `host:port`, as written in the `Host` header and dialled.
+    pub authority: String,
+    /// Path and query, starting with `/`.
+    pub path: String,
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "http://{}{}", self.authority, self.path)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compression {
+    None,
+    Gzip,
+}
+
+/// Which processes to trace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Targets {
+    /// Every process with this command name (at most 15 bytes).
+    Comm(String),
+    /// These processes and their descendants (HAProxy's master-worker mode forks its workers).
+    Pids(Vec<u32>),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub sink: Sink,
+    pub export_headers: Vec<(String, String)>,
+    pub export_timeout: Duration,
+    pub compression: Compression,
+    pub service_name: String,
+    pub resource_attributes: Vec<(String, String)>,
+    pub sampler: Sampler,
+    pub schedule_delay: Duration,
+    pub max_queue_size: usize,
+    pub max_export_batch_size: usize,
+    pub admin_addr: SocketAddr,
+    pub capture_bytes: u32,
+    pub targets: Targets,
+    pub ring_bytes: u32,
+    pub log_filter: String,
+}
+
+/// Every variable the agent reads, with its default and meaning. The README's table is this list.
+pub const VARIABLES: &[(&str, &str, &str)] = &[
+    ("OTEL_EXPORTER_OTLP_ENDPOINT", "(unset: JSON lines on stdout)", "OTLP/HTTP base URL; spans go to `<url>/v1/traces`"),
+    ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "(unset)", "full URL for traces; wins over the base URL"),
+    ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf", "only `http/protobuf` for now"),
+    ("OTEL_EXPORTER_OTLP_HEADERS", "(none)", "`key=value,...` headers sent with every export (values URL-decoded)"),
+    ("OTEL_EXPORTER_OTLP_TIMEOUT", "10000", "ms per export request"),
+    ("OTEL_EXPORTER_OTLP_COMPRESSION", "none", "`none` or `gzip`"),
+    ("OTEL_SERVICE_NAME", "haproxy", "`service.name` of the resource"),
+    ("OTEL_RESOURCE_ATTRIBUTES", "(none)", "`key=value,...` extra resource attributes"),
+    ("OTEL_TRACES_SAMPLER", "parentbased_always_on", "always_on, always_off, traceidratio, parentbased_always_on, parentbased_always_off, parentbased_traceidratio"),
+    ("OTEL_TRACES_SAMPLER_ARG", "1.0", "ratio in [0, 1] for the ratio samplers"),
+    ("OTEL_BSP_SCHEDULE_DELAY", "5000", "ms between exports of a partial batch"),
+    ("OTEL_BSP_MAX_QUEUE_SIZE", "2048", "spans waiting for export; more are dropped and counted"),
+    ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "512", "spans per export request (at most the queue size)"),
+    ("TRACETAP_ADMIN_ADDR", "127.0.0.1:9464", "address of /readyz, /healthz, /metrics"),
+    ("TRACETAP_CAPTURE_BYTES", "4096", "payload bytes copied per syscall, 64..=16384"),
+    ("TRACETAP_TARGET_COMM", "haproxy", "trace every process with this command name (max 15 bytes)"),
+    ("TRACETAP_TARGET_PIDS", "(unset)", "comma-separated pids to trace with their children, instead of by command name"),
+    ("TRACETAP_RING_BYTES", "8388608", "ring buffer size: a power of two, at least 65536"),
+    ("TRACETAP_LOG", "info", "log filter (tracing-subscriber EnvFilter syntax), logs go to stderr"),
+];
+
+fn err(var: &'static str, value: &str, expected: impl Into<String>) -> ConfigError {
+    ConfigError { var, value: value.to_owned(), expected: expected.into() }
+}
+
+/// Reads variables through `get`, treating empty values as unset (as the OTel spec asks).
+struct Source<F> {
+    get: F,
+}
+
+impl<F: Fn(&str) -> Option<String>> Source<F> {
+    fn get(&self, var: &'static str) -> Option<String> {
+        (self.get)(var).filter(|v| !v.trim().is_empty())
+    }
+
+    fn parse<T: std::str::FromStr>(&self, var: &'static str, default: T, expected: &str) -> Result<T, ConfigError> {
+        match self.get(var) {
+            None => Ok(default),
+            Some(v) => v.trim().parse().map_err(|_| err(var, &v, expected)),
+        }
+    }
+
+    fn millis(&self, var: &'static str, default_ms: u64) -> Result<Duration, ConfigError> {
+        self.parse(var, default_ms, "a whole number of milliseconds").map(Duration::from_millis)
+    }
+}
+
+impl Config {
+    /// Parses the process environment.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Parses a map of variables (tests).
+    pub fn from_map(map: &BTreeMap<String, String>) -> Result<Self, ConfigError> {
+        Self::from_lookup(|k| map.get(k).cloned())
+    }
+
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let src = Source { get };
+
+        let sink = match (src.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), src.get("OTEL_EXPORTER_OTLP_ENDPOINT")) {
+            (Some(url), _) => Sink::OtlpHttp(parse_endpoint("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", &url, false)?),
+            (None, Some(url)) => Sink::OtlpHttp(parse_endpoint("OTEL_EXPORTER_OTLP_ENDPOINT", &url, true)?),
+            (None, None) => Sink::Stdout,
+        };
+        if let Some(p) = src.get("OTEL_EXPORTER_OTLP_PROTOCOL") {
+            if p.trim() != "http/protobuf" {
+                return Err(err("OTEL_EXPORTER_OTLP_PROTOCOL", &p, "http/protobuf (grpc and http/json are not supported yet)"));
+            }
+        }
+        let export_headers = match src.get("OTEL_EXPORTER_OTLP_HEADERS") {
+            Some(v) => parse_pairs("OTEL_EXPORTER_OTLP_HEADERS", &v)?,
+            None => Vec::new(),
+        };
+        let export_timeout = src.millis("OTEL_EXPORTER_OTLP_TIMEOUT", 10_000)?;
+        if export_timeout.is_zero() {
+            return Err(err("OTEL_EXPORTER_OTLP_TIMEOUT", "0", "a positive number of milliseconds"));
+        }
+        let compression = match src.get("OTEL_EXPORTER_OTLP_COMPRESSION").as_deref().map(str::trim) {
+            None | Some("none") => Compression::None,
+            Some("gzip") => Compression::Gzip,
+            Some(v) => return Err(err("OTEL_EXPORTER_OTLP_COMPRESSION", v, "none or gzip")),
+        };
+        let service_name = src.get("OTEL_SERVICE_NAME").map_or_else(|| "haproxy".to_owned(), |v| v.trim().to_owned());
+        let resource_attributes = match src.get("OTEL_RESOURCE_ATTRIBUTES") {
+            Some(v) => parse_pairs("OTEL_RESOURCE_ATTRIBUTES", &v)?,
+            None => Vec::new(),
+        };
+        let sampler = Sampler::from_vars(src.get("OTEL_TRACES_SAMPLER").as_deref(), src.get("OTEL_TRACES_SAMPLER_ARG").as_deref())?;
+
+        let schedule_delay = src.millis("OTEL_BSP_SCHEDULE_DELAY", 5_000)?;
+        let max_queue_size: usize = src.parse("OTEL_BSP_MAX_QUEUE_SIZE", 2048, "a positive whole number")?;
+        if max_queue_size == 0 {
+            return Err(err("OTEL_BSP_MAX_QUEUE_SIZE", "0", "a positive whole number"));
+        }
+        let max_export_batch_size: usize = src.parse("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512, "a positive whole number")?;
+        if max_export_batch_size == 0 || max_export_batch_size > max_queue_size {
+            return Err(err(
+                "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+                &max_export_batch_size.to_string(),
+                format!("a positive whole number no larger than OTEL_BSP_MAX_QUEUE_SIZE ({max_queue_size})"),
+            ));
+        }
+
+        let admin_addr = src.parse("TRACETAP_ADMIN_ADDR", SocketAddr::from(([127, 0, 0, 1], 9464)), "an address like 127.0.0.1:9464")?;
+        let capture_bytes: u32 = src.parse("TRACETAP_CAPTURE_BYTES", 4096, "a whole number of bytes")?;
+        if !(MIN_CAPTURE_BYTES..=MAX_CAPTURE_BYTES).contains(&capture_bytes) {
+            return Err(err(
+                "TRACETAP_CAPTURE_BYTES",
+                &capture_bytes.to_string(),
+                format!("a whole number of bytes from {MIN_CAPTURE_BYTES} to {MAX_CAPTURE_BYTES}"),
+            ));
+        }
+        let targets = match (src.get("TRACETAP_TARGET_PIDS"), src.get("TRACETAP_TARGET_COMM")) {
+            (Some(pids), _) => Targets::Pids(parse_pids(&pids)?),
+            (None, comm) => {
+                let comm = comm.map_or_else(|| "haproxy".to_owned(), |c| c.trim().to_owned());
+                if comm.len() >= COMM_BYTES || comm.contains('\0') {
+                    return Err(err("TRACETAP_TARGET_COMM", &comm, "a command name of 1 to 15 bytes (as in /proc/PID/comm)"));
+                }
+                Targets::Comm(comm)
+            }
+        };
+        let ring_bytes: u32 = src.parse("TRACETAP_RING_BYTES", 8 * 1024 * 1024, "a power of two of at least 65536 bytes")?;
+        if !ring_bytes.is_power_of_two() || ring_bytes < 65536 {
+            return Err(err("TRACETAP_RING_BYTES", &ring_bytes.to_string(), "a power of two of at least 65536 bytes"));
+        }
+        let log_filter = src.get("TRACETAP_LOG").unwrap_or_else(|| "info".to_owned());
+
+        Ok(Self {
+            sink,
+            export_headers,
+            export_timeout,
+            compression,
+            service_name,
+            resource_attributes,
+            sampler,
+            schedule_delay,
+            max_queue_size,
+            max_export_batch_size,
+            admin_addr,
+            capture_bytes,
+            targets,
+            ring_bytes,
+            log_filter,
+        })
+    }
+}
+
+fn parse_endpoint(var: &'static str, url: &str, append_traces_path: bool) -> Result<Endpoint, ConfigError> {
+    let url = url.trim();
+    let expected = "an http:// URL such as http://collector:4318 (https is not supported yet)";
+    let rest = url.strip_prefix("http://").ok_or_else(|| err(var, url, expected))?;
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, ""),
+    };
+    if authority.is_empty() || authority.contains('@') || authority.contains(char::is_whitespace) {
+        return Err(err(var, url, expected));
+    }
+    let authority = if authority.rsplit_once(':').is_some_and(|(_, p)| p.chars().all(|c| c.is_ascii_digit()) && !p.is_empty())
+        && !authority.ends_with(']')
+    {
+        authority.to_owned()
+    } else {
+        format!("{authority}:80")
+    };
+    let path = if append_traces_path {
+        format!("{}/v1/traces", path.trim_end_matches('/'))
+    } else if path.is_empty() {
+        "/".to_owned()
+    } else {
+        path.to_owned()
+    };
+    Ok(Endpoint { authority, path })
+}
+
+/// Parses the W3C-baggage-like `key=value,key2=value2` lists of the OTel variables.
+fn parse_pairs(var: &'static str, text: &str) -> Result<Vec<(String, String)>, ConfigError> {
+    let mut out = Vec::new();
+    for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (k, v) = item.split_once('=').ok_or_else(|| err(var, text, format!("key=value pairs separated by commas; `{item}` has no `=`")))?;
+        let k = k.trim();
+        if k.is_empty() {
+            return Err(err(var, text, "key=value pairs separated by commas; a key is empty"));
+        }
+        let v = percent_decode(v.trim()).ok_or_else(|| err(var, text, format!("valid percent-encoding in the value of `{k}`")))?;
+        out.push((k.to_owned(), v));
+    }
+    Ok(out)
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+fn parse_pids(text: &str) -> Result<Vec<u32>, ConfigError> {
+    let pids: Result<Vec<u32>, _> = text.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::parse).collect();
+    match pids {
+        Ok(p) if !p.is_empty() && !p.contains(&0) => Ok(p),
+        _ => Err(err("TRACETAP_TARGET_PIDS", text, "comma-separated process ids, e.g. 1234,5678")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let map = pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        Config::from_map(&map)
+    }
+
+    #[test]
+    fn defaults() {
+        let c = parse(&[]).unwrap();
+        assert_eq!(c.sink, Sink::Stdout);
+        assert_eq!(c.service_name, "haproxy");
+        assert_eq!(c.capture_bytes, 4096);
+        assert_eq!(c.targets, Targets::Comm("haproxy".into()));
+        assert_eq!(c.admin_addr.to_string(), "127.0.0.1:9464");
+        assert_eq!(c.max_export_batch_size, 512);
+        assert_eq!(c.sampler, Sampler::default());
+    }
+
+    #[test]
+    fn endpoint_gets_traces_path() {
+        let c = parse(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/")]).unwrap();
+        assert_eq!(c.sink, Sink::OtlpHttp(Endpoint { authority: "collector:4318".into(), path: "/v1/traces".into() }));
+        let c = parse(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c"), ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://t:1/x")]).unwrap();
+        assert_eq!(c.sink, Sink::OtlpHttp(Endpoint { authority: "t:1".into(), path: "/x".into() }));
+        let c = parse(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c")]).unwrap();
+        assert_eq!(c.sink, Sink::OtlpHttp(Endpoint { authority: "c:80".into(), path: "/v1/traces".into() }));
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        for (var, value) in [
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://x"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "novalue"),
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "soon"),
+            ("OTEL_EXPORTER_OTLP_COMPRESSION", "zstd"),
+            ("OTEL_TRACES_SAMPLER", "sometimes"),
+            ("OTEL_BSP_MAX_QUEUE_SIZE", "0"),
+            ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "5000"),
+            ("TRACETAP_ADMIN_ADDR", "nowhere"),
+            ("TRACETAP_CAPTURE_BYTES", "100000"),
+            ("TRACETAP_CAPTURE_BYTES", "12"),
+            ("TRACETAP_TARGET_COMM", "a-very-long-command-name"),
+            ("TRACETAP_TARGET_PIDS", "12,abc"),
+            ("TRACETAP_RING_BYTES", "100000"),
+        ] {
+            let e = parse(&[(var, value)]).unwrap_err();
+            assert_eq!(e.var, var, "{value}");
+            assert!(e.to_string().contains(var));
+        }
+    }
+
+    #[test]
+    fn pairs_are_decoded() {
+        let c = parse(&[("OTEL_EXPORTER_OTLP_HEADERS", "api-key=a%20b, x = y"), ("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=prod")]).unwrap();
+        assert_eq!(c.export_headers, vec![("api-key".into(), "a b".into()), ("x".into(), "y".into())]);
+        assert_eq!(c.resource_attributes, vec![("deployment.environment".into(), "prod".into())]);
+    }
+
+    #[test]
+    fn empty_values_mean_unset() {
+        let c = parse(&[("OTEL_EXPORTER_OTLP_ENDPOINT", ""), ("TRACETAP_CAPTURE_BYTES", " ")]).unwrap();
+        assert_eq!(c.sink, Sink::Stdout);
+        assert_eq!(c.capture_bytes, 4096);
+    }
+
+    #[test]
+    fn pids_select_pid_targets() {
+        let c = parse(&[("TRACETAP_TARGET_PIDS", "10, 20")]).unwrap();
+        assert_eq!(c.targets, Targets::Pids(vec![10, 20]));
+    }
+}

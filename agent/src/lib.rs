@@ -1,0 +1,12 @@
+//! tracetap: traces HAProxy from the outside. See DESIGN.md for the data flow:
+//! capture (eBPF) -> proxy (streams, pairing, linking) -> sampling -> spans -> export.
+#![deny(unsafe_code)]
+
+pub mod admin;
+pub mod capture;
+pub mod config;
+pub mod export;
+pub mod metrics;
+pub mod sampling;
+pub mod spans;
+pub mod trace_context;

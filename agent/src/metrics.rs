@@ -1,0 +1,88 @@
+//! The agent's counters, shared between the capture thread, the exporter and the admin endpoint,
+//! rendered as Prometheus text. Every way a request or span can be lost has a counter here.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+
+macro_rules! metrics {
+    ($( $field:ident : $kind:literal, $name:literal, $help:literal; )*) => {
+        /// All counters and gauges. Counters only grow; gauges are overwritten.
+        #[derive(Debug, Default)]
+        pub struct Metrics {
+            $( pub $field: AtomicU64, )*
+            /// Probes are attached and at least one target process is traced.
+            pub ready: AtomicBool,
+        }
+
+        impl Metrics {
+            /// Prometheus text exposition format, version 0.0.4.
+            #[must_use]
+            pub fn render(&self) -> String {
+                let mut out = String::with_capacity(4096);
+                $(
+                    let _ = writeln!(out, "# HELP {} {}", $name, $help);
+                    let _ = writeln!(out, "# TYPE {} {}", $name, $kind);
+                    let _ = writeln!(out, "{} {}", $name, self.$field.load(Relaxed));
+                )*
+                let _ = writeln!(out, "# HELP tracetap_ready 1 once probes are attached to at least one target");
+                let _ = writeln!(out, "# TYPE tracetap_ready gauge");
+                let _ = writeln!(out, "tracetap_ready {}", u8::from(self.ready.load(Relaxed)));
+                out
+            }
+        }
+    };
+}
+
+metrics! {
+    events_captured: "counter", "tracetap_events_captured_total", "Syscall events read from the ring buffer";
+    events_lost_ring_full: "counter", "tracetap_events_lost_ring_full_total", "Events the probes could not reserve in the ring buffer";
+    events_lost_inflight_full: "counter", "tracetap_events_lost_inflight_full_total", "Syscalls not captured because the in-flight table was full";
+    events_lost_read_failed: "counter", "tracetap_events_lost_read_failed_total", "Payload or address copies from user memory that failed";
+    events_malformed: "counter", "tracetap_events_malformed_total", "Ring buffer records the agent could not decode";
+    parse_errors: "counter", "tracetap_parse_errors_total", "HTTP/1 heads or bodies that could not be parsed";
+    opaque_connections: "counter", "tracetap_opaque_connections_total", "Connections ignored because they do not speak HTTP/1";
+    unpaired_responses: "counter", "tracetap_unpaired_responses_total", "Responses with no parsed request (HAProxy answering by itself to a bad or missing request)";
+    requests_seen: "counter", "tracetap_requests_total", "Frontend requests seen (one SERVER span each when sampled)";
+    backend_requests_seen: "counter", "tracetap_backend_requests_total", "Backend requests seen";
+    backend_unlinked: "counter", "tracetap_backend_requests_unlinked_total", "Backend requests not tied to a frontend request (exported as root CLIENT spans)";
+    exchanges_expired: "counter", "tracetap_exchanges_expired_total", "Exchanges given up after 300 s without activity";
+    sampled_out: "counter", "tracetap_requests_sampled_out_total", "Requests dropped by the head sampler";
+    spans_built: "counter", "tracetap_spans_built_total", "Spans built";
+    spans_exported: "counter", "tracetap_spans_exported_total", "Spans accepted by the exporter's destination";
+    spans_dropped_queue_full: "counter", "tracetap_spans_dropped_queue_full_total", "Spans dropped because the export queue was full";
+    spans_dropped_export_failed: "counter", "tracetap_spans_dropped_export_failed_total", "Spans dropped after their export failed for good";
+    export_retries: "counter", "tracetap_export_retries_total", "Export requests retried";
+    export_failures: "counter", "tracetap_export_failures_total", "Export requests that failed for good";
+    targets: "gauge", "tracetap_targets", "Processes currently traced";
+    connections: "gauge", "tracetap_connections", "Connections currently tracked";
+    open_exchanges: "gauge", "tracetap_open_exchanges", "Frontend exchanges currently open";
+}
+
+/// Adds to a counter.
+pub fn add(counter: &AtomicU64, n: u64) {
+    counter.fetch_add(n, Relaxed);
+}
+
+/// Sets a gauge (or a counter mirrored from a source that already counts).
+pub fn set(gauge: &AtomicU64, value: u64) {
+    gauge.store(value, Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_every_metric_with_help_and_type() {
+        let m = Metrics::default();
+        add(&m.spans_built, 3);
+        let text = m.render();
+        assert!(text.contains("tracetap_spans_built_total 3\n"));
+        assert!(text.contains("# TYPE tracetap_targets gauge"));
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let (name, value) = line.split_once(' ').unwrap();
+            assert!(name.starts_with("tracetap_"));
+            value.parse::<u64>().unwrap();
+        }
+    }
+}
