@@ -315,7 +315,7 @@ impl Tracker {
                 framer.resync();
             }
             first_step = false;
-            if framer.is_idle() && start.is_none() {
+            if framer.is_idle() && start.is_none() && !cursor.is_empty() {
                 *start = Some(ctx.ts);
             }
             match framer.step(&mut cursor) {

@@ -1,0 +1,108 @@
+//! The real `tracetap` binary, started by a test with its own environment.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+/// Path of the built agent: `TRACETAP_BIN`, else `target/debug/tracetap` of this workspace.
+#[must_use]
+pub fn binary() -> PathBuf {
+    if let Ok(p) = std::env::var("TRACETAP_BIN") {
+        return p.into();
+    }
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"), PathBuf::from);
+    let bin = target.join("debug/tracetap");
+    assert!(bin.exists(), "{} is missing: build the agent first (`cargo build -p tracetap`, which `make test` does)", bin.display());
+    bin
+}
+
+#[derive(Debug)]
+pub struct Agent {
+    child: Option<Child>,
+    pub admin: SocketAddr,
+    log: PathBuf,
+}
+
+impl Agent {
+    /// Starts the agent with `env` (plus a free admin port and a 100 ms batch delay unless given)
+    /// and waits until `/readyz` answers 200.
+    #[must_use]
+    pub fn start(env: &[(&str, String)]) -> Self {
+        let agent = Self::spawn(env);
+        agent.wait_ready();
+        agent
+    }
+
+    /// Starts the agent without waiting for readiness.
+    #[must_use]
+    pub fn spawn(env: &[(&str, String)]) -> Self {
+        let admin: SocketAddr = format!("127.0.0.1:{}", crate::free_port()).parse().expect("addr");
+        let log = std::env::temp_dir().join(format!("tracetap-agent-{}.log", admin.port()));
+        let mut cmd = Command::new(binary());
+        cmd.env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("TRACETAP_ADMIN_ADDR", admin.to_string())
+            .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+            .env("TRACETAP_LOG", "info");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("agent log"))
+            .spawn()
+            .expect("start tracetap");
+        Self { child: Some(child), admin, log }
+    }
+
+    /// The agent's log so far (stderr).
+    #[must_use]
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn wait_ready(&self) {
+        let ready = crate::wait_for(Duration::from_secs(30), || (self.get("/readyz").map(|(s, _)| s) == Some(200)).then_some(()));
+        assert!(ready.is_some(), "agent never became ready; its log:\n{}", self.log());
+    }
+
+    /// GET on the admin endpoint: (status, body).
+    #[must_use]
+    pub fn get(&self, path: &str) -> Option<(u16, String)> {
+        let mut conn = crate::client::Conn::connect(self.admin).ok()?;
+        let resp = conn.get(path, &[]).ok()?;
+        Some((resp.status, String::from_utf8_lossy(&resp.body).into_owned()))
+    }
+
+    /// The value of one metric from `/metrics`.
+    #[must_use]
+    pub fn metric(&self, name: &str) -> u64 {
+        let (_, body) = self.get("/metrics").expect("metrics answer");
+        body.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("metric {name} missing"))
+    }
+
+    /// True while the process runs.
+    pub fn is_running(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|c| c.try_wait().ok().flatten().is_none())
+    }
+
+    /// SIGTERM, then waits for the exit.
+    pub fn stop(mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("running");
+        let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+        child.wait().expect("wait agent")
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}

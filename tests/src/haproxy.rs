@@ -1,0 +1,114 @@
+//! A real HAProxy (Debian's package) run in the foreground by a test, under a command name of its
+//! own (a symlink), so each test's agent traces only that test's HAProxy.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// A command name unique to this test process and call (at most 15 bytes, as the kernel keeps).
+#[must_use]
+pub fn unique_comm() -> String {
+    format!("hap{}x{}", std::process::id() % 100_000, NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+#[derive(Debug)]
+pub struct Haproxy {
+    pub comm: String,
+    dir: PathBuf,
+    config: PathBuf,
+    children: Vec<Child>,
+}
+
+fn haproxy_binary() -> PathBuf {
+    for p in ["/usr/sbin/haproxy", "/usr/local/sbin/haproxy", "/usr/bin/haproxy"] {
+        if std::path::Path::new(p).exists() {
+            return p.into();
+        }
+    }
+    panic!("haproxy is not installed; run `make setup` (apt-get install haproxy)");
+}
+
+impl Haproxy {
+    /// Starts HAProxy with `config` under command name `comm`, and waits until `wait_port` accepts
+    /// connections.
+    #[must_use]
+    pub fn start(comm: &str, config: &str, wait_port: u16) -> Self {
+        let dir = std::env::temp_dir().join(format!("tracetap-e2e-{comm}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let link = dir.join(comm);
+        std::os::unix::fs::symlink(haproxy_binary(), &link).expect("symlink haproxy");
+        let config_path = dir.join("haproxy.cfg");
+        std::fs::write(&config_path, config).expect("write config");
+        let mut h = Self { comm: comm.to_owned(), dir, config: config_path, children: Vec::new() };
+        h.spawn(&[]);
+        h.wait_port(wait_port);
+        h
+    }
+
+    fn spawn(&mut self, extra: &[String]) {
+        let child = Command::new(self.dir.join(&self.comm))
+            .arg("-db")
+            .arg("-f")
+            .arg(&self.config)
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start haproxy");
+        self.children.push(child);
+    }
+
+    fn wait_port(&self, port: u16) {
+        crate::wait_for(Duration::from_secs(10), || std::net::TcpStream::connect(("127.0.0.1", port)).ok())
+            .unwrap_or_else(|| panic!("haproxy did not listen on port {port}"));
+    }
+
+    /// The configuration HAProxy runs with.
+    #[must_use]
+    pub fn config_text(&self) -> String {
+        std::fs::read_to_string(&self.config).expect("config")
+    }
+
+    /// Pid of the newest HAProxy process.
+    #[must_use]
+    pub fn pid(&self) -> u32 {
+        self.children.last().expect("started").id()
+    }
+
+    /// Seamless reload: a new process takes over the listeners (`-sf old`), the old one finishes
+    /// its connections and exits.
+    pub fn reload(&mut self, wait_port: u16) {
+        let old = self.pid();
+        self.spawn(&["-sf".to_owned(), old.to_string()]);
+        self.wait_port(wait_port);
+    }
+}
+
+impl Drop for Haproxy {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A minimal HTTP configuration: frontend `fe_main` on `front_port`, backend `be_app` with one
+/// server per address, and `extra` appended.
+#[must_use]
+pub fn config(front_port: u16, servers: &[std::net::SocketAddr], extra: &str) -> String {
+    let mut cfg = format!(
+        "global\n    maxconn 4096\n\ndefaults\n    mode http\n    timeout connect 2s\n    timeout client 10s\n    timeout server 10s\n\n\
+         frontend fe_main\n    bind 127.0.0.1:{front_port}\n    default_backend be_app\n\nbackend be_app\n"
+    );
+    for (i, s) in servers.iter().enumerate() {
+        cfg.push_str(&format!("    server s{i} {s}\n"));
+    }
+    cfg.push_str(extra);
+    cfg
+}

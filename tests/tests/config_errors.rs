@@ -1,0 +1,49 @@
+//! The binary refuses bad configuration with exit status 2 and names the variable. Needs no root:
+//! configuration is checked before anything touches the kernel.
+
+use std::process::Command;
+
+fn run_with(var: &str, value: &str) -> (Option<i32>, String) {
+    let out = Command::new(tracetap_tests::agent::binary())
+        .env_clear()
+        .env(var, value)
+        .output()
+        .expect("run tracetap");
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn bad_values_exit_2_and_name_the_variable() {
+    for (var, value) in [
+        ("OTEL_TRACES_SAMPLER", "sometimes"),
+        ("OTEL_TRACES_SAMPLER_ARG", "1.5"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "ftp://collector"),
+        ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "lots"),
+        ("TRACETAP_CAPTURE_BYTES", "99999"),
+        ("TRACETAP_ADMIN_ADDR", "localhost"),
+        ("TRACETAP_TARGET_PIDS", "x"),
+    ] {
+        let env_var = if var == "OTEL_TRACES_SAMPLER_ARG" { "OTEL_TRACES_SAMPLER_ARG" } else { var };
+        let mut cmd = Command::new(tracetap_tests::agent::binary());
+        cmd.env_clear().env(env_var, value);
+        if var == "OTEL_TRACES_SAMPLER_ARG" {
+            cmd.env("OTEL_TRACES_SAMPLER", "traceidratio");
+        }
+        let out = cmd.output().expect("run tracetap");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{var}={value}: {stderr}");
+        assert!(stderr.contains(var), "{var}={value}: message must name the variable: {stderr}");
+    }
+}
+
+#[test]
+fn help_lists_every_variable() {
+    let out = Command::new(tracetap_tests::agent::binary()).arg("--help").output().expect("run tracetap");
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    for var in ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_TRACES_SAMPLER", "TRACETAP_CAPTURE_BYTES", "TRACETAP_ADMIN_ADDR"] {
+        assert!(text.contains(var), "{var} missing from --help");
+    }
+    let (code, _) = run_with("TRACETAP_RING_BYTES", "3");
+    assert_eq!(code, Some(2));
+}

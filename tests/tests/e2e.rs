@@ -1,0 +1,276 @@
+//! End-to-end: real HAProxy, real backend, real `tracetap` (eBPF), OTLP receiver.
+//! Every test here needs root (see `require_root`).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tracetap_tests::agent::Agent;
+use tracetap_tests::backend::Backend;
+use tracetap_tests::client::Conn;
+use tracetap_tests::haproxy::{self, Haproxy};
+use tracetap_tests::otlp::{Received, Receiver};
+use tracetap_tests::{free_port, require_root, runtime, wait_for};
+
+struct Setup {
+    _rt: tokio::runtime::Runtime,
+    receiver: Receiver,
+    backend: Backend,
+    haproxy: Haproxy,
+    agent: Agent,
+    front: SocketAddr,
+}
+
+/// HAProxy in front of the test backend (plus `extra` config), traced by an agent exporting to the
+/// receiver.
+fn setup(extra: &str) -> Setup {
+    let rt = runtime();
+    let receiver = Receiver::start(&rt);
+    let backend = Backend::start(&rt);
+    let port = free_port();
+    let comm = haproxy::unique_comm();
+    let haproxy = Haproxy::start(&comm, &haproxy::config(port, &[backend.addr], extra), port);
+    let agent = Agent::start(&[("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint()), ("TRACETAP_TARGET_COMM", comm)]);
+    Setup { _rt: rt, receiver, backend, haproxy, agent, front: SocketAddr::from(([127, 0, 0, 1], port)) }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn traceparent(i: u32) -> (String, String, String) {
+    let trace = format!("{:032x}", 0x4bf9_2f35_77b3_4da6_a3ce_0000_0000_0000_u128 + u128::from(i) + 1);
+    let parent = format!("{:016x}", 0x00f0_67aa_0ba9_0000_u64 + u64::from(i) + 1);
+    (format!("00-{trace}-{parent}-01"), trace, parent)
+}
+
+fn print_figures(name: &str, sent: usize, spans: &[Received], agent: &Agent) {
+    println!(
+        "[{name}] requests sent: {sent}, spans received: {} ({} SERVER, {} CLIENT), events captured: {}, events lost (ring full): {}, parse errors: {}",
+        spans.len(),
+        spans.iter().filter(|s| s.is_server()).count(),
+        spans.iter().filter(|s| s.is_client()).count(),
+        agent.metric("tracetap_events_captured_total"),
+        agent.metric("tracetap_events_lost_ring_full_total"),
+        agent.metric("tracetap_parse_errors_total"),
+    );
+}
+
+/// Pairs each SERVER span with its CLIENT spans.
+fn children<'a>(spans: &'a [Received]) -> HashMap<Vec<u8>, Vec<&'a Received>> {
+    let mut map: HashMap<Vec<u8>, Vec<&Received>> = HashMap::new();
+    for s in spans.iter().filter(|s| s.is_client()) {
+        map.entry(s.span.parent_span_id.clone()).or_default().push(s);
+    }
+    map
+}
+
+#[test]
+fn keep_alive_requests_become_server_and_client_spans() {
+    if !require_root() {
+        return;
+    }
+    let s = setup("");
+    let mut expected_parents = HashMap::new();
+    for c in 0..10u32 {
+        let mut conn = Conn::connect(s.front).expect("connect");
+        for r in 0..20u32 {
+            let i = c * 20 + r;
+            let path = format!("/item/{i}?q={i}");
+            let resp = if i % 2 == 0 {
+                let (tp, trace, parent) = traceparent(i);
+                expected_parents.insert(format!("/item/{i}"), (trace, parent));
+                conn.get(&path, &[("traceparent", &tp)])
+            } else {
+                conn.get(&path, &[])
+            }
+            .expect("request");
+            assert_eq!(resp.status, 200);
+        }
+    }
+    let spans = s.receiver.wait_for_spans(400);
+    print_figures("keep-alive", 200, &spans, &s.agent);
+    let servers: Vec<_> = spans.iter().filter(|s| s.is_server()).collect();
+    let clients: Vec<_> = spans.iter().filter(|s| s.is_client()).collect();
+    assert_eq!(servers.len(), 200, "one SERVER span per request");
+    assert_eq!(clients.len(), 200, "one CLIENT span per backend request");
+    assert_eq!(s.agent.metric("tracetap_events_lost_ring_full_total"), 0);
+
+    let by_parent = children(&spans);
+    for server in &servers {
+        let path = server.str_attr("url.path").expect("url.path");
+        assert_eq!(server.str_attr("http.request.method"), Some("GET"));
+        assert_eq!(server.span.name, "GET");
+        assert_eq!(server.int_attr("http.response.status_code"), Some(200));
+        assert_eq!(server.str_attr("url.query"), Some(&path["/item/".len()..]).map(|n| format!("q={n}")).as_deref());
+        assert_eq!(server.str_attr("server.address"), Some("tracetap.test"));
+        assert_eq!(server.str_attr("client.address"), Some("127.0.0.1"));
+        assert_eq!(server.str_attr("user_agent.original"), Some("tracetap-e2e"));
+        assert_eq!(server.service, "haproxy");
+        assert_eq!(server.pid, i64::from(s.haproxy.pid()));
+        assert!(!server.is_error());
+        match expected_parents.get(path) {
+            Some((trace, parent)) => {
+                assert_eq!(&hex(&server.span.trace_id), trace, "trace id preserved for {path}");
+                assert_eq!(&hex(&server.span.parent_span_id), parent, "parent id preserved for {path}");
+            }
+            None => assert!(server.span.parent_span_id.is_empty(), "a request without traceparent starts a trace"),
+        }
+        let kids = by_parent.get(&server.span.span_id).unwrap_or_else(|| panic!("no CLIENT span under {path}"));
+        assert_eq!(kids.len(), 1);
+        let client = kids[0];
+        assert_eq!(client.span.trace_id, server.span.trace_id);
+        assert_eq!(client.str_attr("url.path"), Some(path));
+        assert_eq!(client.int_attr("server.port"), Some(i64::from(s.backend.addr.port())));
+        assert_eq!(client.int_attr("http.response.status_code"), Some(200));
+        let (ss, se) = (server.span.start_time_unix_nano, server.span.end_time_unix_nano);
+        let (cs, ce) = (client.span.start_time_unix_nano, client.span.end_time_unix_nano);
+        assert!(ss <= cs && cs <= ce && ce <= se, "CLIENT [{cs},{ce}] inside SERVER [{ss},{se}] for {path}");
+        assert!(se - ss < 5_000_000_000, "SERVER duration plausible");
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+        assert!(ss < now && now - ss < 120_000_000_000, "start time is wall-clock time");
+    }
+}
+
+#[test]
+fn concurrent_connections_link_each_client_span_to_its_request() {
+    if !require_root() {
+        return;
+    }
+    let s = setup("");
+    let front = s.front;
+    let workers: Vec<_> = (0..16)
+        .map(|c| {
+            std::thread::spawn(move || {
+                let mut conn = Conn::connect(front).expect("connect");
+                for r in 0..50 {
+                    let resp = conn.get(&format!("/c{c}/r{r}"), &[]).expect("request");
+                    assert_eq!(resp.status, 200);
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().expect("worker");
+    }
+    let spans = s.receiver.wait_for_spans(1600);
+    print_figures("concurrent", 800, &spans, &s.agent);
+    let servers: Vec<_> = spans.iter().filter(|s| s.is_server()).collect();
+    assert_eq!(servers.len(), 800);
+    let by_parent = children(&spans);
+    for server in servers {
+        let kids = by_parent.get(&server.span.span_id).expect("CLIENT span under every SERVER span");
+        assert_eq!(kids.len(), 1);
+        assert_eq!(kids[0].str_attr("url.path"), server.str_attr("url.path"), "CLIENT span under the SERVER span of the same request");
+    }
+}
+
+#[test]
+fn errors_are_visible_in_spans() {
+    if !require_root() {
+        return;
+    }
+    let dead = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let s = setup(&format!(
+        "\nbackend be_dead\n    server dead {dead}\n\nfrontend fe_dead\n    bind 127.0.0.1:{}\n    default_backend be_dead\n",
+        free_port()
+    ));
+    // Backend answers 503.
+    let mut conn = Conn::connect(s.front).expect("connect");
+    assert_eq!(conn.get("/status/503", &[]).unwrap().status, 503);
+    // The client gives up in the middle of its request: 10 of 1000 body bytes, then close.
+    let mut aborting = Conn::connect(s.front).expect("connect");
+    aborting.send_raw(b"POST /upload HTTP/1.1\r\nHost: tracetap.test\r\nContent-Length: 1000\r\n\r\n0123456789").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    drop(aborting);
+    // HAProxy answers 503 itself: no server up.
+    let dead_front = s.haproxy_config_port("fe_dead");
+    let mut conn2 = Conn::connect(dead_front).expect("connect");
+    assert_eq!(conn2.get("/nobody-home", &[]).unwrap().status, 503);
+
+    let wanted = ["/status/503", "/upload", "/nobody-home"];
+    let spans = wait_for(Duration::from_secs(20), || {
+        let all = s.receiver.spans();
+        wanted.iter().all(|p| all.iter().any(|x| x.is_server() && x.str_attr("url.path") == Some(p))).then_some(all)
+    })
+    .unwrap_or_else(|| s.receiver.spans());
+    print_figures("errors", 3, &spans, &s.agent);
+    let server = |path: &str| {
+        spans.iter().find(|x| x.is_server() && x.str_attr("url.path") == Some(path)).unwrap_or_else(|| panic!("SERVER span for {path}"))
+    };
+    let s503 = server("/status/503");
+    assert_eq!(s503.int_attr("http.response.status_code"), Some(503));
+    assert!(s503.is_error());
+    assert_eq!(s503.str_attr("error.type"), Some("503"));
+    let c503 = spans.iter().find(|x| x.is_client() && x.span.parent_span_id == s503.span.span_id).expect("CLIENT span of the 503");
+    assert!(c503.is_error());
+
+    let aborted = server("/upload");
+    assert!(aborted.is_error(), "an aborted exchange is an error: {aborted:?}");
+    assert!(aborted.str_attr("error.type").is_some_and(|e| e.starts_with("connection_closed")), "{:?}", aborted.str_attr("error.type"));
+
+    let nobody = server("/nobody-home");
+    assert_eq!(nobody.int_attr("http.response.status_code"), Some(503));
+    assert!(nobody.is_error());
+
+    // The agent is alive and holds no state for finished connections.
+    let mut agent = s.agent;
+    assert!(agent.is_running());
+    drop((conn, conn2));
+    let settled = wait_for(Duration::from_secs(15), || (agent.metric("tracetap_open_exchanges") == 0).then_some(()));
+    assert!(settled.is_some(), "open exchanges drain to 0, got {}", agent.metric("tracetap_open_exchanges"));
+    assert!(agent.stop().success(), "agent exits cleanly on SIGTERM");
+}
+
+impl Setup {
+    /// The port of a `bind 127.0.0.1:PORT` line that follows `frontend NAME` in the config.
+    fn haproxy_config_port(&self, frontend: &str) -> SocketAddr {
+        let cfg = self.haproxy.config_text();
+        let after = cfg.split(&format!("frontend {frontend}\n")).nth(1).expect("frontend in config");
+        let port: u16 = after.split("bind 127.0.0.1:").nth(1).and_then(|r| r.lines().next()).and_then(|p| p.trim().parse().ok()).expect("port");
+        SocketAddr::from(([127, 0, 0, 1], port))
+    }
+}
+
+#[test]
+fn haproxy_started_after_the_agent_and_reloaded_is_traced() {
+    if !require_root() {
+        return;
+    }
+    let rt = runtime();
+    let receiver = Receiver::start(&rt);
+    let backend = Backend::start(&rt);
+    let comm = haproxy::unique_comm();
+    let mut agent = Agent::spawn(&[("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint()), ("TRACETAP_TARGET_COMM", comm.clone())]);
+    // Not ready: nothing to trace yet.
+    wait_for(Duration::from_secs(20), || agent.get("/readyz")).expect("admin endpoint up");
+    assert_eq!(agent.get("/readyz").map(|r| r.0), Some(503), "not ready without a target");
+
+    let port = free_port();
+    let mut haproxy = Haproxy::start(&comm, &haproxy::config(port, &[backend.addr], ""), port);
+    let ready = wait_for(Duration::from_secs(5), || (agent.get("/readyz").map(|r| r.0) == Some(200)).then_some(()));
+    assert!(ready.is_some(), "ready once HAProxy runs");
+    let front = SocketAddr::from(([127, 0, 0, 1], port));
+    let first_pid = haproxy.pid();
+    for i in 0..5 {
+        Conn::connect(front).unwrap().get(&format!("/before/{i}"), &[]).unwrap();
+    }
+    haproxy.reload(port);
+    let second_pid = haproxy.pid();
+    // The new worker is traced within a second of starting.
+    std::thread::sleep(Duration::from_secs(1));
+    for i in 0..5 {
+        let resp = Conn::connect(front).unwrap().get(&format!("/after/{i}"), &[]).unwrap();
+        assert_eq!(resp.status, 200);
+    }
+    let spans = receiver.wait_for_spans(20);
+    print_figures("reload", 10, &spans, &agent);
+    let servers: Vec<_> = spans.iter().filter(|s| s.is_server()).collect();
+    let before = servers.iter().filter(|s| s.str_attr("url.path").is_some_and(|p| p.starts_with("/before/"))).count();
+    let after: Vec<_> = servers.iter().filter(|s| s.str_attr("url.path").is_some_and(|p| p.starts_with("/after/"))).collect();
+    assert_eq!(before, 5);
+    assert_eq!(after.len(), 5);
+    assert!(after.iter().all(|s| s.pid == i64::from(second_pid)), "requests after the reload are served by the new process");
+    assert_ne!(first_pid, second_pid);
+    assert!(agent.is_running());
+}
