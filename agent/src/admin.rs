@@ -43,7 +43,9 @@ fn route<B>(req: &Request<B>, metrics: &Metrics) -> Response<Full<Bytes>> {
     match req.uri().path() {
         "/healthz" => text(StatusCode::OK, "ok\n".into(), "text/plain"),
         "/readyz" if metrics.ready.load(Relaxed) => text(StatusCode::OK, "ready\n".into(), "text/plain"),
-        "/readyz" => text(StatusCode::SERVICE_UNAVAILABLE, "probes not attached to any target yet\n".into(), "text/plain"),
+        "/readyz" => {
+            text(StatusCode::SERVICE_UNAVAILABLE, "probes not attached to any target yet\n".into(), "text/plain")
+        }
         "/metrics" => text(StatusCode::OK, metrics.render(), "text/plain; version=0.0.4"),
         _ => text(StatusCode::NOT_FOUND, "try /readyz, /healthz or /metrics\n".into(), "text/plain"),
     }

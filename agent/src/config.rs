@@ -80,7 +80,11 @@ pub struct Config {
 
 /// Every variable the agent reads, with its default and meaning. The README's table is this list.
 pub const VARIABLES: &[(&str, &str, &str)] = &[
-    ("OTEL_EXPORTER_OTLP_ENDPOINT", "(unset: JSON lines on stdout)", "OTLP/HTTP base URL; spans go to `<url>/v1/traces`"),
+    (
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "(unset: JSON lines on stdout)",
+        "OTLP/HTTP base URL; spans go to `<url>/v1/traces`",
+    ),
     ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "(unset)", "full URL for traces; wins over the base URL"),
     ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf", "only `http/protobuf` for now"),
     ("OTEL_EXPORTER_OTLP_HEADERS", "(none)", "`key=value,...` headers sent with every export (values URL-decoded)"),
@@ -88,7 +92,11 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("OTEL_EXPORTER_OTLP_COMPRESSION", "none", "`none` or `gzip`"),
     ("OTEL_SERVICE_NAME", "haproxy", "`service.name` of the resource"),
     ("OTEL_RESOURCE_ATTRIBUTES", "(none)", "`key=value,...` extra resource attributes"),
-    ("OTEL_TRACES_SAMPLER", "parentbased_always_on", "always_on, always_off, traceidratio, parentbased_always_on, parentbased_always_off, parentbased_traceidratio"),
+    (
+        "OTEL_TRACES_SAMPLER",
+        "parentbased_always_on",
+        "always_on, always_off, traceidratio, parentbased_always_on, parentbased_always_off, parentbased_traceidratio",
+    ),
     ("OTEL_TRACES_SAMPLER_ARG", "1.0", "ratio in [0, 1] for the ratio samplers"),
     ("OTEL_BSP_SCHEDULE_DELAY", "5000", "ms between exports of a partial batch"),
     ("OTEL_BSP_MAX_QUEUE_SIZE", "2048", "spans waiting for export; more are dropped and counted"),
@@ -96,7 +104,11 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("TRACETAP_ADMIN_ADDR", "127.0.0.1:9464", "address of /readyz, /healthz, /metrics"),
     ("TRACETAP_CAPTURE_BYTES", "4096", "payload bytes copied per syscall, 64..=16384"),
     ("TRACETAP_TARGET_COMM", "haproxy", "trace every process with this command name (max 15 bytes)"),
-    ("TRACETAP_TARGET_PIDS", "(unset)", "comma-separated pids to trace with their children, instead of by command name"),
+    (
+        "TRACETAP_TARGET_PIDS",
+        "(unset)",
+        "comma-separated pids to trace with their children, instead of by command name",
+    ),
     ("TRACETAP_RING_BYTES", "8388608", "ring buffer size: a power of two, at least 65536"),
     ("TRACETAP_LOG", "info", "log filter (tracing-subscriber EnvFilter syntax), logs go to stderr"),
 ];
@@ -148,7 +160,11 @@ impl Config {
         };
         if let Some(p) = src.get("OTEL_EXPORTER_OTLP_PROTOCOL") {
             if p.trim() != "http/protobuf" {
-                return Err(err("OTEL_EXPORTER_OTLP_PROTOCOL", &p, "http/protobuf (grpc and http/json are not supported yet)"));
+                return Err(err(
+                    "OTEL_EXPORTER_OTLP_PROTOCOL",
+                    &p,
+                    "http/protobuf (grpc and http/json are not supported yet)",
+                ));
             }
         }
         let export_headers = match src.get("OTEL_EXPORTER_OTLP_HEADERS") {
@@ -169,14 +185,18 @@ impl Config {
             Some(v) => parse_pairs("OTEL_RESOURCE_ATTRIBUTES", &v)?,
             None => Vec::new(),
         };
-        let sampler = Sampler::from_vars(src.get("OTEL_TRACES_SAMPLER").as_deref(), src.get("OTEL_TRACES_SAMPLER_ARG").as_deref())?;
+        let sampler = Sampler::from_vars(
+            src.get("OTEL_TRACES_SAMPLER").as_deref(),
+            src.get("OTEL_TRACES_SAMPLER_ARG").as_deref(),
+        )?;
 
         let schedule_delay = src.millis("OTEL_BSP_SCHEDULE_DELAY", 5_000)?;
         let max_queue_size: usize = src.parse("OTEL_BSP_MAX_QUEUE_SIZE", 2048, "a positive whole number")?;
         if max_queue_size == 0 {
             return Err(err("OTEL_BSP_MAX_QUEUE_SIZE", "0", "a positive whole number"));
         }
-        let max_export_batch_size: usize = src.parse("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512, "a positive whole number")?;
+        let max_export_batch_size: usize =
+            src.parse("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512, "a positive whole number")?;
         if max_export_batch_size == 0 || max_export_batch_size > max_queue_size {
             return Err(err(
                 "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
@@ -185,7 +205,11 @@ impl Config {
             ));
         }
 
-        let admin_addr = src.parse("TRACETAP_ADMIN_ADDR", SocketAddr::from(([127, 0, 0, 1], 9464)), "an address like 127.0.0.1:9464")?;
+        let admin_addr = src.parse(
+            "TRACETAP_ADMIN_ADDR",
+            SocketAddr::from(([127, 0, 0, 1], 9464)),
+            "an address like 127.0.0.1:9464",
+        )?;
         let capture_bytes: u32 = src.parse("TRACETAP_CAPTURE_BYTES", 4096, "a whole number of bytes")?;
         if !(MIN_CAPTURE_BYTES..=MAX_CAPTURE_BYTES).contains(&capture_bytes) {
             return Err(err(
@@ -199,12 +223,17 @@ impl Config {
             (None, comm) => {
                 let comm = comm.map_or_else(|| "haproxy".to_owned(), |c| c.trim().to_owned());
                 if comm.len() >= COMM_BYTES || comm.contains('\0') {
-                    return Err(err("TRACETAP_TARGET_COMM", &comm, "a command name of 1 to 15 bytes (as in /proc/PID/comm)"));
+                    return Err(err(
+                        "TRACETAP_TARGET_COMM",
+                        &comm,
+                        "a command name of 1 to 15 bytes (as in /proc/PID/comm)",
+                    ));
                 }
                 Targets::Comm(comm)
             }
         };
-        let ring_bytes: u32 = src.parse("TRACETAP_RING_BYTES", 8 * 1024 * 1024, "a power of two of at least 65536 bytes")?;
+        let ring_bytes: u32 =
+            src.parse("TRACETAP_RING_BYTES", 8 * 1024 * 1024, "a power of two of at least 65536 bytes")?;
         if !ring_bytes.is_power_of_two() || ring_bytes < 65536 {
             return Err(err("TRACETAP_RING_BYTES", &ring_bytes.to_string(), "a power of two of at least 65536 bytes"));
         }
@@ -241,13 +270,14 @@ fn parse_endpoint(var: &'static str, url: &str, append_traces_path: bool) -> Res
     if authority.is_empty() || authority.contains('@') || authority.contains(char::is_whitespace) {
         return Err(err(var, url, expected));
     }
-    let authority = if authority.rsplit_once(':').is_some_and(|(_, p)| p.chars().all(|c| c.is_ascii_digit()) && !p.is_empty())
-        && !authority.ends_with(']')
-    {
-        authority.to_owned()
-    } else {
-        format!("{authority}:80")
-    };
+    let authority =
+        if authority.rsplit_once(':').is_some_and(|(_, p)| p.chars().all(|c| c.is_ascii_digit()) && !p.is_empty())
+            && !authority.ends_with(']')
+        {
+            authority.to_owned()
+        } else {
+            format!("{authority}:80")
+        };
     let path = if append_traces_path {
         format!("{}/v1/traces", path.trim_end_matches('/'))
     } else if path.is_empty() {
@@ -262,12 +292,15 @@ fn parse_endpoint(var: &'static str, url: &str, append_traces_path: bool) -> Res
 fn parse_pairs(var: &'static str, text: &str) -> Result<Vec<(String, String)>, ConfigError> {
     let mut out = Vec::new();
     for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let (k, v) = item.split_once('=').ok_or_else(|| err(var, text, format!("key=value pairs separated by commas; `{item}` has no `=`")))?;
+        let (k, v) = item
+            .split_once('=')
+            .ok_or_else(|| err(var, text, format!("key=value pairs separated by commas; `{item}` has no `=`")))?;
         let k = k.trim();
         if k.is_empty() {
             return Err(err(var, text, "key=value pairs separated by commas; a key is empty"));
         }
-        let v = percent_decode(v.trim()).ok_or_else(|| err(var, text, format!("valid percent-encoding in the value of `{k}`")))?;
+        let v = percent_decode(v.trim())
+            .ok_or_else(|| err(var, text, format!("valid percent-encoding in the value of `{k}`")))?;
         out.push((k.to_owned(), v));
     }
     Ok(out)
@@ -323,7 +356,11 @@ mod tests {
     fn endpoint_gets_traces_path() {
         let c = parse(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/")]).unwrap();
         assert_eq!(c.sink, Sink::OtlpHttp(Endpoint { authority: "collector:4318".into(), path: "/v1/traces".into() }));
-        let c = parse(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c"), ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://t:1/x")]).unwrap();
+        let c = parse(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c"),
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://t:1/x"),
+        ])
+        .unwrap();
         assert_eq!(c.sink, Sink::OtlpHttp(Endpoint { authority: "t:1".into(), path: "/x".into() }));
         let c = parse(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c")]).unwrap();
         assert_eq!(c.sink, Sink::OtlpHttp(Endpoint { authority: "c:80".into(), path: "/v1/traces".into() }));
@@ -355,7 +392,11 @@ mod tests {
 
     #[test]
     fn pairs_are_decoded() {
-        let c = parse(&[("OTEL_EXPORTER_OTLP_HEADERS", "api-key=a%20b, x = y"), ("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=prod")]).unwrap();
+        let c = parse(&[
+            ("OTEL_EXPORTER_OTLP_HEADERS", "api-key=a%20b, x = y"),
+            ("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=prod"),
+        ])
+        .unwrap();
         assert_eq!(c.export_headers, vec![("api-key".into(), "a b".into()), ("x".into(), "y".into())]);
         assert_eq!(c.resource_attributes, vec![("deployment.environment".into(), "prod".into())]);
     }

@@ -63,7 +63,8 @@ pub struct ResourceTemplate {
 impl ResourceTemplate {
     #[must_use]
     pub fn from_config(config: &Config) -> Self {
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_owned()).unwrap_or_default();
+        let host =
+            std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_owned()).unwrap_or_default();
         let mut attributes: Vec<(String, String)> =
             config.resource_attributes.iter().filter(|(k, _)| k != "service.name").cloned().collect();
         attributes.insert(0, ("service.name".to_owned(), config.service_name.clone()));
@@ -135,7 +136,12 @@ enum Destination {
 }
 
 /// Runs the exporter until the queue's senders are gone and everything queued was exported.
-pub async fn run(config: Config, template: ResourceTemplate, mut rx: mpsc::Receiver<SpanRecord>, metrics: Arc<Metrics>) {
+pub async fn run(
+    config: Config,
+    template: ResourceTemplate,
+    mut rx: mpsc::Receiver<SpanRecord>,
+    metrics: Arc<Metrics>,
+) {
     let destination = match &config.sink {
         Sink::Stdout => Destination::Stdout,
         Sink::OtlpHttp(endpoint) => {

@@ -44,12 +44,14 @@ fn print_help() {
 }
 
 fn init_logging(filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let filter =
+        tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
 }
 
 fn run(config: Config) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
+    let runtime =
+        tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
     let metrics = Arc::new(Metrics::default());
     let admin_listener = runtime
         .block_on(tokio::net::TcpListener::bind(config.admin_addr))
@@ -73,7 +75,8 @@ fn run(config: Config) -> anyhow::Result<()> {
     };
 
     runtime.block_on(async {
-        let exporter = tokio::spawn(export::run(config.clone(), ResourceTemplate::from_config(&config), rx, Arc::clone(&metrics)));
+        let exporter =
+            tokio::spawn(export::run(config.clone(), ResourceTemplate::from_config(&config), rx, Arc::clone(&metrics)));
         let admin = tokio::spawn(admin::serve(admin_listener, Arc::clone(&metrics)));
         wait_for_signal().await;
         tracing::info!("shutting down: flushing queued spans");

@@ -15,7 +15,10 @@ pub enum RootSampler {
     AlwaysOn,
     AlwaysOff,
     /// Keep a trace when its randomness is at least this rejection threshold.
-    Ratio { ratio: f64, threshold: u64 },
+    Ratio {
+        ratio: f64,
+        threshold: u64,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -31,7 +34,8 @@ impl Default for Sampler {
     }
 }
 
-const SAMPLERS: &str = "always_on, always_off, traceidratio, parentbased_always_on, parentbased_always_off, parentbased_traceidratio";
+const SAMPLERS: &str =
+    "always_on, always_off, traceidratio, parentbased_always_on, parentbased_always_off, parentbased_traceidratio";
 
 impl Sampler {
     /// Builds the sampler from `OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG`.
@@ -56,7 +60,11 @@ impl Sampler {
             "parentbased_always_off" => (RootSampler::AlwaysOff, true),
             "parentbased_traceidratio" => (ratio()?, true),
             other => {
-                return Err(ConfigError { var: "OTEL_TRACES_SAMPLER", value: other.to_owned(), expected: format!("one of {SAMPLERS}") });
+                return Err(ConfigError {
+                    var: "OTEL_TRACES_SAMPLER",
+                    value: other.to_owned(),
+                    expected: format!("one of {SAMPLERS}"),
+                });
             }
         };
         Ok(Self { root, parent_based })

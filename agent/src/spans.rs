@@ -92,14 +92,21 @@ impl SpanBuilder {
             attributes.push(kv_int("http.response.status_code", i64::from(code)));
         }
         // SERVER spans: 5xx and aborted exchanges are errors, 4xx are the client's business.
-        let error_type = ex.outcome.error_type().map(str::to_owned).or_else(|| status_code.filter(|c| *c >= 500).map(|c| c.to_string()));
+        let error_type = ex
+            .outcome
+            .error_type()
+            .map(str::to_owned)
+            .or_else(|| status_code.filter(|c| *c >= 500).map(|c| c.to_string()));
         let server_span_index = out.len();
         out.push(SpanRecord {
             tgid: ex.tgid,
             span: Span {
                 trace_id: trace_id.to_vec(),
                 span_id: span_id.to_vec(),
-                trace_state: request.and_then(|r| r.tracestate.clone()).filter(|_| parent.is_some()).unwrap_or_default(),
+                trace_state: request
+                    .and_then(|r| r.tracestate.clone())
+                    .filter(|_| parent.is_some())
+                    .unwrap_or_default(),
                 parent_span_id: parent.map(|p| p.parent_id.to_vec()).unwrap_or_default(),
                 flags,
                 name: method.to_owned(),
@@ -144,7 +151,11 @@ impl SpanBuilder {
             attributes.push(kv_int("http.response.status_code", i64::from(code)));
         }
         // CLIENT spans: any status from 400 up is an error, per the HTTP conventions.
-        let error_type = ex.outcome.error_type().map(str::to_owned).or_else(|| status_code.filter(|c| *c >= 400).map(|c| c.to_string()));
+        let error_type = ex
+            .outcome
+            .error_type()
+            .map(str::to_owned)
+            .or_else(|| status_code.filter(|c| *c >= 400).map(|c| c.to_string()));
         Span {
             trace_id: trace_id.to_vec(),
             span_id: trace_context::new_span_id(&mut self.rng).to_vec(),
@@ -200,11 +211,7 @@ fn with_error(mut attributes: Vec<KeyValue>, error_type: Option<String>) -> Vec<
 }
 
 fn status_for(error: bool) -> Status {
-    if error {
-        Status { code: status::StatusCode::Error as i32, message: String::new() }
-    } else {
-        Status::default()
-    }
+    if error { Status { code: status::StatusCode::Error as i32, message: String::new() } } else { Status::default() }
 }
 
 /// Splits a Host header into name and port (`[::1]:80`, `example.com:8080`, `example.com`).
@@ -317,7 +324,10 @@ mod tests {
         let ex = exchange(b"GET / HTTP/1.1\r\n\r\n", b"HTTP/1.1 200 OK\r\n\r\n", Outcome::ClosedBeforeResponse);
         out.clear();
         SpanBuilder::new(Sampler::default(), 0).build(&ex, &mut out);
-        assert_eq!(attr(&out[0].span, "error.type"), Some(&any_value::Value::StringValue("connection_closed_before_response".into())));
+        assert_eq!(
+            attr(&out[0].span, "error.type"),
+            Some(&any_value::Value::StringValue("connection_closed_before_response".into()))
+        );
     }
 
     #[test]

@@ -122,7 +122,10 @@ mod tests {
     #[test]
     fn future_versions() {
         assert!(parse_traceparent("01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01").is_some());
-        assert!(parse_traceparent("cc-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-what-the-future-holds").is_some());
+        assert!(
+            parse_traceparent("cc-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-what-the-future-holds")
+                .is_some()
+        );
         assert!(parse_traceparent("cc-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01x").is_none());
     }
 

@@ -70,5 +70,8 @@ pub struct ServerExchange {
 pub enum Finished {
     Server(ServerExchange),
     /// A backend exchange the tracker could not tie to any frontend request.
-    UnlinkedClient { tgid: u32, exchange: ClientExchange },
+    UnlinkedClient {
+        tgid: u32,
+        exchange: ClientExchange,
+    },
 }

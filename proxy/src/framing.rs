@@ -494,7 +494,8 @@ mod tests {
     #[test]
     fn pipelined_heads_in_one_read() {
         let mut f = Framer::new();
-        let steps = run(&mut f, &[Chunk::complete(b"GET /a HTTP/1.1\r\n\r\nGET /b HTTP/1.1\r\n\r\n")], BodyFraming::Empty);
+        let steps =
+            run(&mut f, &[Chunk::complete(b"GET /a HTTP/1.1\r\n\r\nGET /b HTTP/1.1\r\n\r\n")], BodyFraming::Empty);
         assert_eq!(steps, vec![Step::Head, Step::Head]);
     }
 

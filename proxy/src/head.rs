@@ -124,10 +124,7 @@ fn parse_content_length(value: &[u8]) -> Result<u64, HeadError> {
 }
 
 fn is_chunked(value: &[u8]) -> bool {
-    value
-        .rsplit(|b| *b == b',')
-        .next()
-        .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"))
+    value.rsplit(|b| *b == b',').next().is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"))
 }
 
 fn has_token(value: &[u8], token: &[u8]) -> bool {
@@ -162,7 +159,9 @@ pub fn parse_request(bytes: &[u8]) -> Result<RequestHead, HeadError> {
             head.user_agent = header_str(h.value);
         } else if name.eq_ignore_ascii_case("traceparent") {
             head.traceparent = match head.traceparent {
-                TraceparentField::Absent => header_str(h.value).map_or(TraceparentField::Repeated, TraceparentField::One),
+                TraceparentField::Absent => {
+                    header_str(h.value).map_or(TraceparentField::Repeated, TraceparentField::One)
+                }
                 _ => TraceparentField::Repeated,
             };
         } else if name.eq_ignore_ascii_case("tracestate") {
@@ -186,11 +185,8 @@ pub fn parse_request(bytes: &[u8]) -> Result<RequestHead, HeadError> {
     if head.version_minor == 0 && !keep_alive {
         head.closes = true;
     }
-    head.framing = if chunked {
-        BodyFraming::Chunked
-    } else {
-        content_length.map_or(BodyFraming::Empty, BodyFraming::Length)
-    };
+    head.framing =
+        if chunked { BodyFraming::Chunked } else { content_length.map_or(BodyFraming::Empty, BodyFraming::Length) };
     Ok(head)
 }
 
@@ -287,7 +283,10 @@ mod tests {
         assert!(r.is_interim());
         let r = parse_response(b"HTTP/1.0 200 OK\r\n\r\n").unwrap();
         assert_eq!(r.framing("GET"), BodyFraming::UntilClose);
-        assert_eq!(parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 1, 2\r\n\r\n"), Err(HeadError::BadContentLength));
+        assert_eq!(
+            parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 1, 2\r\n\r\n"),
+            Err(HeadError::BadContentLength)
+        );
     }
 
     #[test]

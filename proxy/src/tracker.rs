@@ -38,9 +38,13 @@ pub struct SyscallEvent<'a> {
 #[derive(Clone, Copy, Debug)]
 pub enum Op<'a> {
     /// A connection was accepted on `fd`, from `peer`.
-    Accept { peer: Option<SocketAddr> },
+    Accept {
+        peer: Option<SocketAddr>,
+    },
     /// `fd` is connecting to `server`.
-    Connect { server: Option<SocketAddr> },
+    Connect {
+        server: Option<SocketAddr>,
+    },
     /// The process read these bytes; a chunk with `total == 0` is end of stream.
     Read(Chunk<'a>),
     /// The process wrote these bytes.
@@ -297,7 +301,9 @@ impl Tracker {
         let ctx = Ctx { key, tid: ev.tid, ts: ev.ts_ns };
         match (role, dir) {
             (Role::Frontend, Direction::Ingress) | (Role::Backend, Direction::Egress) => self.requests(ctx, chunk, dir),
-            (Role::Frontend, Direction::Egress) | (Role::Backend, Direction::Ingress) => self.responses(ctx, chunk, dir),
+            (Role::Frontend, Direction::Egress) | (Role::Backend, Direction::Ingress) => {
+                self.responses(ctx, chunk, dir)
+            }
             (Role::Unknown | Role::Opaque, _) => {}
         }
     }
@@ -310,7 +316,11 @@ impl Tracker {
             let Some(conn) = self.conns.get_mut(&ctx.key) else { return };
             let role = conn.role;
             let (framer, start) = conn.direction(dir);
-            if framer.is_desynced() && first_step && role == Role::Frontend && classify(chunk.known) == Some(Kind::Request) {
+            if framer.is_desynced()
+                && first_step
+                && role == Role::Frontend
+                && classify(chunk.known) == Some(Kind::Request)
+            {
                 // A new read that starts with a request line: the client's next request.
                 framer.resync();
             }
@@ -617,6 +627,7 @@ fn classify(bytes: &[u8]) -> Option<Kind> {
     let method = &bytes[..sp];
     let is_token = !method.is_empty() && method.iter().all(|b| b.is_ascii_uppercase() || *b == b'-' || *b == b'_');
     let rest = &bytes[sp + 1..];
-    (is_token && (rest.starts_with(b"/") || rest.starts_with(b"http") || rest.starts_with(b"*") || method == b"CONNECT"))
+    (is_token
+        && (rest.starts_with(b"/") || rest.starts_with(b"http") || rest.starts_with(b"*") || method == b"CONNECT"))
         .then_some(Kind::Request)
 }

@@ -14,7 +14,11 @@ pub fn binary() -> PathBuf {
     let target = std::env::var("CARGO_TARGET_DIR")
         .map_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"), PathBuf::from);
     let bin = target.join("debug/tracetap");
-    assert!(bin.exists(), "{} is missing: build the agent first (`cargo build -p tracetap`, which `make test` does)", bin.display());
+    assert!(
+        bin.exists(),
+        "{} is missing: build the agent first (`cargo build -p tracetap`, which `make test` does)",
+        bin.display()
+    );
     bin
 }
 
@@ -64,7 +68,9 @@ impl Agent {
     }
 
     fn wait_ready(&self) {
-        let ready = crate::wait_for(Duration::from_secs(30), || (self.get("/readyz").map(|(s, _)| s) == Some(200)).then_some(()));
+        let ready = crate::wait_for(Duration::from_secs(30), || {
+            (self.get("/readyz").map(|(s, _)| s) == Some(200)).then_some(())
+        });
         assert!(ready.is_some(), "agent never became ready; its log:\n{}", self.log());
     }
 

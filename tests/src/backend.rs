@@ -30,8 +30,11 @@ impl Backend {
             loop {
                 let Ok((stream, _)) = listener.accept().await else { continue };
                 tokio::spawn(async move {
-                    let service = hyper::service::service_fn(|req| async move { Ok::<_, Infallible>(answer(req).await) });
-                    let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+                    let service =
+                        hyper::service::service_fn(|req| async move { Ok::<_, Infallible>(answer(req).await) });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
                 });
             }
         });

@@ -58,8 +58,11 @@ impl Conn {
                 resp.parse(&self.buf).map_err(|e| std::io::Error::other(format!("bad response: {e}")))?
             {
                 let status = resp.code.unwrap_or(0);
-                let headers: Vec<(String, String)> =
-                    resp.headers.iter().map(|h| (h.name.to_owned(), String::from_utf8_lossy(h.value).into_owned())).collect();
+                let headers: Vec<(String, String)> = resp
+                    .headers
+                    .iter()
+                    .map(|h| (h.name.to_owned(), String::from_utf8_lossy(h.value).into_owned()))
+                    .collect();
                 let len: usize = headers
                     .iter()
                     .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))

@@ -32,7 +32,9 @@ pub fn require_root() -> bool {
         eprintln!("SKIPPED: not root and TRACETAP_TESTS_SKIP_PRIVILEGED=1");
         return false;
     }
-    panic!("this end-to-end test loads eBPF probes and must run as root (CI does); set TRACETAP_TESTS_SKIP_PRIVILEGED=1 to skip it knowingly");
+    panic!(
+        "this end-to-end test loads eBPF probes and must run as root (CI does); set TRACETAP_TESTS_SKIP_PRIVILEGED=1 to skip it knowingly"
+    );
 }
 
 /// A free loopback TCP port (bound and released; good enough for tests on one machine).

@@ -84,7 +84,9 @@ impl Receiver {
                         let r = r.clone();
                         async move { Ok::<_, Infallible>(r.handle(req).await) }
                     });
-                    let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
                 });
             }
         });
@@ -98,7 +100,9 @@ impl Receiver {
     }
 
     async fn handle(&self, req: Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
-        let bad = |msg: String| Response::builder().status(StatusCode::BAD_REQUEST).body(Full::new(Bytes::from(msg))).expect("response");
+        let bad = |msg: String| {
+            Response::builder().status(StatusCode::BAD_REQUEST).body(Full::new(Bytes::from(msg))).expect("response")
+        };
         if req.uri().path() != "/v1/traces" {
             return bad(format!("unexpected path {}", req.uri().path()));
         }
@@ -140,7 +144,9 @@ impl Receiver {
     /// Waits until at least `n` spans arrived (at most 20 s) and returns them all.
     #[must_use]
     pub fn wait_for_spans(&self, n: usize) -> Vec<Received> {
-        let _ = crate::wait_for(std::time::Duration::from_secs(20), || (self.spans.lock().expect("lock").len() >= n).then_some(()));
+        let _ = crate::wait_for(std::time::Duration::from_secs(20), || {
+            (self.spans.lock().expect("lock").len() >= n).then_some(())
+        });
         self.spans()
     }
 }

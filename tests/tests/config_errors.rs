@@ -4,11 +4,7 @@
 use std::process::Command;
 
 fn run_with(var: &str, value: &str) -> (Option<i32>, String) {
-    let out = Command::new(tracetap_tests::agent::binary())
-        .env_clear()
-        .env(var, value)
-        .output()
-        .expect("run tracetap");
+    let out = Command::new(tracetap_tests::agent::binary()).env_clear().env(var, value).output().expect("run tracetap");
     (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 

@@ -161,7 +161,11 @@ fn concurrent_connections_link_each_client_span_to_its_request() {
     for server in servers {
         let kids = by_parent.get(&server.span.span_id).expect("CLIENT span under every SERVER span");
         assert_eq!(kids.len(), 1);
-        assert_eq!(kids[0].str_attr("url.path"), server.str_attr("url.path"), "CLIENT span under the SERVER span of the same request");
+        assert_eq!(
+            kids[0].str_attr("url.path"),
+            server.str_attr("url.path"),
+            "CLIENT span under the SERVER span of the same request"
+        );
     }
 }
 
@@ -180,7 +184,9 @@ fn errors_are_visible_in_spans() {
     assert_eq!(conn.get("/status/503", &[]).unwrap().status, 503);
     // The client gives up in the middle of its request: 10 of 1000 body bytes, then close.
     let mut aborting = Conn::connect(s.front).expect("connect");
-    aborting.send_raw(b"POST /upload HTTP/1.1\r\nHost: tracetap.test\r\nContent-Length: 1000\r\n\r\n0123456789").unwrap();
+    aborting
+        .send_raw(b"POST /upload HTTP/1.1\r\nHost: tracetap.test\r\nContent-Length: 1000\r\n\r\n0123456789")
+        .unwrap();
     std::thread::sleep(Duration::from_millis(300));
     drop(aborting);
     // HAProxy answers 503 itself: no server up.
@@ -196,18 +202,28 @@ fn errors_are_visible_in_spans() {
     .unwrap_or_else(|| s.receiver.spans());
     print_figures("errors", 3, &spans, &s.agent);
     let server = |path: &str| {
-        spans.iter().find(|x| x.is_server() && x.str_attr("url.path") == Some(path)).unwrap_or_else(|| panic!("SERVER span for {path}"))
+        spans
+            .iter()
+            .find(|x| x.is_server() && x.str_attr("url.path") == Some(path))
+            .unwrap_or_else(|| panic!("SERVER span for {path}"))
     };
     let s503 = server("/status/503");
     assert_eq!(s503.int_attr("http.response.status_code"), Some(503));
     assert!(s503.is_error());
     assert_eq!(s503.str_attr("error.type"), Some("503"));
-    let c503 = spans.iter().find(|x| x.is_client() && x.span.parent_span_id == s503.span.span_id).expect("CLIENT span of the 503");
+    let c503 = spans
+        .iter()
+        .find(|x| x.is_client() && x.span.parent_span_id == s503.span.span_id)
+        .expect("CLIENT span of the 503");
     assert!(c503.is_error());
 
     let aborted = server("/upload");
     assert!(aborted.is_error(), "an aborted exchange is an error: {aborted:?}");
-    assert!(aborted.str_attr("error.type").is_some_and(|e| e.starts_with("connection_closed")), "{:?}", aborted.str_attr("error.type"));
+    assert!(
+        aborted.str_attr("error.type").is_some_and(|e| e.starts_with("connection_closed")),
+        "{:?}",
+        aborted.str_attr("error.type")
+    );
 
     let nobody = server("/nobody-home");
     assert_eq!(nobody.int_attr("http.response.status_code"), Some(503));
@@ -227,7 +243,12 @@ impl Setup {
     fn haproxy_config_port(&self, frontend: &str) -> SocketAddr {
         let cfg = self.haproxy.config_text();
         let after = cfg.split(&format!("frontend {frontend}\n")).nth(1).expect("frontend in config");
-        let port: u16 = after.split("bind 127.0.0.1:").nth(1).and_then(|r| r.lines().next()).and_then(|p| p.trim().parse().ok()).expect("port");
+        let port: u16 = after
+            .split("bind 127.0.0.1:")
+            .nth(1)
+            .and_then(|r| r.lines().next())
+            .and_then(|p| p.trim().parse().ok())
+            .expect("port");
         SocketAddr::from(([127, 0, 0, 1], port))
     }
 }
@@ -241,7 +262,8 @@ fn haproxy_started_after_the_agent_and_reloaded_is_traced() {
     let receiver = Receiver::start(&rt);
     let backend = Backend::start(&rt);
     let comm = haproxy::unique_comm();
-    let mut agent = Agent::spawn(&[("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint()), ("TRACETAP_TARGET_COMM", comm.clone())]);
+    let mut agent =
+        Agent::spawn(&[("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint()), ("TRACETAP_TARGET_COMM", comm.clone())]);
     // Not ready: nothing to trace yet.
     wait_for(Duration::from_secs(20), || agent.get("/readyz")).expect("admin endpoint up");
     assert_eq!(agent.get("/readyz").map(|r| r.0), Some(503), "not ready without a target");
@@ -267,10 +289,14 @@ fn haproxy_started_after_the_agent_and_reloaded_is_traced() {
     print_figures("reload", 10, &spans, &agent);
     let servers: Vec<_> = spans.iter().filter(|s| s.is_server()).collect();
     let before = servers.iter().filter(|s| s.str_attr("url.path").is_some_and(|p| p.starts_with("/before/"))).count();
-    let after: Vec<_> = servers.iter().filter(|s| s.str_attr("url.path").is_some_and(|p| p.starts_with("/after/"))).collect();
+    let after: Vec<_> =
+        servers.iter().filter(|s| s.str_attr("url.path").is_some_and(|p| p.starts_with("/after/"))).collect();
     assert_eq!(before, 5);
     assert_eq!(after.len(), 5);
-    assert!(after.iter().all(|s| s.pid == i64::from(second_pid)), "requests after the reload are served by the new process");
+    assert!(
+        after.iter().all(|s| s.pid == i64::from(second_pid)),
+        "requests after the reload are served by the new process"
+    );
     assert_ne!(first_pid, second_pid);
     assert!(agent.is_running());
 }

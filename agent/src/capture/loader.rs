@@ -22,11 +22,17 @@ const TRACEFS: &str = "/sys/kernel/tracing";
 /// Why the probes could not be started. Each message says what is missing and how to grant it.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
-    #[error("tracefs is not mounted at {TRACEFS} and mounting it failed ({0}); mount it (`mount -t tracefs tracefs {TRACEFS}`) or grant CAP_SYS_ADMIN")]
+    #[error(
+        "tracefs is not mounted at {TRACEFS} and mounting it failed ({0}); mount it (`mount -t tracefs tracefs {TRACEFS}`) or grant CAP_SYS_ADMIN"
+    )]
     Tracefs(std::io::Error),
-    #[error("this kernel has no BTF (/sys/kernel/btf/vmlinux is missing); tracetap needs Linux 5.8+ built with CONFIG_DEBUG_INFO_BTF")]
+    #[error(
+        "this kernel has no BTF (/sys/kernel/btf/vmlinux is missing); tracetap needs Linux 5.8+ built with CONFIG_DEBUG_INFO_BTF"
+    )]
     NoBtf,
-    #[error("loading the eBPF probes failed: {0}. tracetap needs root (or CAP_BPF, CAP_PERFMON and CAP_DAC_READ_SEARCH) and Linux 5.8+ with BPF ring buffers")]
+    #[error(
+        "loading the eBPF probes failed: {0}. tracetap needs root (or CAP_BPF, CAP_PERFMON and CAP_DAC_READ_SEARCH) and Linux 5.8+ with BPF ring buffers"
+    )]
     Load(#[source] aya::EbpfError),
     #[error("the probe object has no program {0}")]
     MissingProgram(String),
@@ -91,21 +97,27 @@ impl Probes {
                 (_, Some(sys)) => format!("sys_exit_{sys}"),
                 _ => continue,
             };
-            let program: &mut TracePoint = ebpf
-                .program_mut(&name)
-                .ok_or_else(|| LoadError::MissingProgram(name.clone()))?
-                .try_into()
-                .map_err(|source| LoadError::Attach { program: name.clone(), tracepoint: tracepoint.clone(), source })?;
-            program.load().map_err(|source| LoadError::Attach { program: name.clone(), tracepoint: tracepoint.clone(), source })?;
-            program
-                .attach("syscalls", &tracepoint)
-                .map_err(|source| LoadError::Attach { program: name.clone(), tracepoint: tracepoint.clone(), source })?;
+            let program: &mut TracePoint =
+                ebpf.program_mut(&name).ok_or_else(|| LoadError::MissingProgram(name.clone()))?.try_into().map_err(
+                    |source| LoadError::Attach { program: name.clone(), tracepoint: tracepoint.clone(), source },
+                )?;
+            program.load().map_err(|source| LoadError::Attach {
+                program: name.clone(),
+                tracepoint: tracepoint.clone(),
+                source,
+            })?;
+            program.attach("syscalls", &tracepoint).map_err(|source| LoadError::Attach {
+                program: name.clone(),
+                tracepoint: tracepoint.clone(),
+                source,
+            })?;
             attached += 1;
         }
         let take = |ebpf: &mut Ebpf, name: &'static str| ebpf.take_map(name).ok_or(LoadError::MissingMap(name));
-        let ring = RingBuf::try_from(take(&mut ebpf, maps::EVENTS)?).map_err(|source| LoadError::Map { name: maps::EVENTS, source })?;
-        let losses =
-            PerCpuArray::try_from(take(&mut ebpf, maps::LOSSES)?).map_err(|source| LoadError::Map { name: maps::LOSSES, source })?;
+        let ring = RingBuf::try_from(take(&mut ebpf, maps::EVENTS)?)
+            .map_err(|source| LoadError::Map { name: maps::EVENTS, source })?;
+        let losses = PerCpuArray::try_from(take(&mut ebpf, maps::LOSSES)?)
+            .map_err(|source| LoadError::Map { name: maps::LOSSES, source })?;
         let target_pids = BpfHashMap::try_from(take(&mut ebpf, maps::TARGET_PIDS)?)
             .map_err(|source| LoadError::Map { name: maps::TARGET_PIDS, source })?;
         Ok(Self { _ebpf: ebpf, ring, losses, target_pids, attached })

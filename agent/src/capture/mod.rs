@@ -68,7 +68,13 @@ pub fn run(mut probes: Probes, config: &Config, metrics: &Metrics, queue: SpanQu
     }
 }
 
-fn hand_out(tracker: &mut Tracker, builder: &mut SpanBuilder, spans: &mut Vec<crate::spans::SpanRecord>, queue: &SpanQueue, metrics: &Metrics) {
+fn hand_out(
+    tracker: &mut Tracker,
+    builder: &mut SpanBuilder,
+    spans: &mut Vec<crate::spans::SpanRecord>,
+    queue: &SpanQueue,
+    metrics: &Metrics,
+) {
     for finished in tracker.drain() {
         let built = match &finished {
             Finished::Server(ex) => builder.build(ex, spans),
@@ -84,7 +90,13 @@ fn hand_out(tracker: &mut Tracker, builder: &mut SpanBuilder, spans: &mut Vec<cr
     }
 }
 
-fn refresh_targets(probes: &mut Probes, config: &Config, targets: &mut BTreeSet<u32>, tracker: &mut Tracker, metrics: &Metrics) {
+fn refresh_targets(
+    probes: &mut Probes,
+    config: &Config,
+    targets: &mut BTreeSet<u32>,
+    tracker: &mut Tracker,
+    metrics: &Metrics,
+) {
     let procs = discovery::read_processes(Path::new("/proc"));
     let now = discovery::select(&config.targets, &procs);
     for pid in now.difference(targets) {

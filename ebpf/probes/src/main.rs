@@ -30,8 +30,7 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use tracetap_ebpf_common::{
-    COMM_BYTES, EventHeader, EventKind, LOSS_SLOTS, Loss, SOCKADDR_BYTES, STAGING_BYTES,
-    TAIL_BYTES,
+    COMM_BYTES, EventHeader, EventKind, LOSS_SLOTS, Loss, SOCKADDR_BYTES, STAGING_BYTES, TAIL_BYTES,
 };
 
 /// Payload bytes copied per syscall. Set by the agent at load time.
@@ -134,13 +133,7 @@ fn remember(ctx: &TracePointContext, kind: EventKind, shape: BufShape, buf_arg: 
     if !is_target((pid_tgid >> 32) as u32) {
         return 0;
     }
-    let entry = Inflight {
-        buf: arg(ctx, buf_arg),
-        fd: arg(ctx, 0) as i32,
-        shape,
-        kind,
-        _pad: 0,
-    };
+    let entry = Inflight { buf: arg(ctx, buf_arg), fd: arg(ctx, 0) as i32, shape, kind, _pad: 0 };
     if INFLIGHT.insert(&pid_tgid, &entry, 0).is_err() {
         count_loss(Loss::InflightFull);
     }

@@ -1,0 +1,43 @@
+# tracetap: `make demo` shows spans from a local HAProxy; `make test` runs every test.
+# Both install what is missing first (`make setup`, idempotent; needs root on Debian 12).
+
+SHELL := /bin/bash
+export PATH := $(HOME)/.cargo/bin:$(PATH)
+
+APT_PACKAGES := haproxy wrk curl pkg-config llvm-22-dev libpolly-22-dev libzstd-dev
+BPF_LINKER_VERSION := 0.13.0
+
+.PHONY: setup build test lint demo clean
+
+setup:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
+	fi
+	@rustup component list --toolchain nightly --installed 2>/dev/null | grep -q '^rust-src' \
+		|| rustup component add rust-src --toolchain nightly
+	@if ! bpf-linker --version 2>/dev/null | grep -q "$(BPF_LINKER_VERSION)"; then \
+		echo "building bpf-linker $(BPF_LINKER_VERSION) against LLVM 22"; \
+		LLVM_PREFIX=/usr/lib/llvm-22 LLVM_SYS_221_PREFIX=/usr/lib/llvm-22 \
+			cargo install bpf-linker --locked --version $(BPF_LINKER_VERSION) --no-default-features --features llvm-22; \
+	fi
+
+build: setup
+	cargo build
+
+# The end-to-end tests run the agent binary, so it is built first.
+test: setup
+	cargo build -p tracetap
+	cargo test
+
+lint: setup
+	cargo fmt --check
+	cargo clippy --all-targets -- -D warnings
+
+demo: setup
+	cargo build -p tracetap
+	./scripts/demo.sh
+
+clean:
+	cargo clean
