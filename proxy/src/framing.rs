@@ -225,6 +225,7 @@ impl Framer {
         self.buf.drain(..self.head_len);
         self.head_len = 0;
         self.state = match framing {
+            // Callers map `Length(0)` to `Empty`; both end the message at the head.
             BodyFraming::Empty | BodyFraming::Length(0) => State::Head,
             BodyFraming::Length(n) => State::Body(BodyState::Length(n)),
             BodyFraming::Chunked => State::Body(BodyState::Chunked(ChunkPart::SizeLine)),

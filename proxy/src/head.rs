@@ -105,6 +105,7 @@ impl ResponseHead {
             return BodyFraming::Chunked;
         }
         match self.content_length {
+            Some(0) => BodyFraming::Empty,
             Some(n) => BodyFraming::Length(n),
             None => BodyFraming::UntilClose,
         }
@@ -275,6 +276,8 @@ mod tests {
         let r = parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n").unwrap();
         assert_eq!(r.framing("GET"), BodyFraming::Length(3));
         assert_eq!(r.framing("HEAD"), BodyFraming::Empty);
+        let r = parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n").unwrap();
+        assert_eq!(r.framing("GET"), BodyFraming::Empty, "an empty body ends the message at the head");
         let r = parse_response(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n").unwrap();
         assert_eq!(r.framing("GET"), BodyFraming::Chunked);
         let r = parse_response(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n").unwrap();

@@ -1,0 +1,350 @@
+//! The tracker driven by scripted syscalls, as HAProxy issues them: accept, read the request,
+//! connect, write it to the backend, read the response, write it to the client, close.
+
+use std::net::SocketAddr;
+
+use proptest::prelude::*;
+use tracetap_proxy::{Chunk, Finished, Op, Outcome, ServerExchange, SyscallEvent, Tracker, TraceparentField};
+
+const PID: u32 = 100;
+
+/// Builds events with increasing timestamps.
+#[derive(Default)]
+struct Script {
+    ts: u64,
+    events: Vec<(u32, i32, OwnedOp)>,
+}
+
+#[derive(Clone, Debug)]
+enum OwnedOp {
+    Accept(SocketAddr),
+    Connect(SocketAddr),
+    Read(Vec<u8>),
+    Write(Vec<u8>),
+    Eof,
+    Close,
+}
+
+impl Script {
+    fn push(&mut self, tid: u32, fd: i32, op: OwnedOp) -> &mut Self {
+        self.events.push((tid, fd, op));
+        self
+    }
+
+    fn run(&mut self, tracker: &mut Tracker) -> Vec<Finished> {
+        for (tid, fd, op) in &self.events {
+            self.ts += 1000;
+            let op = match op {
+                OwnedOp::Accept(a) => Op::Accept { peer: Some(*a) },
+                OwnedOp::Connect(a) => Op::Connect { server: Some(*a) },
+                OwnedOp::Read(b) => Op::Read(Chunk::complete(b)),
+                OwnedOp::Write(b) => Op::Write(Chunk::complete(b)),
+                OwnedOp::Eof => Op::Read(Chunk { known: &[], total: 0, tail: &[] }),
+                OwnedOp::Close => Op::Close,
+            };
+            tracker.handle(&SyscallEvent { ts_ns: self.ts, tgid: PID, tid: *tid, fd: *fd, op });
+        }
+        self.events.clear();
+        tracker.drain().collect()
+    }
+}
+
+fn client() -> SocketAddr {
+    "10.0.0.1:40000".parse().unwrap()
+}
+fn server() -> SocketAddr {
+    "10.0.0.2:8080".parse().unwrap()
+}
+
+fn servers(out: Vec<Finished>) -> Vec<ServerExchange> {
+    out.into_iter()
+        .filter_map(|f| match f {
+            Finished::Server(s) => Some(s),
+            Finished::UnlinkedClient { .. } => None,
+        })
+        .collect()
+}
+
+fn req(path: &str) -> Vec<u8> {
+    format!("GET {path} HTTP/1.1\r\nHost: h\r\n\r\n").into_bytes()
+}
+fn resp(status: u16, body: &str) -> Vec<u8> {
+    format!("HTTP/1.1 {status} X\r\nContent-Length: {}\r\n\r\n{body}", body.len()).into_bytes()
+}
+
+#[test]
+fn proxied_request_links_client_to_server() {
+    let mut t = Tracker::default();
+    let mut s = Script::default();
+    s.push(1, 10, OwnedOp::Accept(client()))
+        .push(1, 10, OwnedOp::Read(req("/a")))
+        .push(1, 11, OwnedOp::Connect(server()))
+        .push(1, 11, OwnedOp::Write(req("/a")))
+        .push(1, 11, OwnedOp::Read(resp(200, "hello")))
+        .push(1, 10, OwnedOp::Write(resp(200, "hello")));
+    let out = servers(s.run(&mut t));
+    assert_eq!(out.len(), 1);
+    let ex = &out[0];
+    assert_eq!(ex.request.as_ref().unwrap().path(), "/a");
+    assert_eq!(ex.response.unwrap().status, 200);
+    assert_eq!(ex.peer, Some(client()));
+    assert_eq!(ex.outcome, Outcome::Complete);
+    assert_eq!(ex.clients.len(), 1);
+    assert_eq!(ex.clients[0].server, Some(server()));
+    assert!(ex.start_ns < ex.clients[0].start_ns && ex.clients[0].end_ns < ex.end_ns);
+    assert_eq!(t.open_exchanges(), 0);
+}
+
+#[test]
+fn traceparent_link_wins_over_order() {
+    let mut t = Tracker::default();
+    let tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let with_tp = format!("GET /same HTTP/1.1\r\ntraceparent: {tp}\r\n\r\n").into_bytes();
+    let mut s = Script::default();
+    s.push(1, 10, OwnedOp::Accept(client()))
+        .push(1, 10, OwnedOp::Read(req("/same")))
+        .push(1, 12, OwnedOp::Accept(client()))
+        .push(1, 12, OwnedOp::Read(with_tp.clone()))
+        .push(1, 11, OwnedOp::Connect(server()))
+        // The request with the traceparent goes out first.
+        .push(1, 11, OwnedOp::Write(with_tp))
+        .push(1, 11, OwnedOp::Read(resp(201, "")))
+        .push(1, 12, OwnedOp::Write(resp(201, "")))
+        .push(1, 11, OwnedOp::Write(req("/same")))
+        .push(1, 11, OwnedOp::Read(resp(202, "")))
+        .push(1, 10, OwnedOp::Write(resp(202, "")));
+    let out = servers(s.run(&mut t));
+    assert_eq!(out.len(), 2);
+    for ex in &out {
+        let status = ex.response.unwrap().status;
+        assert_eq!(ex.clients.len(), 1);
+        assert_eq!(ex.clients[0].response.unwrap().status, status, "each CLIENT exchange under its own request");
+        let has_tp = matches!(ex.request.as_ref().unwrap().traceparent, TraceparentField::One(_));
+        assert_eq!(has_tp, status == 201);
+    }
+}
+
+#[test]
+fn pipelined_requests_pair_in_order() {
+    let mut t = Tracker::default();
+    let mut s = Script::default();
+    let mut both = req("/1");
+    both.extend(req("/2"));
+    let mut answers = resp(200, "a");
+    answers.extend(resp(404, "bb"));
+    s.push(1, 10, OwnedOp::Accept(client())).push(1, 10, OwnedOp::Read(both)).push(1, 10, OwnedOp::Write(answers));
+    let out = servers(s.run(&mut t));
+    let got: Vec<_> = out.iter().map(|e| (e.request.as_ref().unwrap().path().to_owned(), e.response.unwrap().status)).collect();
+    assert_eq!(got, vec![("/1".to_owned(), 200), ("/2".to_owned(), 404)]);
+}
+
+#[test]
+fn interim_100_continue_is_skipped() {
+    let mut t = Tracker::default();
+    let mut s = Script::default();
+    s.push(1, 10, OwnedOp::Accept(client()))
+        .push(1, 10, OwnedOp::Read(b"POST /u HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n".to_vec()))
+        .push(1, 10, OwnedOp::Write(b"HTTP/1.1 100 Continue\r\n\r\n".to_vec()))
+        .push(1, 10, OwnedOp::Read(b"abc".to_vec()))
+        .push(1, 10, OwnedOp::Write(resp(201, "")));
+    let out = servers(s.run(&mut t));
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].response.unwrap().status, 201);
+}
+
+#[test]
+fn close_before_response_is_an_error_and_frees_state() {
+    let mut t = Tracker::default();
+    let mut s = Script::default();
+    s.push(1, 10, OwnedOp::Accept(client()))
+        .push(1, 10, OwnedOp::Read(req("/slow")))
+        .push(1, 11, OwnedOp::Connect(server()))
+        .push(1, 11, OwnedOp::Write(req("/slow")))
+        .push(1, 10, OwnedOp::Eof)
+        .push(1, 10, OwnedOp::Close)
+        .push(1, 11, OwnedOp::Close);
+    let out = servers(s.run(&mut t));
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].outcome, Outcome::ClosedBeforeResponse);
+    assert_eq!(out[0].clients.len(), 1, "the open backend exchange still lands under its SERVER span");
+    assert_eq!(out[0].clients[0].outcome, Outcome::ClosedBeforeResponse);
+    assert_eq!(t.open_exchanges(), 0);
+    assert_eq!(t.connections(), 0);
+}
+
+#[test]
+fn haproxy_answering_itself_gives_a_server_exchange_without_client() {
+    let mut t = Tracker::default();
+    let mut s = Script::default();
+    s.push(1, 10, OwnedOp::Accept(client()))
+        .push(1, 10, OwnedOp::Read(req("/")))
+        .push(1, 10, OwnedOp::Write(resp(503, "<html>no server</html>")))
+        .push(1, 10, OwnedOp::Close);
+    let out = servers(s.run(&mut t));
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].response.unwrap().status, 503);
+    assert!(out[0].clients.is_empty());
+}
+
+#[test]
+fn reused_fd_is_a_new_connection() {
+    let mut t = Tracker::default();
+    let mut s = Script::default();
+    s.push(1, 10, OwnedOp::Accept(client()))
+        .push(1, 10, OwnedOp::Read(req("/first")))
+        .push(1, 10, OwnedOp::Close)
+        .push(1, 10, OwnedOp::Accept(client()))
+        .push(1, 10, OwnedOp::Read(req("/second")))
+        .push(1, 10, OwnedOp::Write(resp(200, "")));
+    let out = servers(s.run(&mut t));
+    assert_eq!(out.len(), 2);
+    assert_eq!(out[0].outcome, Outcome::ClosedBeforeResponse);
+    assert_eq!(out[1].request.as_ref().unwrap().path(), "/second");
+    assert_eq!(out[1].outcome, Outcome::Complete);
+}
+
+#[test]
+fn garbage_connection_becomes_opaque_once() {
+    let mut t = Tracker::default();
+    let mut s = Script::default();
+    s.push(1, 10, OwnedOp::Accept(client()));
+    for _ in 0..100 {
+        s.push(1, 10, OwnedOp::Read(vec![0x16, 0x03, 0x01, 0xff, 0x00]));
+    }
+    assert!(s.run(&mut t).is_empty());
+    assert_eq!(t.stats().opaque_connections, 1);
+    assert!(t.stats().parse_errors <= 1, "no parse-error flood");
+}
+
+#[test]
+fn connection_opened_before_the_agent_is_classified_by_its_bytes() {
+    let mut t = Tracker::default();
+    let mut s = Script::default();
+    s.push(1, 10, OwnedOp::Read(req("/old"))).push(1, 10, OwnedOp::Write(resp(200, "x")));
+    let out = servers(s.run(&mut t));
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].peer, None);
+}
+
+#[test]
+fn websocket_upgrade_ends_at_101_and_tunnel_bytes_are_ignored() {
+    let mut t = Tracker::default();
+    let mut s = Script::default();
+    s.push(1, 10, OwnedOp::Accept(client()))
+        .push(1, 10, OwnedOp::Read(b"GET /ws HTTP/1.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n".to_vec()))
+        .push(1, 10, OwnedOp::Write(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n".to_vec()))
+        .push(1, 10, OwnedOp::Read(vec![0x81, 0x85, 1, 2, 3, 4, 5]))
+        .push(1, 10, OwnedOp::Write(vec![0x81, 0x05, b'h', b'e', b'l', b'l', b'o']));
+    let out = servers(s.run(&mut t));
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].outcome, Outcome::Upgraded);
+    assert_eq!(t.stats().parse_errors, 0);
+}
+
+#[test]
+fn expiry_gives_up_on_idle_exchanges() {
+    let mut t = Tracker::new(tracetap_proxy::Limits { exchange_timeout_ns: 10_000, linger_ns: 1_000 });
+    let mut s = Script::default();
+    s.push(1, 10, OwnedOp::Accept(client())).push(1, 10, OwnedOp::Read(req("/hang")));
+    assert!(s.run(&mut t).is_empty());
+    t.expire(1_000_000);
+    let out = servers(t.drain().collect());
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].outcome, Outcome::Expired);
+    assert_eq!(t.stats().expired_exchanges, 1);
+}
+
+/// One recorded proxied exchange per connection pair: (frontend bytes in, backend bytes out,
+/// backend bytes in, frontend bytes out).
+fn recorded(conn: usize, requests: usize) -> Vec<(Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>)> {
+    (0..requests)
+        .map(|r| {
+            let path = format!("/c{conn}/r{r}");
+            let body = "x".repeat((conn * 7 + r * 13) % 50);
+            let chunked = format!("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n", body.len());
+            let response = if r % 2 == 0 { resp(200, &body) } else { chunked.into_bytes() };
+            (req(&path), req(&path), response.clone(), response)
+        })
+        .collect()
+}
+
+/// Splits `bytes` at the given cut points (taken modulo the length).
+fn split(bytes: &[u8], cuts: &[usize]) -> Vec<Vec<u8>> {
+    let mut points: Vec<usize> = cuts.iter().map(|c| c % (bytes.len() + 1)).collect();
+    points.push(0);
+    points.push(bytes.len());
+    points.sort_unstable();
+    points.dedup();
+    points.windows(2).map(|w| bytes[w[0]..w[1]].to_vec()).filter(|c| !c.is_empty()).collect()
+}
+
+fn summary(out: Vec<Finished>) -> Vec<(String, u16, usize, String)> {
+    let mut v: Vec<_> = servers(out)
+        .into_iter()
+        .map(|e| {
+            let path = e.request.as_ref().unwrap().path().to_owned();
+            let client_path = e.clients.first().map(|c| c.request.path().to_owned()).unwrap_or_default();
+            (path, e.response.map_or(0, |r| r.status), e.clients.len(), client_path)
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+proptest! {
+    /// Any split of the byte streams into syscall-sized chunks, and any interleaving of the
+    /// connections, gives the same exchanges.
+    #[test]
+    fn chunking_and_interleaving_do_not_change_exchanges(
+        cuts in proptest::collection::vec(0usize..400, 0..12),
+        order in proptest::collection::vec(0usize..3, 0..64),
+    ) {
+        const CONNS: usize = 3;
+        // Each connection pair is a sequence of steps that must stay in order; steps of different
+        // pairs interleave as `order` says.
+        let mut queues: Vec<Vec<(u32, i32, OwnedOp)>> = (0..CONNS)
+            .map(|c| {
+                let (front, back) = (10 + 2 * c as i32, 11 + 2 * c as i32);
+                let tid = c as u32 + 1;
+                let mut steps = vec![(tid, front, OwnedOp::Accept(client())), (tid, back, OwnedOp::Connect(server()))];
+                for (fin, bout, bin, fout) in recorded(c, 3) {
+                    for (fd, bytes, read) in [(front, fin, true), (back, bout, false), (back, bin, true), (front, fout, false)] {
+                        for piece in split(&bytes, &cuts) {
+                            steps.push((tid, fd, if read { OwnedOp::Read(piece) } else { OwnedOp::Write(piece) }));
+                        }
+                    }
+                }
+                steps.reverse();
+                steps
+            })
+            .collect();
+        let mut script = Script::default();
+        let mut pick = order.into_iter().cycle();
+        while queues.iter().any(|q| !q.is_empty()) {
+            let mut c = pick.next().unwrap_or(0) % CONNS;
+            while queues[c].is_empty() {
+                c = (c + 1) % CONNS;
+            }
+            let (tid, fd, op) = queues[c].pop().unwrap();
+            script.push(tid, fd, op);
+        }
+        let mut tracker = Tracker::default();
+        let got = summary(script.run(&mut tracker));
+
+        let mut reference = Script::default();
+        for c in 0..CONNS {
+            let (front, back) = (10 + 2 * c as i32, 11 + 2 * c as i32);
+            let tid = c as u32 + 1;
+            reference.push(tid, front, OwnedOp::Accept(client())).push(tid, back, OwnedOp::Connect(server()));
+            for (fin, bout, bin, fout) in recorded(c, 3) {
+                reference.push(tid, front, OwnedOp::Read(fin)).push(tid, back, OwnedOp::Write(bout))
+                    .push(tid, back, OwnedOp::Read(bin)).push(tid, front, OwnedOp::Write(fout));
+            }
+        }
+        let want = summary(reference.run(&mut Tracker::default()));
+        prop_assert_eq!(want.len(), CONNS * 3);
+        prop_assert!(want.iter().all(|(p, s, n, cp)| *s == 200 && *n == 1 && p == cp));
+        prop_assert_eq!(got, want);
+        prop_assert_eq!(tracker.stats().parse_errors, 0);
+    }
+}
