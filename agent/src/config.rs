@@ -409,6 +409,35 @@ mod tests {
     }
 
     #[test]
+    fn readme_table_matches_the_code() {
+        let readme = include_str!("../../README.md");
+        for (var, default, _) in VARIABLES {
+            let row = readme
+                .lines()
+                .find(|l| l.starts_with(&format!("| `{var}` |")))
+                .unwrap_or_else(|| panic!("README configuration table lacks {var}"));
+            assert!(row.contains(default), "README row of {var} must show the default {default}: {row}");
+        }
+        for row in readme.lines().filter(|l| l.starts_with("| `OTEL_") || l.starts_with("| `TRACETAP_")) {
+            assert!(VARIABLES.iter().any(|(var, _, _)| row.starts_with(&format!("| `{var}` |"))), "README documents a variable the code does not read: {row}");
+        }
+    }
+
+    #[test]
+    fn documented_defaults_are_the_parsed_defaults() {
+        let c = parse(&[]).unwrap();
+        let doc = |var: &str| VARIABLES.iter().find(|(v, _, _)| *v == var).unwrap().1;
+        assert_eq!(doc("OTEL_EXPORTER_OTLP_TIMEOUT"), c.export_timeout.as_millis().to_string());
+        assert_eq!(doc("OTEL_BSP_SCHEDULE_DELAY"), c.schedule_delay.as_millis().to_string());
+        assert_eq!(doc("OTEL_BSP_MAX_QUEUE_SIZE"), c.max_queue_size.to_string());
+        assert_eq!(doc("OTEL_BSP_MAX_EXPORT_BATCH_SIZE"), c.max_export_batch_size.to_string());
+        assert_eq!(doc("TRACETAP_ADMIN_ADDR"), c.admin_addr.to_string());
+        assert_eq!(doc("TRACETAP_CAPTURE_BYTES"), c.capture_bytes.to_string());
+        assert_eq!(doc("TRACETAP_RING_BYTES"), c.ring_bytes.to_string());
+        assert_eq!(doc("OTEL_SERVICE_NAME"), c.service_name);
+    }
+
+    #[test]
     fn pids_select_pid_targets() {
         let c = parse(&[("TRACETAP_TARGET_PIDS", "10, 20")]).unwrap();
         assert_eq!(c.targets, Targets::Pids(vec![10, 20]));
