@@ -55,7 +55,7 @@ pub enum Compression {
 pub enum Targets {
     /// Every process with this command name (at most 15 bytes).
     Comm(String),
-    /// These processes and their descendants (HAProxy's master-worker mode forks its workers).
+    /// These processes and their descendants (`HAProxy`'s master-worker mode forks its workers).
     Pids(Vec<u32>),
 }
 
@@ -117,7 +117,7 @@ fn err(var: &'static str, value: &str, expected: impl Into<String>) -> ConfigErr
     ConfigError { var, value: value.to_owned(), expected: expected.into() }
 }
 
-/// Reads variables through `get`, treating empty values as unset (as the OTel spec asks).
+/// Reads variables through `get`, treating empty values as unset (as the `OTel` spec asks).
 struct Source<F> {
     get: F,
 }
@@ -158,14 +158,14 @@ impl Config {
             (None, Some(url)) => Sink::OtlpHttp(parse_endpoint("OTEL_EXPORTER_OTLP_ENDPOINT", &url, true)?),
             (None, None) => Sink::Stdout,
         };
-        if let Some(p) = src.get("OTEL_EXPORTER_OTLP_PROTOCOL") {
-            if p.trim() != "http/protobuf" {
-                return Err(err(
-                    "OTEL_EXPORTER_OTLP_PROTOCOL",
-                    &p,
-                    "http/protobuf (grpc and http/json are not supported yet)",
-                ));
-            }
+        if let Some(p) = src.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+            && p.trim() != "http/protobuf"
+        {
+            return Err(err(
+                "OTEL_EXPORTER_OTLP_PROTOCOL",
+                &p,
+                "http/protobuf (grpc and http/json are not supported yet)",
+            ));
         }
         let export_headers = match src.get("OTEL_EXPORTER_OTLP_HEADERS") {
             Some(v) => parse_pairs("OTEL_EXPORTER_OTLP_HEADERS", &v)?,
@@ -218,20 +218,7 @@ impl Config {
                 format!("a whole number of bytes from {MIN_CAPTURE_BYTES} to {MAX_CAPTURE_BYTES}"),
             ));
         }
-        let targets = match (src.get("TRACETAP_TARGET_PIDS"), src.get("TRACETAP_TARGET_COMM")) {
-            (Some(pids), _) => Targets::Pids(parse_pids(&pids)?),
-            (None, comm) => {
-                let comm = comm.map_or_else(|| "haproxy".to_owned(), |c| c.trim().to_owned());
-                if comm.len() >= COMM_BYTES || comm.contains('\0') {
-                    return Err(err(
-                        "TRACETAP_TARGET_COMM",
-                        &comm,
-                        "a command name of 1 to 15 bytes (as in /proc/PID/comm)",
-                    ));
-                }
-                Targets::Comm(comm)
-            }
-        };
+        let targets = parse_targets(&src)?;
         let ring_bytes: u32 =
             src.parse("TRACETAP_RING_BYTES", 8 * 1024 * 1024, "a power of two of at least 65536 bytes")?;
         if !ring_bytes.is_power_of_two() || ring_bytes < 65536 {
@@ -256,6 +243,23 @@ impl Config {
             ring_bytes,
             log_filter,
         })
+    }
+}
+
+fn parse_targets(src: &Source<impl Fn(&str) -> Option<String>>) -> Result<Targets, ConfigError> {
+    match (src.get("TRACETAP_TARGET_PIDS"), src.get("TRACETAP_TARGET_COMM")) {
+        (Some(pids), _) => Ok(Targets::Pids(parse_pids(&pids)?)),
+        (None, comm) => {
+            let comm = comm.map_or_else(|| "haproxy".to_owned(), |c| c.trim().to_owned());
+            if comm.len() >= COMM_BYTES || comm.contains('\0') {
+                return Err(err(
+                    "TRACETAP_TARGET_COMM",
+                    &comm,
+                    "a command name of 1 to 15 bytes (as in /proc/PID/comm)",
+                ));
+            }
+            Ok(Targets::Comm(comm))
+        }
     }
 }
 
@@ -288,7 +292,7 @@ fn parse_endpoint(var: &'static str, url: &str, append_traces_path: bool) -> Res
     Ok(Endpoint { authority, path })
 }
 
-/// Parses the W3C-baggage-like `key=value,key2=value2` lists of the OTel variables.
+/// Parses the W3C-baggage-like `key=value,key2=value2` lists of the `OTel` variables.
 fn parse_pairs(var: &'static str, text: &str) -> Result<Vec<(String, String)>, ConfigError> {
     let mut out = Vec::new();
     for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
@@ -419,7 +423,10 @@ mod tests {
             assert!(row.contains(default), "README row of {var} must show the default {default}: {row}");
         }
         for row in readme.lines().filter(|l| l.starts_with("| `OTEL_") || l.starts_with("| `TRACETAP_")) {
-            assert!(VARIABLES.iter().any(|(var, _, _)| row.starts_with(&format!("| `{var}` |"))), "README documents a variable the code does not read: {row}");
+            assert!(
+                VARIABLES.iter().any(|(var, _, _)| row.starts_with(&format!("| `{var}` |"))),
+                "README documents a variable the code does not read: {row}"
+            );
         }
     }
 

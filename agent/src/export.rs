@@ -132,7 +132,7 @@ impl RateLimitedLog {
 
 enum Destination {
     Stdout,
-    Otlp { client: Client<HttpConnector, Full<Bytes>>, uri: hyper::Uri, endpoint: Endpoint },
+    Otlp { client: Box<Client<HttpConnector, Full<Bytes>>>, uri: hyper::Uri, endpoint: Endpoint },
 }
 
 /// Runs the exporter until the queue's senders are gone and everything queued was exported.
@@ -146,7 +146,7 @@ pub async fn run(
         Sink::Stdout => Destination::Stdout,
         Sink::OtlpHttp(endpoint) => {
             let uri: hyper::Uri = endpoint.to_string().parse().expect("validated by config");
-            let client = Client::builder(TokioExecutor::new()).build_http();
+            let client = Box::new(Client::builder(TokioExecutor::new()).build_http());
             Destination::Otlp { client, uri, endpoint: endpoint.clone() }
         }
     };
@@ -155,17 +155,14 @@ pub async fn run(
     let mut deadline = tokio::time::Instant::now() + config.schedule_delay;
     loop {
         let flush = tokio::select! {
-            item = rx.recv() => match item {
-                Some(record) => {
-                    batch.push(record);
-                    batch.len() >= config.max_export_batch_size
+            item = rx.recv() => if let Some(record) = item {
+                batch.push(record);
+                batch.len() >= config.max_export_batch_size
+            } else {
+                if !batch.is_empty() {
+                    export(&destination, &config, &template, std::mem::take(&mut batch), &metrics, &mut log).await;
                 }
-                None => {
-                    if !batch.is_empty() {
-                        export(&destination, &config, &template, std::mem::take(&mut batch), &metrics, &mut log).await;
-                    }
-                    return;
-                }
+                return;
             },
             () = tokio::time::sleep_until(deadline) => true,
         };

@@ -26,7 +26,7 @@ fn main() -> ExitCode {
         }
     };
     init_logging(&config.log_filter);
-    match run(config) {
+    match run(&config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("tracetap: {e:#}");
@@ -49,14 +49,14 @@ fn init_logging(filter: &str) {
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
 }
 
-fn run(config: Config) -> anyhow::Result<()> {
+fn run(config: &Config) -> anyhow::Result<()> {
     let runtime =
         tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
     let metrics = Arc::new(Metrics::default());
     let admin_listener = runtime
         .block_on(tokio::net::TcpListener::bind(config.admin_addr))
         .with_context(|| format!("binding TRACETAP_ADMIN_ADDR={}", config.admin_addr))?;
-    let probes = Probes::load(&config).context("starting the eBPF probes")?;
+    let probes = Probes::load(config).context("starting the eBPF probes")?;
     tracing::info!(
         programs = probes.attached,
         admin = %config.admin_addr,
@@ -76,7 +76,7 @@ fn run(config: Config) -> anyhow::Result<()> {
 
     runtime.block_on(async {
         let exporter =
-            tokio::spawn(export::run(config.clone(), ResourceTemplate::from_config(&config), rx, Arc::clone(&metrics)));
+            tokio::spawn(export::run(config.clone(), ResourceTemplate::from_config(config), rx, Arc::clone(&metrics)));
         let admin = tokio::spawn(admin::serve(admin_listener, Arc::clone(&metrics)));
         wait_for_signal().await;
         tracing::info!("shutting down: flushing queued spans");

@@ -73,10 +73,10 @@ impl Sampler {
     /// Decides whether the trace of a request is recorded.
     #[must_use]
     pub fn should_sample(&self, parent: Option<&TraceParent>, trace_id: &[u8; 16]) -> bool {
-        if self.parent_based {
-            if let Some(parent) = parent {
-                return parent.sampled();
-            }
+        if self.parent_based
+            && let Some(parent) = parent
+        {
+            return parent.sampled();
         }
         match self.root {
             RootSampler::AlwaysOn => true,

@@ -13,7 +13,7 @@ use tracetap_proxy::{ClientExchange, RequestHead, ServerExchange, TraceparentFie
 use crate::sampling::Sampler;
 use crate::trace_context::{self, FLAG_RANDOM, parse_traceparent};
 
-/// Span flags: the W3C sampled flag, plus "has is_remote" (bit 8) and "is_remote" (bit 9) of the
+/// Span flags: the W3C sampled flag, plus "has `is_remote`" (bit 8) and "`is_remote`" (bit 9) of the
 /// OTLP `SpanFlags` for the parent.
 const SAMPLED: u32 = 0x01;
 const HAS_IS_REMOTE: u32 = 0x100;
@@ -216,10 +216,10 @@ fn status_for(error: bool) -> Status {
 
 /// Splits a Host header into name and port (`[::1]:80`, `example.com:8080`, `example.com`).
 fn split_host(host: &str) -> (&str, Option<u16>) {
-    if let Some(rest) = host.strip_prefix('[') {
-        if let Some((addr, after)) = rest.split_once(']') {
-            return (addr, after.strip_prefix(':').and_then(|p| p.parse().ok()));
-        }
+    if let Some(rest) = host.strip_prefix('[')
+        && let Some((addr, after)) = rest.split_once(']')
+    {
+        return (addr, after.strip_prefix(':').and_then(|p| p.parse().ok()));
     }
     match host.rsplit_once(':') {
         Some((name, port)) if !name.contains(':') => match port.parse() {
@@ -339,6 +339,9 @@ mod tests {
     }
 
     fn hex(b: &[u8]) -> String {
-        b.iter().map(|x| format!("{x:02x}")).collect()
+        b.iter().fold(String::new(), |mut s, x| {
+            let _ = std::fmt::Write::write_fmt(&mut s, format_args!("{x:02x}"));
+            s
+        })
     }
 }

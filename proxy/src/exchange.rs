@@ -32,12 +32,12 @@ impl Outcome {
     }
 }
 
-/// An exchange between HAProxy and a backend server (becomes a CLIENT span).
+/// An exchange between `HAProxy` and a backend server (becomes a CLIENT span).
 #[derive(Clone, Debug)]
 pub struct ClientExchange {
     pub request: RequestHead,
     pub response: Option<ResponseHead>,
-    /// Where HAProxy connected to (the server).
+    /// Where `HAProxy` connected to (the server).
     pub server: Option<SocketAddr>,
     /// Monotonic ns of the write that started the request.
     pub start_ns: u64,
@@ -46,13 +46,13 @@ pub struct ClientExchange {
     pub outcome: Outcome,
 }
 
-/// An exchange between a client and HAProxy (becomes a SERVER span), with the backend exchanges it
+/// An exchange between a client and `HAProxy` (becomes a SERVER span), with the backend exchanges it
 /// caused.
 #[derive(Clone, Debug)]
 pub struct ServerExchange {
-    /// HAProxy process that handled it.
+    /// `HAProxy` process that handled it.
     pub tgid: u32,
-    /// `None` when HAProxy answered without a request the tracker could parse (e.g. 408, 400).
+    /// `None` when `HAProxy` answered without a request the tracker could parse (e.g. 408, 400).
     pub request: Option<RequestHead>,
     pub response: Option<ResponseHead>,
     /// The client (peer of the accepted socket).

@@ -9,7 +9,7 @@
 //! - Content-Length bodies are counted, so unknown bytes inside them cost nothing;
 //! - chunked bodies are parsed; when unknown bytes hide a chunk-size line the framer switches to
 //!   [`Lost`](BodyState::ChunkedLost) and ends the message when a chunk's tail shows the last-chunk
-//!   marker `0\r\n\r\n` (which is what every HTTP/1 sender HAProxy talks to writes without trailers).
+//!   marker `0\r\n\r\n` (which is what every HTTP/1 sender `HAProxy` talks to writes without trailers).
 //!
 //! Invariant: the framer never holds more than [`MAX_HEAD_BYTES`] of a head, or
 //! [`MAX_CHUNK_LINE`] of a chunk-size line, so memory per connection is bounded.
@@ -41,9 +41,10 @@ impl<'a> Chunk<'a> {
 }
 
 /// How the body of a message is delimited, decided by the caller from the head.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum BodyFraming {
     /// No body follows the head.
+    #[default]
     Empty,
     /// Exactly this many bytes follow.
     Length(u64),
@@ -432,7 +433,7 @@ fn looks_like_start_line(buf: &[u8]) -> bool {
     if token.len() > 32 {
         return false;
     }
-    token.iter().all(|b| b.is_ascii_graphic())
+    token.iter().all(u8::is_ascii_graphic)
 }
 
 fn parse_chunk_size(line: &[u8]) -> Option<u64> {

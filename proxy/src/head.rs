@@ -46,12 +46,6 @@ pub struct RequestHead {
     pub closes: bool,
 }
 
-impl Default for BodyFraming {
-    fn default() -> Self {
-        Self::Empty
-    }
-}
-
 impl RequestHead {
     /// The path part of the target, without query (for `url.path`).
     #[must_use]

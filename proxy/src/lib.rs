@@ -1,5 +1,5 @@
 //! What tracetap knows about the proxy it watches: HTTP/1 byte streams as syscalls deliver them,
-//! request/response pairing, and the links between the frontend request HAProxy read and the
+//! request/response pairing, and the links between the frontend request `HAProxy` read and the
 //! backend requests it wrote for it. Pure: no eBPF, no async runtime, no clock.
 #![forbid(unsafe_code)]
 

@@ -3,7 +3,7 @@
 //! Model:
 //! - A connection is keyed by `(tgid, fd)`. `accept`/`connect` start a new connection on that key
 //!   and `close` ends it, so a reused fd number is always a new connection.
-//! - A connection's role comes from what flows on it: HAProxy *reads* requests on frontend sockets
+//! - A connection's role comes from what flows on it: `HAProxy` *reads* requests on frontend sockets
 //!   and *writes* requests on backend sockets. Accepted sockets start as frontends, connected ones as
 //!   backends; sockets the tracker never saw open (older than the agent) get their role from their
 //!   first bytes; anything that does not speak HTTP/1 becomes opaque and is ignored until closed.
@@ -248,10 +248,11 @@ impl Tracker {
 
     fn end_of_stream(&mut self, key: (u32, i32), ts: u64) {
         let Some(conn) = self.conns.get_mut(&key) else { return };
-        if conn.role == Role::Backend && conn.ingress.finish() {
-            if let Some(back) = conn.backs.pop_front() {
-                self.finish_backend(key.0, back, ts, Outcome::Complete);
-            }
+        if conn.role == Role::Backend
+            && conn.ingress.finish()
+            && let Some(back) = conn.backs.pop_front()
+        {
+            self.finish_backend(key.0, back, ts, Outcome::Complete);
         }
     }
 
@@ -302,7 +303,7 @@ impl Tracker {
         match (role, dir) {
             (Role::Frontend, Direction::Ingress) | (Role::Backend, Direction::Egress) => self.requests(ctx, chunk, dir),
             (Role::Frontend, Direction::Egress) | (Role::Backend, Direction::Ingress) => {
-                self.responses(ctx, chunk, dir)
+                self.responses(ctx, chunk, dir);
             }
             (Role::Unknown | Role::Opaque, _) => {}
         }
@@ -341,19 +342,16 @@ impl Tracker {
                 }
                 Step::Head => {
                     let started = start.take().unwrap_or(ctx.ts);
-                    match head::parse_request(framer.head_bytes()) {
-                        Ok(request) => {
-                            framer.set_body(request.framing);
-                            match role {
-                                Role::Frontend => self.new_front(ctx, request, started),
-                                _ => self.new_backend(ctx, request, started),
-                            }
+                    if let Ok(request) = head::parse_request(framer.head_bytes()) {
+                        framer.set_body(request.framing);
+                        match role {
+                            Role::Frontend => self.new_front(ctx, request, started),
+                            _ => self.new_backend(ctx, request, started),
                         }
-                        Err(_) => {
-                            self.stats.parse_errors += 1;
-                            // Give up on this direction until the next request line.
-                            framer.abandon();
-                        }
+                    } else {
+                        self.stats.parse_errors += 1;
+                        // Give up on this direction until the next request line.
+                        framer.abandon();
                     }
                 }
             }
@@ -396,62 +394,55 @@ impl Tracker {
     /// Records a response head on the oldest open request; returns how its body is framed.
     fn response_head(&mut self, ctx: Ctx, role: Role, response: ResponseHead) -> BodyFraming {
         let conn = self.conns.get_mut(&ctx.key).expect("present");
-        match role {
-            Role::Frontend => {
-                let id = match conn.fronts.front() {
-                    Some(id) => *id,
-                    None => {
-                        // HAProxy answered without a request we parsed (408, 400, ...).
-                        self.stats.unpaired_responses += 1;
-                        let id = self.insert_front(ctx, None, ctx.ts);
-                        self.conns.get_mut(&ctx.key).expect("present").fronts.push_back(id);
-                        id
-                    }
-                };
-                let Some(front) = self.fronts.get_mut(&id) else { return BodyFraming::Empty };
-                front.last_activity_ns = ctx.ts;
-                if response.is_interim() {
-                    return BodyFraming::Empty;
-                }
-                front.responding = true;
-                front.exchange.response = Some(response);
-                let method = front.exchange.request.as_ref().map_or("GET", |r| r.method.as_str());
-                let framing = response.framing(method);
-                self.candidates.retain(|c| *c != id);
-                framing
+        if role == Role::Frontend {
+            let id = if let Some(id) = conn.fronts.front() {
+                *id
+            } else {
+                // HAProxy answered without a request we parsed (408, 400, ...).
+                self.stats.unpaired_responses += 1;
+                let id = self.insert_front(ctx, None, ctx.ts);
+                self.conns.get_mut(&ctx.key).expect("present").fronts.push_back(id);
+                id
+            };
+            let Some(front) = self.fronts.get_mut(&id) else { return BodyFraming::Empty };
+            front.last_activity_ns = ctx.ts;
+            if response.is_interim() {
+                return BodyFraming::Empty;
             }
-            _ => {
-                let Some(back) = conn.backs.front_mut() else {
-                    self.stats.unpaired_responses += 1;
-                    return response.framing("GET");
-                };
-                if response.is_interim() {
-                    return BodyFraming::Empty;
-                }
-                back.exchange.response = Some(response);
-                response.framing(&back.exchange.request.method)
+            front.responding = true;
+            front.exchange.response = Some(response);
+            let method = front.exchange.request.as_ref().map_or("GET", |r| r.method.as_str());
+            let framing = response.framing(method);
+            self.candidates.retain(|c| *c != id);
+            framing
+        } else {
+            let Some(back) = conn.backs.front_mut() else {
+                self.stats.unpaired_responses += 1;
+                return response.framing("GET");
+            };
+            if response.is_interim() {
+                return BodyFraming::Empty;
             }
+            back.exchange.response = Some(response);
+            response.framing(&back.exchange.request.method)
         }
     }
 
     fn response_done(&mut self, ctx: Ctx, role: Role, outcome: Outcome) {
         let conn = self.conns.get_mut(&ctx.key).expect("present");
-        match role {
-            Role::Frontend => {
-                let Some(id) = conn.fronts.front().copied() else { return };
-                if self.fronts.get(&id).is_some_and(|f| !f.responding) {
-                    return; // an interim response ended, the final one is still to come
-                }
-                conn.fronts.pop_front();
-                self.finish_front(id, ctx.ts, outcome);
+        if role == Role::Frontend {
+            let Some(id) = conn.fronts.front().copied() else { return };
+            if self.fronts.get(&id).is_some_and(|f| !f.responding) {
+                return; // an interim response ended, the final one is still to come
             }
-            _ => {
-                if conn.backs.front().is_some_and(|b| b.exchange.response.is_none()) {
-                    return;
-                }
-                let Some(back) = conn.backs.pop_front() else { return };
-                self.finish_backend(ctx.key.0, back, ctx.ts, outcome);
+            conn.fronts.pop_front();
+            self.finish_front(id, ctx.ts, outcome);
+        } else {
+            if conn.backs.front().is_some_and(|b| b.exchange.response.is_none()) {
+                return;
             }
+            let Some(back) = conn.backs.pop_front() else { return };
+            self.finish_backend(ctx.key.0, back, ctx.ts, outcome);
         }
     }
 

@@ -1,10 +1,10 @@
-//! The tracker driven by scripted syscalls, as HAProxy issues them: accept, read the request,
+//! The tracker driven by scripted syscalls, as `HAProxy` issues them: accept, read the request,
 //! connect, write it to the backend, read the response, write it to the client, close.
 
 use std::net::SocketAddr;
 
 use proptest::prelude::*;
-use tracetap_proxy::{Chunk, Finished, Op, Outcome, ServerExchange, SyscallEvent, Tracker, TraceparentField};
+use tracetap_proxy::{Chunk, Finished, Op, Outcome, ServerExchange, SyscallEvent, TraceparentField, Tracker};
 
 const PID: u32 = 100;
 
@@ -134,7 +134,8 @@ fn pipelined_requests_pair_in_order() {
     answers.extend(resp(404, "bb"));
     s.push(1, 10, OwnedOp::Accept(client())).push(1, 10, OwnedOp::Read(both)).push(1, 10, OwnedOp::Write(answers));
     let out = servers(s.run(&mut t));
-    let got: Vec<_> = out.iter().map(|e| (e.request.as_ref().unwrap().path().to_owned(), e.response.unwrap().status)).collect();
+    let got: Vec<_> =
+        out.iter().map(|e| (e.request.as_ref().unwrap().path().to_owned(), e.response.unwrap().status)).collect();
     assert_eq!(got, vec![("/1".to_owned(), 200), ("/2".to_owned(), 404)]);
 }
 
@@ -254,14 +255,18 @@ fn expiry_gives_up_on_idle_exchanges() {
     assert_eq!(t.stats().expired_exchanges, 1);
 }
 
-/// One recorded proxied exchange per connection pair: (frontend bytes in, backend bytes out,
-/// backend bytes in, frontend bytes out).
-fn recorded(conn: usize, requests: usize) -> Vec<(Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>)> {
+/// The bytes of one proxied exchange: (frontend bytes in, backend bytes out, backend bytes in,
+/// frontend bytes out).
+type Recorded = (Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>);
+
+/// Recorded exchanges of one connection pair.
+fn recorded(conn: usize, requests: usize) -> Vec<Recorded> {
     (0..requests)
         .map(|r| {
             let path = format!("/c{conn}/r{r}");
             let body = "x".repeat((conn * 7 + r * 13) % 50);
-            let chunked = format!("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n", body.len());
+            let chunked =
+                format!("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n", body.len());
             let response = if r % 2 == 0 { resp(200, &body) } else { chunked.into_bytes() };
             (req(&path), req(&path), response.clone(), response)
         })

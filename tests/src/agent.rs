@@ -97,6 +97,7 @@ impl Agent {
     }
 
     /// SIGTERM, then waits for the exit.
+    #[must_use]
     pub fn stop(mut self) -> ExitStatus {
         let mut child = self.child.take().expect("running");
         let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();

@@ -1,4 +1,4 @@
-//! The backend server behind HAProxy in the tests (hyper, HTTP/1.1 keep-alive).
+//! The backend server behind `HAProxy` in the tests (hyper, HTTP/1.1 keep-alive).
 //!
 //! - `/status/NNN` answers with status NNN;
 //! - `/slow/MS` answers 200 after MS milliseconds;

@@ -1,6 +1,7 @@
 //! A small blocking HTTP/1.1 client over one keep-alive connection, so tests control exactly
 //! what goes on the wire (keep-alive, aborts mid-request).
 
+use std::fmt::Write as _;
 use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
@@ -42,7 +43,7 @@ impl Conn {
     pub fn get(&mut self, path: &str, headers: &[(&str, &str)]) -> std::io::Result<Response> {
         let mut req = format!("GET {path} HTTP/1.1\r\nHost: tracetap.test\r\nUser-Agent: tracetap-e2e\r\n");
         for (k, v) in headers {
-            req.push_str(&format!("{k}: {v}\r\n"));
+            let _ = write!(req, "{k}: {v}\r\n");
         }
         req.push_str("\r\n");
         self.stream.write_all(req.as_bytes())?;

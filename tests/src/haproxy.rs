@@ -1,6 +1,7 @@
-//! A real HAProxy (Debian's package) run in the foreground by a test, under a command name of its
-//! own (a symlink), so each test's agent traces only that test's HAProxy.
+//! A real `HAProxy` (Debian's package) run in the foreground by a test, under a command name of its
+//! own (a symlink), so each test's agent traces only that test's `HAProxy`.
 
+use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -32,7 +33,7 @@ fn haproxy_binary() -> PathBuf {
 }
 
 impl Haproxy {
-    /// Starts HAProxy with `config` under command name `comm`, and waits until `wait_port` accepts
+    /// Starts `HAProxy` with `config` under command name `comm`, and waits until `wait_port` accepts
     /// connections.
     #[must_use]
     pub fn start(comm: &str, config: &str, wait_port: u16) -> Self {
@@ -45,7 +46,7 @@ impl Haproxy {
         std::fs::write(&config_path, config).expect("write config");
         let mut h = Self { comm: comm.to_owned(), dir, config: config_path, children: Vec::new() };
         h.spawn(&[]);
-        h.wait_port(wait_port);
+        Self::wait_port(wait_port);
         h
     }
 
@@ -62,18 +63,18 @@ impl Haproxy {
         self.children.push(child);
     }
 
-    fn wait_port(&self, port: u16) {
+    fn wait_port(port: u16) {
         crate::wait_for(Duration::from_secs(10), || std::net::TcpStream::connect(("127.0.0.1", port)).ok())
             .unwrap_or_else(|| panic!("haproxy did not listen on port {port}"));
     }
 
-    /// The configuration HAProxy runs with.
+    /// The configuration `HAProxy` runs with.
     #[must_use]
     pub fn config_text(&self) -> String {
         std::fs::read_to_string(&self.config).expect("config")
     }
 
-    /// Pid of the newest HAProxy process.
+    /// Pid of the newest `HAProxy` process.
     #[must_use]
     pub fn pid(&self) -> u32 {
         self.children.last().expect("started").id()
@@ -84,7 +85,7 @@ impl Haproxy {
     pub fn reload(&mut self, wait_port: u16) {
         let old = self.pid();
         self.spawn(&["-sf".to_owned(), old.to_string()]);
-        self.wait_port(wait_port);
+        Self::wait_port(wait_port);
     }
 }
 
@@ -107,7 +108,7 @@ pub fn config(front_port: u16, servers: &[std::net::SocketAddr], extra: &str) ->
          frontend fe_main\n    bind 127.0.0.1:{front_port}\n    default_backend be_app\n\nbackend be_app\n"
     );
     for (i, s) in servers.iter().enumerate() {
-        cfg.push_str(&format!("    server s{i} {s}\n"));
+        let _ = writeln!(cfg, "    server s{i} {s}");
     }
     cfg.push_str(extra);
     cfg

@@ -1,4 +1,4 @@
-//! Support for tracetap's end-to-end tests: a real HAProxy (Debian's package) on loopback ports,
+//! Support for tracetap's end-to-end tests: a real `HAProxy` (Debian's package) on loopback ports,
 //! a backend HTTP server, an OTLP/HTTP receiver that decodes with `opentelemetry-proto`, a small
 //! blocking HTTP/1.1 client, and the real `tracetap` binary.
 //!

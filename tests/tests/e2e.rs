@@ -1,4 +1,4 @@
-//! End-to-end: real HAProxy, real backend, real `tracetap` (eBPF), OTLP receiver.
+//! End-to-end: real `HAProxy`, real backend, real `tracetap` (eBPF), OTLP receiver.
 //! Every test here needs root (see `require_root`).
 
 use std::collections::HashMap;
@@ -21,7 +21,7 @@ struct Setup {
     front: SocketAddr,
 }
 
-/// HAProxy in front of the test backend (plus `extra` config), traced by an agent exporting to the
+/// `HAProxy` in front of the test backend (plus `extra` config), traced by an agent exporting to the
 /// receiver.
 fn setup(extra: &str) -> Setup {
     let rt = runtime();
@@ -35,7 +35,10 @@ fn setup(extra: &str) -> Setup {
 }
 
 fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    bytes.iter().fold(String::new(), |mut s, b| {
+        let _ = std::fmt::Write::write_fmt(&mut s, format_args!("{b:02x}"));
+        s
+    })
 }
 
 fn traceparent(i: u32) -> (String, String, String) {
@@ -57,7 +60,7 @@ fn print_figures(name: &str, sent: usize, spans: &[Received], agent: &Agent) {
 }
 
 /// Pairs each SERVER span with its CLIENT spans.
-fn children<'a>(spans: &'a [Received]) -> HashMap<Vec<u8>, Vec<&'a Received>> {
+fn children(spans: &[Received]) -> HashMap<Vec<u8>, Vec<&Received>> {
     let mut map: HashMap<Vec<u8>, Vec<&Received>> = HashMap::new();
     for s in spans.iter().filter(|s| s.is_client()) {
         map.entry(s.span.parent_span_id.clone()).or_default().push(s);

@@ -1,5 +1,5 @@
 //! Finds the processes to trace by walking `/proc`: every process with the target command name,
-//! or the configured pids and their descendants (HAProxy's master forks its workers).
+//! or the configured pids and their descendants (`HAProxy`'s master forks its workers).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -29,13 +29,13 @@ pub fn read_processes(proc_root: &Path) -> Vec<ProcInfo> {
 /// Parses `/proc/PID/stat`: `pid (comm) state ppid ...`, where comm may itself hold `)` or spaces.
 #[must_use]
 pub fn parse_stat(pid: u32, stat: &str) -> Option<ProcInfo> {
-    let open = stat.find('(')?;
-    let close = stat.rfind(')')?;
-    let comm = stat.get(open + 1..close)?.to_owned();
-    let mut rest = stat.get(close + 1..)?.split_whitespace();
+    let comm_start = stat.find('(')? + 1;
+    let comm_end = stat.rfind(')')?;
+    let comm = stat.get(comm_start..comm_end)?.to_owned();
+    let mut rest = stat.get(comm_end + 1..)?.split_whitespace();
     let _state = rest.next()?;
-    let ppid = rest.next()?.parse().ok()?;
-    Some(ProcInfo { pid, ppid, comm })
+    let parent = rest.next()?.parse().ok()?;
+    Some(ProcInfo { pid, ppid: parent, comm })
 }
 
 /// The processes to trace among `procs`.

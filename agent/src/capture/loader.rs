@@ -33,15 +33,15 @@ pub enum LoadError {
     #[error(
         "loading the eBPF probes failed: {0}. tracetap needs root (or CAP_BPF, CAP_PERFMON and CAP_DAC_READ_SEARCH) and Linux 5.8+ with BPF ring buffers"
     )]
-    Load(#[source] aya::EbpfError),
+    Load(#[source] Box<aya::EbpfError>),
     #[error("the probe object has no program {0}")]
     MissingProgram(String),
     #[error("attaching {program} to syscalls/{tracepoint} failed: {source}; run as root or grant CAP_PERFMON")]
-    Attach { program: String, tracepoint: String, source: aya::programs::ProgramError },
+    Attach { program: String, tracepoint: String, source: Box<aya::programs::ProgramError> },
     #[error("the probe object has no map {0}")]
     MissingMap(&'static str),
     #[error("opening map {name}: {source}")]
-    Map { name: &'static str, source: aya::maps::MapError },
+    Map { name: &'static str, source: Box<aya::maps::MapError> },
 }
 
 /// Loaded and attached probes, with the maps the agent uses.
@@ -88,7 +88,7 @@ impl Probes {
             .override_global(globals::TARGET_COMM, &comm, true)
             .map_max_entries(maps::EVENTS, config.ring_bytes)
             .load(PROBES)
-            .map_err(LoadError::Load)?;
+            .map_err(|e| LoadError::Load(Box::new(e)))?;
         let names: Vec<String> = ebpf.programs().map(|(name, _)| name.to_owned()).collect();
         let mut attached = 0;
         for name in names {
@@ -99,31 +99,36 @@ impl Probes {
             };
             let program: &mut TracePoint =
                 ebpf.program_mut(&name).ok_or_else(|| LoadError::MissingProgram(name.clone()))?.try_into().map_err(
-                    |source| LoadError::Attach { program: name.clone(), tracepoint: tracepoint.clone(), source },
+                    |source| LoadError::Attach {
+                        program: name.clone(),
+                        tracepoint: tracepoint.clone(),
+                        source: Box::new(source),
+                    },
                 )?;
             program.load().map_err(|source| LoadError::Attach {
                 program: name.clone(),
                 tracepoint: tracepoint.clone(),
-                source,
+                source: Box::new(source),
             })?;
             program.attach("syscalls", &tracepoint).map_err(|source| LoadError::Attach {
                 program: name.clone(),
                 tracepoint: tracepoint.clone(),
-                source,
+                source: Box::new(source),
             })?;
             attached += 1;
         }
         let take = |ebpf: &mut Ebpf, name: &'static str| ebpf.take_map(name).ok_or(LoadError::MissingMap(name));
         let ring = RingBuf::try_from(take(&mut ebpf, maps::EVENTS)?)
-            .map_err(|source| LoadError::Map { name: maps::EVENTS, source })?;
+            .map_err(|source| LoadError::Map { name: maps::EVENTS, source: Box::new(source) })?;
         let losses = PerCpuArray::try_from(take(&mut ebpf, maps::LOSSES)?)
-            .map_err(|source| LoadError::Map { name: maps::LOSSES, source })?;
+            .map_err(|source| LoadError::Map { name: maps::LOSSES, source: Box::new(source) })?;
         let target_pids = BpfHashMap::try_from(take(&mut ebpf, maps::TARGET_PIDS)?)
-            .map_err(|source| LoadError::Map { name: maps::TARGET_PIDS, source })?;
+            .map_err(|source| LoadError::Map { name: maps::TARGET_PIDS, source: Box::new(source) })?;
         Ok(Self { _ebpf: ebpf, ring, losses, target_pids, attached })
     }
 
     /// Sums the per-CPU loss counters, by [`tracetap_ebpf_common::Loss`] slot.
+    #[must_use]
     pub fn losses(&self) -> [u64; LOSS_SLOTS as usize] {
         let mut out = [0u64; LOSS_SLOTS as usize];
         for (slot, total) in out.iter_mut().enumerate() {

@@ -29,6 +29,7 @@ const POLL: Duration = Duration::from_millis(100);
 
 /// Runs until `stop` is set, then hands out nothing more and returns (dropping the queue sender
 /// lets the exporter flush and finish).
+#[expect(clippy::needless_pass_by_value, reason = "the queue is dropped on return, which lets the exporter finish")]
 pub fn run(mut probes: Probes, config: &Config, metrics: &Metrics, queue: SpanQueue, stop: &Arc<AtomicBool>) {
     let mut tracker = Tracker::new(Limits::default());
     let mut builder = SpanBuilder::new(config.sampler, loader::monotonic_to_unix_offset_ns());
@@ -54,7 +55,7 @@ pub fn run(mut probes: Probes, config: &Config, metrics: &Metrics, queue: SpanQu
                 Ok(ev) => tracker.handle(&ev),
                 Err(_) => metrics::add(&metrics.events_malformed, 1),
             }
-            if events % 64 == 0 {
+            if events.is_multiple_of(64) {
                 hand_out(&mut tracker, &mut builder, &mut spans, &queue, metrics);
             }
         }
