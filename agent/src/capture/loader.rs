@@ -23,9 +23,11 @@ const TRACEFS: &str = "/sys/kernel/tracing";
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     #[error(
-        "tracefs is not mounted at {TRACEFS} and mounting it failed ({0}); mount it (`mount -t tracefs tracefs {TRACEFS}`) or grant CAP_SYS_ADMIN"
+        "tracefs is not mounted at {TRACEFS} and mounting it failed ({0}); run as root, grant CAP_SYS_ADMIN, or mount it first (`mount -t tracefs tracefs {TRACEFS}`)"
     )]
     Tracefs(std::io::Error),
+    #[error("tracefs at {0} is not readable ({1}); run as root or grant CAP_DAC_READ_SEARCH")]
+    TracefsUnreadable(String, std::io::Error),
     #[error(
         "this kernel has no BTF (/sys/kernel/btf/vmlinux is missing); tracetap needs Linux 5.8+ built with CONFIG_DEBUG_INFO_BTF"
     )]
@@ -54,10 +56,23 @@ pub struct Probes {
     pub attached: usize,
 }
 
+/// Where tracefs is mounted, from `/proc/self/mounts`.
+fn tracefs_mount() -> Option<String> {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
+    mounts.lines().find_map(|l| {
+        let mut f = l.split_whitespace();
+        let (_, dir, fstype) = (f.next()?, f.next()?, f.next()?);
+        (fstype == "tracefs").then(|| dir.to_owned())
+    })
+}
+
 /// Mounts tracefs when it is missing: tracepoint attachment reads event ids from it.
 fn ensure_tracefs() -> Result<(), LoadError> {
-    if Path::new(TRACEFS).join("events").is_dir() || Path::new("/sys/kernel/debug/tracing/events").is_dir() {
-        return Ok(());
+    if let Some(dir) = tracefs_mount() {
+        return match std::fs::read_dir(Path::new(&dir).join("events")) {
+            Ok(_) => Ok(()),
+            Err(e) => Err(LoadError::TracefsUnreadable(dir, e)),
+        };
     }
     let c = |s: &str| CString::new(s).expect("no NUL in constants");
     let (source, target, fstype) = (c("tracefs"), c(TRACEFS), c("tracefs"));

@@ -1,0 +1,123 @@
+//! The exporter against a local HTTP server that answers what the test says: retries on the
+//! statuses the OTLP spec calls retryable, gives up (and counts) on the others, flushes on close.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
+
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::trace::v1::Span;
+use prost::Message as _;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tracetap::config::Config;
+use tracetap::export::{self, ResourceTemplate};
+use tracetap::metrics::Metrics;
+use tracetap::spans::SpanRecord;
+
+/// Serves one canned status per request, in order (the last one repeats), and keeps the bodies.
+async fn server(statuses: Vec<u16>) -> (String, Arc<Mutex<Vec<Vec<u8>>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let bodies = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&bodies);
+    tokio::spawn(async move {
+        let mut n = 0;
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut buf = Vec::new();
+            // Read head and body (Content-Length) of one request, answer, close.
+            loop {
+                let mut chunk = [0u8; 4096];
+                let k = stream.read(&mut chunk).await.unwrap();
+                if k == 0 {
+                    break;
+                }
+                buf.extend_from_slice(&chunk[..k]);
+                let text = String::from_utf8_lossy(&buf);
+                if let Some(head_end) = text.find("\r\n\r\n") {
+                    let len: usize = text[..head_end]
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap())
+                        })
+                        .unwrap_or(0);
+                    if buf.len() >= head_end + 4 + len {
+                        seen.lock().unwrap().push(buf[head_end + 4..head_end + 4 + len].to_vec());
+                        break;
+                    }
+                }
+            }
+            let status = statuses[n.min(statuses.len() - 1)];
+            n += 1;
+            let resp = format!("HTTP/1.1 {status} X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+            let _ = stream.write_all(resp.as_bytes()).await;
+        }
+    });
+    (url, bodies)
+}
+
+fn config(url: &str) -> Config {
+    let vars = BTreeMap::from([
+        ("OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(), url.to_owned()),
+        ("OTEL_BSP_SCHEDULE_DELAY".to_owned(), "50".to_owned()),
+        ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE".to_owned(), "2".to_owned()),
+        ("OTEL_BSP_MAX_QUEUE_SIZE".to_owned(), "4".to_owned()),
+    ]);
+    Config::from_map(&vars).unwrap()
+}
+
+fn span(name: &str) -> SpanRecord {
+    SpanRecord {
+        tgid: 7,
+        span: Span { name: name.to_owned(), trace_id: vec![1; 16], span_id: vec![2; 8], ..Span::default() },
+    }
+}
+
+async fn export_spans(statuses: Vec<u16>, spans: usize) -> (Arc<Metrics>, Vec<Vec<u8>>) {
+    let (url, bodies) = server(statuses).await;
+    let config = config(&url);
+    let metrics = Arc::new(Metrics::default());
+    let (queue, rx) = export::queue(config.max_queue_size, Arc::clone(&metrics));
+    let exporter =
+        tokio::spawn(export::run(config.clone(), ResourceTemplate::from_config(&config), rx, Arc::clone(&metrics)));
+    for i in 0..spans {
+        queue.push(span(&format!("s{i}")));
+    }
+    drop(queue);
+    exporter.await.unwrap();
+    let bodies = bodies.lock().unwrap().clone();
+    (metrics, bodies)
+}
+
+#[tokio::test]
+async fn retryable_statuses_are_retried_until_accepted() {
+    let (metrics, bodies) = export_spans(vec![503, 429, 200], 2).await;
+    assert_eq!(metrics.export_retries.load(Relaxed), 2);
+    assert_eq!(metrics.spans_exported.load(Relaxed), 2);
+    assert_eq!(metrics.export_failures.load(Relaxed), 0);
+    let last = ExportTraceServiceRequest::decode(&bodies[2][..]).unwrap();
+    let names: Vec<_> = last.resource_spans[0].scope_spans[0].spans.iter().map(|s| s.name.clone()).collect();
+    assert_eq!(names, ["s0", "s1"]);
+}
+
+#[tokio::test]
+async fn permanent_errors_drop_and_count() {
+    let (metrics, bodies) = export_spans(vec![400], 2).await;
+    assert_eq!(bodies.len(), 1, "a 400 is not retried");
+    assert_eq!(metrics.export_failures.load(Relaxed), 1);
+    assert_eq!(metrics.spans_dropped_export_failed.load(Relaxed), 2);
+    assert_eq!(metrics.spans_exported.load(Relaxed), 0);
+}
+
+#[tokio::test]
+async fn full_queue_drops_and_counts_and_close_flushes_the_rest() {
+    // Queue of 4: the exporter is not polled while we push 10 (current-thread runtime).
+    let (metrics, bodies) = export_spans(vec![200], 10).await;
+    assert_eq!(metrics.spans_dropped_queue_full.load(Relaxed), 6);
+    assert_eq!(metrics.spans_exported.load(Relaxed), 4);
+    let exported: usize = bodies
+        .iter()
+        .map(|b| ExportTraceServiceRequest::decode(&b[..]).unwrap().resource_spans[0].scope_spans[0].spans.len())
+        .sum();
+    assert_eq!(exported, 4);
+}
