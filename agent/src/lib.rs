@@ -7,6 +7,7 @@ pub mod capture;
 pub mod config;
 pub mod export;
 pub mod metrics;
+pub mod names;
 pub mod sampling;
 pub mod spans;
 pub mod trace_context;

@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use opentelemetry_proto::tonic::trace::v1::{Span, Status, span, status};
+use tracetap_proxy::haproxy_config::ProxyNames;
 use tracetap_proxy::{ClientExchange, RequestHead, ServerExchange, TraceparentField};
 
 use crate::sampling::Sampler;
@@ -52,8 +53,9 @@ impl SpanBuilder {
         (i128::from(mono) + self.mono_to_unix_ns).max(0) as u64
     }
 
-    /// Builds the SERVER span of `ex` and a CLIENT span per backend exchange into `out`.
-    pub fn build(&mut self, ex: &ServerExchange, out: &mut Vec<SpanRecord>) -> Built {
+    /// Builds the SERVER span of `ex` and a CLIENT span per backend exchange into `out`, named after
+    /// HAProxy's frontend and backends when `names` knows them.
+    pub fn build(&mut self, ex: &ServerExchange, names: Option<&ProxyNames>, out: &mut Vec<SpanRecord>) -> Built {
         let parent = ex.request.as_ref().and_then(|r| match &r.traceparent {
             TraceparentField::One(v) => parse_traceparent(v),
             TraceparentField::Absent | TraceparentField::Repeated => None,
@@ -91,6 +93,10 @@ impl SpanBuilder {
         if let Some(code) = status_code {
             attributes.push(kv_int("http.response.status_code", i64::from(code)));
         }
+        let frontend = names.zip(ex.local).and_then(|(n, local)| n.frontend(local));
+        if let Some(fe) = frontend {
+            attributes.push(kv_str("haproxy.frontend", fe));
+        }
         // SERVER spans: 5xx and aborted exchanges are errors, 4xx are the client's business.
         let error_type = ex
             .outcome
@@ -109,7 +115,7 @@ impl SpanBuilder {
                     .unwrap_or_default(),
                 parent_span_id: parent.map(|p| p.parent_id.to_vec()).unwrap_or_default(),
                 flags,
-                name: method.to_owned(),
+                name: span_name(method, frontend),
                 kind: span::SpanKind::Server as i32,
                 start_time_unix_nano: self.unix_ns(ex.start_ns),
                 end_time_unix_nano: self.unix_ns(ex.end_ns.max(ex.start_ns)),
@@ -119,7 +125,7 @@ impl SpanBuilder {
             },
         });
         for client in &ex.clients {
-            let span = self.client_span(client, &trace_id, Some(&span_id), SAMPLED | HAS_IS_REMOTE);
+            let span = self.client_span(client, names, &trace_id, Some(&span_id), SAMPLED | HAS_IS_REMOTE);
             out.push(SpanRecord { tgid: ex.tgid, span });
         }
         Built::Sampled { spans: out.len() - server_span_index }
@@ -127,17 +133,30 @@ impl SpanBuilder {
 
     /// Builds a CLIENT span for a backend exchange that no frontend request claimed: the root of
     /// its own trace, sampled like any root.
-    pub fn build_unlinked(&mut self, tgid: u32, ex: &ClientExchange, out: &mut Vec<SpanRecord>) -> Built {
+    pub fn build_unlinked(
+        &mut self,
+        tgid: u32,
+        ex: &ClientExchange,
+        names: Option<&ProxyNames>,
+        out: &mut Vec<SpanRecord>,
+    ) -> Built {
         let trace_id = trace_context::new_trace_id(&mut self.rng);
         if !self.sampler.should_sample(None, &trace_id) {
             return Built::Dropped;
         }
-        let span = self.client_span(ex, &trace_id, None, SAMPLED | u32::from(FLAG_RANDOM) | HAS_IS_REMOTE);
+        let span = self.client_span(ex, names, &trace_id, None, SAMPLED | u32::from(FLAG_RANDOM) | HAS_IS_REMOTE);
         out.push(SpanRecord { tgid, span });
         Built::Sampled { spans: 1 }
     }
 
-    fn client_span(&mut self, ex: &ClientExchange, trace_id: &[u8; 16], parent: Option<&[u8; 8]>, flags: u32) -> Span {
+    fn client_span(
+        &mut self,
+        ex: &ClientExchange,
+        names: Option<&ProxyNames>,
+        trace_id: &[u8; 16],
+        parent: Option<&[u8; 8]>,
+        flags: u32,
+    ) -> Span {
         let mut attributes = Vec::with_capacity(10);
         push_request_attributes(&mut attributes, Some(&ex.request));
         if let Some(server) = ex.server {
@@ -150,6 +169,11 @@ impl SpanBuilder {
         if let Some(code) = status_code {
             attributes.push(kv_int("http.response.status_code", i64::from(code)));
         }
+        let backend = names.zip(ex.server).and_then(|(n, server)| n.server(server));
+        if let Some((be, srv)) = backend {
+            attributes.push(kv_str("haproxy.backend", be));
+            attributes.push(kv_str("haproxy.server", srv));
+        }
         // CLIENT spans: any status from 400 up is an error, per the HTTP conventions.
         let error_type = ex
             .outcome
@@ -161,7 +185,7 @@ impl SpanBuilder {
             span_id: trace_context::new_span_id(&mut self.rng).to_vec(),
             parent_span_id: parent.map(|p| p.to_vec()).unwrap_or_default(),
             flags,
-            name: known_method(&ex.request.method).to_owned(),
+            name: span_name(known_method(&ex.request.method), backend.map(|(be, _)| be)),
             kind: span::SpanKind::Client as i32,
             start_time_unix_nano: self.unix_ns(ex.start_ns),
             end_time_unix_nano: self.unix_ns(ex.end_ns.max(ex.start_ns)),
@@ -169,6 +193,14 @@ impl SpanBuilder {
             attributes: with_error(attributes, error_type),
             ..Span::default()
         }
+    }
+}
+
+/// `{method} {proxy}` when HAProxy's name for the frontend or backend is known, else `{method}`.
+fn span_name(method: &str, proxy: Option<&str>) -> String {
+    match proxy {
+        Some(p) => format!("{method} {p}"),
+        None => method.to_owned(),
     }
 }
 
@@ -271,6 +303,7 @@ mod tests {
             request: Some(req),
             response: Some(parse_response(status).unwrap()),
             peer: Some("10.1.2.3:5555".parse().unwrap()),
+            local: None,
             start_ns: 10,
             end_ns: 40,
             outcome,
@@ -286,7 +319,7 @@ mod tests {
         );
         let mut b = SpanBuilder::new(Sampler::default(), 1000);
         let mut out = Vec::new();
-        assert_eq!(b.build(&ex, &mut out), Built::Sampled { spans: 2 });
+        assert_eq!(b.build(&ex, None, &mut out), Built::Sampled { spans: 2 });
         let (server, client) = (&out[0].span, &out[1].span);
         assert_eq!(hex(&server.trace_id), "0af7651916cd43dd8448eb211c80319c");
         assert_eq!(hex(&server.parent_span_id), "b7ad6b7169203331");
@@ -310,7 +343,7 @@ mod tests {
             Outcome::Complete,
         );
         let mut out = Vec::new();
-        assert_eq!(SpanBuilder::new(Sampler::default(), 0).build(&ex, &mut out), Built::Dropped);
+        assert_eq!(SpanBuilder::new(Sampler::default(), 0).build(&ex, None, &mut out), Built::Dropped);
         assert!(out.is_empty());
     }
 
@@ -318,16 +351,31 @@ mod tests {
     fn errors_are_marked() {
         let ex = exchange(b"GET / HTTP/1.1\r\n\r\n", b"HTTP/1.1 503 Service Unavailable\r\n\r\n", Outcome::Complete);
         let mut out = Vec::new();
-        SpanBuilder::new(Sampler::default(), 0).build(&ex, &mut out);
+        SpanBuilder::new(Sampler::default(), 0).build(&ex, None, &mut out);
         assert_eq!(out[0].span.status.as_ref().unwrap().code, status::StatusCode::Error as i32);
         assert_eq!(attr(&out[0].span, "error.type"), Some(&any_value::Value::StringValue("503".into())));
         let ex = exchange(b"GET / HTTP/1.1\r\n\r\n", b"HTTP/1.1 200 OK\r\n\r\n", Outcome::ClosedBeforeResponse);
         out.clear();
-        SpanBuilder::new(Sampler::default(), 0).build(&ex, &mut out);
+        SpanBuilder::new(Sampler::default(), 0).build(&ex, None, &mut out);
         assert_eq!(
             attr(&out[0].span, "error.type"),
             Some(&any_value::Value::StringValue("connection_closed_before_response".into()))
         );
+    }
+
+    #[test]
+    fn names_from_the_config() {
+        let mut ex = exchange(b"GET / HTTP/1.1\r\n\r\n", b"HTTP/1.1 200 OK\r\n\r\n", Outcome::Complete);
+        ex.local = Some("127.0.0.1:80".parse().unwrap());
+        let names = tracetap_proxy::haproxy_config::parse(
+            "frontend fe_main\n bind 127.0.0.1:80\nbackend be_app\n server app1 127.0.0.1:8080\n",
+        );
+        let mut out = Vec::new();
+        SpanBuilder::new(Sampler::default(), 0).build(&ex, Some(&names), &mut out);
+        assert_eq!(out[0].span.name, "GET fe_main");
+        assert_eq!(attr(&out[0].span, "haproxy.frontend"), Some(&any_value::Value::StringValue("fe_main".into())));
+        assert_eq!(out[1].span.name, "GET be_app");
+        assert_eq!(attr(&out[1].span, "haproxy.server"), Some(&any_value::Value::StringValue("app1".into())));
     }
 
     #[test]

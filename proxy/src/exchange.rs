@@ -57,6 +57,8 @@ pub struct ServerExchange {
     pub response: Option<ResponseHead>,
     /// The client (peer of the accepted socket).
     pub peer: Option<SocketAddr>,
+    /// The address the client connected to: the HAProxy `bind` it came through.
+    pub local: Option<SocketAddr>,
     /// Monotonic ns of the read that brought the first byte of the request head.
     pub start_ns: u64,
     /// Monotonic ns of the write that ended the response (or of the close).

@@ -5,6 +5,7 @@
 
 pub mod exchange;
 pub mod framing;
+pub mod haproxy_config;
 pub mod head;
 pub mod tracker;
 

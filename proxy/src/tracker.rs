@@ -37,9 +37,10 @@ pub struct SyscallEvent<'a> {
 
 #[derive(Clone, Copy, Debug)]
 pub enum Op<'a> {
-    /// A connection was accepted on `fd`, from `peer`.
+    /// A connection was accepted on `fd`, from `peer`, on the listening address `local`.
     Accept {
         peer: Option<SocketAddr>,
+        local: Option<SocketAddr>,
     },
     /// `fd` is connecting to `server`.
     Connect {
@@ -106,7 +107,10 @@ struct BackendRequest {
 #[derive(Debug)]
 struct Connection {
     role: Role,
+    /// Frontend: the client. Backend: the server.
     addr: Option<SocketAddr>,
+    /// Frontend: the address the client connected to (HAProxy's bind address).
+    local: Option<SocketAddr>,
     /// Bytes the process read.
     ingress: Framer,
     /// Bytes the process wrote.
@@ -125,6 +129,7 @@ impl Connection {
         Self {
             role,
             addr,
+            local: None,
             ingress: Framer::new(),
             egress: Framer::new(),
             ingress_start: None,
@@ -194,9 +199,11 @@ impl Tracker {
     pub fn handle(&mut self, ev: &SyscallEvent<'_>) {
         let key = (ev.tgid, ev.fd);
         match ev.op {
-            Op::Accept { peer } => {
+            Op::Accept { peer, local } => {
                 self.close(key, ev.ts_ns);
-                self.conns.insert(key, Connection::new(Role::Frontend, peer));
+                let mut conn = Connection::new(Role::Frontend, peer);
+                conn.local = local;
+                self.conns.insert(key, conn);
             }
             Op::Connect { server } => {
                 self.close(key, ev.ts_ns);
@@ -449,7 +456,7 @@ impl Tracker {
     fn insert_front(&mut self, ctx: Ctx, request: Option<RequestHead>, started: u64) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
-        let peer = self.conns.get(&ctx.key).and_then(|c| c.addr);
+        let (peer, local) = self.conns.get(&ctx.key).map_or((None, None), |c| (c.addr, c.local));
         self.fronts.insert(
             id,
             FrontRecord {
@@ -460,6 +467,7 @@ impl Tracker {
                     request,
                     response: None,
                     peer,
+                    local,
                     start_ns: started,
                     end_ns: started,
                     outcome: Outcome::Complete,

@@ -35,7 +35,7 @@ impl Script {
         for (tid, fd, op) in &self.events {
             self.ts += 1000;
             let op = match op {
-                OwnedOp::Accept(a) => Op::Accept { peer: Some(*a) },
+                OwnedOp::Accept(a) => Op::Accept { peer: Some(*a), local: None },
                 OwnedOp::Connect(a) => Op::Connect { server: Some(*a) },
                 OwnedOp::Read(b) => Op::Read(Chunk::complete(b)),
                 OwnedOp::Write(b) => Op::Write(Chunk::complete(b)),

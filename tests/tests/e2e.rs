@@ -103,7 +103,8 @@ fn keep_alive_requests_become_server_and_client_spans() {
     for server in &servers {
         let path = server.str_attr("url.path").expect("url.path");
         assert_eq!(server.str_attr("http.request.method"), Some("GET"));
-        assert_eq!(server.span.name, "GET");
+        assert_eq!(server.span.name, "GET fe_main", "named after HAProxy's frontend");
+        assert_eq!(server.str_attr("haproxy.frontend"), Some("fe_main"));
         assert_eq!(server.int_attr("http.response.status_code"), Some(200));
         assert_eq!(server.str_attr("url.query"), Some(&path["/item/".len()..]).map(|n| format!("q={n}")).as_deref());
         assert_eq!(server.str_attr("server.address"), Some("tracetap.test"));
@@ -126,6 +127,9 @@ fn keep_alive_requests_become_server_and_client_spans() {
         assert_eq!(client.str_attr("url.path"), Some(path));
         assert_eq!(client.int_attr("server.port"), Some(i64::from(s.backend.addr.port())));
         assert_eq!(client.int_attr("http.response.status_code"), Some(200));
+        assert_eq!(client.span.name, "GET be_app", "named after HAProxy's backend");
+        assert_eq!(client.str_attr("haproxy.backend"), Some("be_app"));
+        assert_eq!(client.str_attr("haproxy.server"), Some("s0"));
         let (ss, se) = (server.span.start_time_unix_nano, server.span.end_time_unix_nano);
         let (cs, ce) = (client.span.start_time_unix_nano, client.span.end_time_unix_nano);
         assert!(ss <= cs && cs <= ce && ce <= se, "CLIENT [{cs},{ce}] inside SERVER [{ss},{se}] for {path}");

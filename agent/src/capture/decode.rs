@@ -37,7 +37,10 @@ pub fn event<'a>(h: &'a EventHeader, record: &'a [u8]) -> Result<SyscallEvent<'a
     let tail = &h.tail[..(h.tail_len as usize).min(TAIL_BYTES)];
     let chunk = Chunk { known: payload, total, tail };
     let op = match kind {
-        EventKind::Accept => Op::Accept { peer: sockaddr(&h.addr[..(h.addr_len as usize).min(h.addr.len())]) },
+        // The bind address is resolved by the caller from the listening fd (`h.ret`), once per socket.
+        EventKind::Accept => {
+            Op::Accept { peer: sockaddr(&h.addr[..(h.addr_len as usize).min(h.addr.len())]), local: None }
+        }
         EventKind::Connect => Op::Connect { server: sockaddr(&h.addr[..(h.addr_len as usize).min(h.addr.len())]) },
         EventKind::Close => Op::Close,
         EventKind::Read => Op::Read(chunk),

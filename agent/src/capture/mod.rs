@@ -8,6 +8,7 @@
 pub mod decode;
 pub mod discovery;
 pub mod loader;
+pub mod sockets;
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -21,8 +22,11 @@ use tracetap_proxy::{Finished, Limits, Tracker};
 use crate::config::Config;
 use crate::export::SpanQueue;
 use crate::metrics::{self, Metrics};
+use crate::names::Names;
 use crate::spans::{Built, SpanBuilder};
 use loader::Probes;
+use sockets::ListenAddrs;
+use tracetap_proxy::Op;
 
 const HOUSEKEEPING: Duration = Duration::from_millis(250);
 const POLL: Duration = Duration::from_millis(100);
@@ -35,10 +39,15 @@ pub fn run(mut probes: Probes, config: &Config, metrics: &Metrics, queue: SpanQu
     let mut builder = SpanBuilder::new(config.sampler, loader::monotonic_to_unix_offset_ns());
     let mut targets: BTreeSet<u32> = BTreeSet::new();
     let mut spans = Vec::with_capacity(16);
+    let mut listeners = ListenAddrs::new(Path::new("/proc"));
+    let mut names = Names::new(Path::new("/proc"));
     let mut last_housekeeping: Option<Instant> = None;
     while !stop.load(Relaxed) {
         if last_housekeeping.is_none_or(|t| t.elapsed() >= HOUSEKEEPING) {
-            refresh_targets(&mut probes, config, &mut targets, &mut tracker, metrics);
+            for gone in refresh_targets(&mut probes, config, &mut targets, &mut tracker, metrics) {
+                listeners.forget_process(gone);
+                names.forget_process(gone);
+            }
             tracker.expire(loader::monotonic_ns());
             publish(&probes, &tracker, metrics);
             last_housekeeping = Some(Instant::now());
@@ -52,15 +61,20 @@ pub fn run(mut probes: Probes, config: &Config, metrics: &Metrics, queue: SpanQu
                 continue;
             };
             match decode::event(&header, &record) {
-                Ok(ev) => tracker.handle(&ev),
+                Ok(mut ev) => {
+                    if let Op::Accept { local, .. } = &mut ev.op {
+                        *local = listeners.local_addr(ev.tgid, header.ret as i32);
+                    }
+                    tracker.handle(&ev);
+                }
                 Err(_) => metrics::add(&metrics.events_malformed, 1),
             }
             if events.is_multiple_of(64) {
-                hand_out(&mut tracker, &mut builder, &mut spans, &queue, metrics);
+                hand_out(&mut tracker, &mut builder, &mut names, &mut spans, &queue, metrics);
             }
         }
         metrics::add(&metrics.events_captured, events);
-        hand_out(&mut tracker, &mut builder, &mut spans, &queue, metrics);
+        hand_out(&mut tracker, &mut builder, &mut names, &mut spans, &queue, metrics);
         publish_tracker(&tracker, metrics);
     }
     publish(&probes, &tracker, metrics);
@@ -72,14 +86,17 @@ pub fn run(mut probes: Probes, config: &Config, metrics: &Metrics, queue: SpanQu
 fn hand_out(
     tracker: &mut Tracker,
     builder: &mut SpanBuilder,
+    names: &mut Names,
     spans: &mut Vec<crate::spans::SpanRecord>,
     queue: &SpanQueue,
     metrics: &Metrics,
 ) {
     for finished in tracker.drain() {
         let built = match &finished {
-            Finished::Server(ex) => builder.build(ex, spans),
-            Finished::UnlinkedClient { tgid, exchange } => builder.build_unlinked(*tgid, exchange, spans),
+            Finished::Server(ex) => builder.build(ex, names.of(ex.tgid).as_deref(), spans),
+            Finished::UnlinkedClient { tgid, exchange } => {
+                builder.build_unlinked(*tgid, exchange, names.of(*tgid).as_deref(), spans)
+            }
         };
         match built {
             Built::Dropped => metrics::add(&metrics.sampled_out, 1),
@@ -97,7 +114,7 @@ fn refresh_targets(
     targets: &mut BTreeSet<u32>,
     tracker: &mut Tracker,
     metrics: &Metrics,
-) {
+) -> Vec<u32> {
     let procs = discovery::read_processes(Path::new("/proc"));
     let now = discovery::select(&config.targets, &procs);
     for pid in now.difference(targets) {
@@ -107,7 +124,8 @@ fn refresh_targets(
             tracing::info!(pid, "tracing process");
         }
     }
-    for pid in targets.difference(&now) {
+    let gone: Vec<u32> = targets.difference(&now).copied().collect();
+    for pid in &gone {
         let _ = probes.target_pids.remove(pid);
         tracker.forget_process(*pid, loader::monotonic_ns());
         tracing::info!(pid, "process gone");
@@ -115,6 +133,7 @@ fn refresh_targets(
     *targets = now;
     metrics::set(&metrics.targets, targets.len() as u64);
     metrics.ready.store(probes.attached > 0 && !targets.is_empty(), Relaxed);
+    gone
 }
 
 fn publish(probes: &Probes, tracker: &Tracker, metrics: &Metrics) {

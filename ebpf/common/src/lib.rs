@@ -5,8 +5,9 @@
 //!   other side reads, and has an alignment of at most 8 (a ring buffer record is 8-aligned).
 //! - A ring buffer record is an [`EventHeader`] immediately followed by `header.captured` bytes
 //!   of payload (`captured <= MAX_CAPTURE_BYTES`). Only data events carry payload.
-//! - `ret` is what the syscall returned: the byte count for data events (which may exceed
-//!   `captured`: only the first bytes are copied), the new fd for accepts.
+//! - `ret` is what the syscall returned for data events: the byte count (which may exceed
+//!   `captured`: only the first bytes are copied). For accepts, `fd` is the new connection and
+//!   `ret` the listening socket it came from.
 #![no_std]
 
 /// Largest capture window a user may configure (`TRACETAP_CAPTURE_BYTES`).
@@ -26,7 +27,8 @@ pub const COMM_BYTES: usize = 16;
 #[repr(u32)]
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum EventKind {
-    /// `accept`/`accept4` returned a new connection `fd`; `addr` is the peer.
+    /// `accept`/`accept4` returned a new connection `fd`; `addr` is the peer and `ret` the
+    /// listening socket's fd (so the agent can find the bind address).
     Accept = 1,
     /// `connect` was called on `fd`; `addr` is the destination.
     Connect = 2,

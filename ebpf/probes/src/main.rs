@@ -242,7 +242,8 @@ fn on_exit(ctx: &TracePointContext) -> u32 {
     }
     match entry.kind {
         EventKind::Accept => {
-            let Some(staging) = stage(EventKind::Accept, ret as i32, ret) else {
+            // `ret` carries the listening fd: the agent maps it to the bind address.
+            let Some(staging) = stage(EventKind::Accept, ret as i32, i64::from(entry.fd)) else {
                 return 0;
             };
             read_addr(staging, entry.buf);

@@ -1,0 +1,99 @@
+//! The bind address of a listening socket, found once per (process, fd) through
+//! `/proc/PID/fd/FD` (the socket inode) and `/proc/PID/net/tcp{,6}` (the inode's local address).
+//! Used to name the frontend an accepted connection came through.
+
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+/// Cache of listening socket addresses.
+#[derive(Debug)]
+pub struct ListenAddrs {
+    proc_root: PathBuf,
+    cache: HashMap<(u32, i32), Option<SocketAddr>>,
+}
+
+impl ListenAddrs {
+    #[must_use]
+    pub fn new(proc_root: &Path) -> Self {
+        Self { proc_root: proc_root.to_owned(), cache: HashMap::new() }
+    }
+
+    /// The local address of listening socket `fd` of process `tgid`.
+    pub fn local_addr(&mut self, tgid: u32, fd: i32) -> Option<SocketAddr> {
+        let root = &self.proc_root;
+        *self.cache.entry((tgid, fd)).or_insert_with(|| resolve(root, tgid, fd))
+    }
+
+    /// Drops what is known of an exited process.
+    pub fn forget_process(&mut self, tgid: u32) {
+        self.cache.retain(|(t, _), _| *t != tgid);
+    }
+}
+
+fn resolve(proc_root: &Path, tgid: u32, fd: i32) -> Option<SocketAddr> {
+    let pid_dir = proc_root.join(tgid.to_string());
+    let link = std::fs::read_link(pid_dir.join("fd").join(fd.to_string())).ok()?;
+    let inode: u64 = link.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()?;
+    ["tcp", "tcp6"].iter().find_map(|table| {
+        let text = std::fs::read_to_string(pid_dir.join("net").join(table)).ok()?;
+        parse_tcp_table(&text).into_iter().find(|(_, i)| *i == inode).map(|(addr, _)| addr)
+    })
+}
+
+/// Parses `/proc/net/tcp` or `/proc/net/tcp6`: (local address, inode) per socket.
+#[must_use]
+pub fn parse_tcp_table(text: &str) -> Vec<(SocketAddr, u64)> {
+    text.lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let local = parse_hex_addr(fields.get(1)?)?;
+            let inode = fields.get(9)?.parse().ok()?;
+            Some((local, inode))
+        })
+        .collect()
+}
+
+/// `0100007F:1F90` (IPv4) or 32 hex digits `:PORT` (IPv6): the kernel prints each 32-bit word of
+/// the address in host byte order.
+fn parse_hex_addr(field: &str) -> Option<SocketAddr> {
+    let (ip, port) = field.split_once(':')?;
+    let port = u16::from_str_radix(port, 16).ok()?;
+    let words: Option<Vec<u32>> =
+        (0..ip.len() / 8).map(|i| u32::from_str_radix(ip.get(8 * i..8 * i + 8)?, 16).ok()).collect();
+    let words = words?;
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
+    match bytes.len() {
+        4 => Some(SocketAddr::new(Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3]).into(), port)),
+        16 => {
+            let octets: [u8; 16] = bytes.try_into().ok()?;
+            let v6 = Ipv6Addr::from(octets);
+            Some(SocketAddr::new(v6.to_ipv4_mapped().map_or(v6.into(), Into::into), port))
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_tcp_tables() {
+        let v4 = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 12345 1 0000000000000000 100 0 0 10 0\n";
+        assert_eq!(parse_tcp_table(v4), vec![("127.0.0.1:8080".parse().unwrap(), 12345)]);
+        let v6 = "header\n   0: 00000000000000000000000001000000:1F90 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 777 1\n";
+        assert_eq!(parse_tcp_table(v6), vec![("[::1]:8080".parse().unwrap(), 777)]);
+        assert!(parse_tcp_table("header\ngarbage line\n").is_empty());
+    }
+
+    #[test]
+    fn resolves_a_real_listener() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&listener);
+        let mut addrs = ListenAddrs::new(Path::new("/proc"));
+        assert_eq!(addrs.local_addr(std::process::id(), fd), Some(addr));
+    }
+}
