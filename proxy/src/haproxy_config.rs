@@ -142,12 +142,11 @@ pub fn parse(text: &str) -> ProxyNames {
 fn parse_bind(spec: &str) -> Option<BindAddr> {
     let spec = spec.strip_prefix("ipv4@").or_else(|| spec.strip_prefix("ipv6@")).unwrap_or(spec);
     let (host, ports) = split_host_port(spec)?;
-    let ports = match ports.split_once('-') {
-        Some((a, b)) => (a.parse().ok()?, b.parse().ok()?),
-        None => {
-            let p = ports.parse().ok()?;
-            (p, p)
-        }
+    let ports = if let Some((a, b)) = ports.split_once('-') {
+        (a.parse().ok()?, b.parse().ok()?)
+    } else {
+        let p = ports.parse().ok()?;
+        (p, p)
     };
     let ip = match host {
         "" | "*" | "0.0.0.0" | "::" => None,
