@@ -107,7 +107,7 @@ pub fn parse(text: &str) -> ProxyNames {
                     "backend" => Section::Backend,
                     _ => Section::Listen,
                 };
-                name = words.next().unwrap_or("").to_owned();
+                words.next().unwrap_or("").clone_into(&mut name);
                 if name.is_empty() {
                     section = Section::Other;
                 }
