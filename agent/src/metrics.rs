@@ -44,7 +44,9 @@ metrics! {
     unpaired_responses: "counter", "tracetap_unpaired_responses_total", "Responses with no parsed request (HAProxy answering by itself to a bad or missing request)";
     requests_seen: "counter", "tracetap_requests_total", "Frontend requests seen (one SERVER span each when sampled)";
     backend_requests_seen: "counter", "tracetap_backend_requests_total", "Backend requests seen";
-    backend_unlinked: "counter", "tracetap_backend_requests_unlinked_total", "Backend requests not tied to a frontend request (exported as root CLIENT spans)";
+    backend_unlinked: "counter", "tracetap_backend_requests_unlinked_total", "Backend requests not tied to any frontend request (health checks, or links missed); not exported";
+    backend_late: "counter", "tracetap_backend_exchanges_late_total", "Backend exchanges that ended after their SERVER span was exported; not exported";
+    truncated_heads: "counter", "tracetap_request_heads_truncated_total", "Request heads longer than TRACETAP_CAPTURE_BYTES: traced from their first lines, headers past the window unseen";
     exchanges_expired: "counter", "tracetap_exchanges_expired_total", "Exchanges given up after 300 s without activity";
     sampled_out: "counter", "tracetap_requests_sampled_out_total", "Requests dropped by the head sampler";
     spans_built: "counter", "tracetap_spans_built_total", "Spans built";

@@ -131,24 +131,6 @@ impl SpanBuilder {
         Built::Sampled { spans: out.len() - server_span_index }
     }
 
-    /// Builds a CLIENT span for a backend exchange that no frontend request claimed: the root of
-    /// its own trace, sampled like any root.
-    pub fn build_unlinked(
-        &mut self,
-        tgid: u32,
-        ex: &ClientExchange,
-        names: Option<&ProxyNames>,
-        out: &mut Vec<SpanRecord>,
-    ) -> Built {
-        let trace_id = trace_context::new_trace_id(&mut self.rng);
-        if !self.sampler.should_sample(None, &trace_id) {
-            return Built::Dropped;
-        }
-        let span = self.client_span(ex, names, &trace_id, None, SAMPLED | u32::from(FLAG_RANDOM) | HAS_IS_REMOTE);
-        out.push(SpanRecord { tgid, span });
-        Built::Sampled { spans: 1 }
-    }
-
     fn client_span(
         &mut self,
         ex: &ClientExchange,
@@ -217,6 +199,10 @@ fn push_request_attributes(attributes: &mut Vec<KeyValue>, request: Option<&Requ
         attributes.push(kv_str("http.request.method", "_OTHER"));
         return;
     };
+    if r.truncated {
+        // Headers past the capture window (a traceparent among them) were not seen.
+        attributes.push(kv_bool("tracetap.head_truncated", true));
+    }
     let method = known_method(&r.method);
     attributes.push(kv_str("http.request.method", method));
     if method != r.method {
@@ -266,6 +252,14 @@ pub(crate) fn kv_str(key: &str, value: &str) -> KeyValue {
     KeyValue {
         key: key.to_owned(),
         value: Some(AnyValue { value: Some(any_value::Value::StringValue(value.to_owned())) }),
+        ..KeyValue::default()
+    }
+}
+
+pub(crate) fn kv_bool(key: &str, value: bool) -> KeyValue {
+    KeyValue {
+        key: key.to_owned(),
+        value: Some(AnyValue { value: Some(any_value::Value::BoolValue(value)) }),
         ..KeyValue::default()
     }
 }

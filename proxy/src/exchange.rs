@@ -66,14 +66,3 @@ pub struct ServerExchange {
     pub outcome: Outcome,
     pub clients: Vec<ClientExchange>,
 }
-
-/// Output of the tracker.
-#[derive(Clone, Debug)]
-pub enum Finished {
-    Server(ServerExchange),
-    /// A backend exchange the tracker could not tie to any frontend request.
-    UnlinkedClient {
-        tgid: u32,
-        exchange: ClientExchange,
-    },
-}

@@ -161,6 +161,8 @@ pub struct Framer {
     buf: Vec<u8>,
     /// Length of the head in `buf` after [`Step::Head`].
     head_len: usize,
+    /// The head in `buf` was cut by the capture window.
+    truncated: bool,
 }
 
 impl Default for Framer {
@@ -172,7 +174,7 @@ impl Default for Framer {
 impl Framer {
     #[must_use]
     pub fn new() -> Self {
-        Self { state: State::Head, buf: Vec::new(), head_len: 0 }
+        Self { state: State::Head, buf: Vec::new(), head_len: 0, truncated: false }
     }
 
     /// The head returned by the last [`Step::Head`].
@@ -300,6 +302,7 @@ impl Framer {
             cursor.skip(consumed as u64);
             self.buf.truncate(head_len);
             self.head_len = head_len;
+            self.truncated = false;
             self.state = State::AwaitingFraming;
             return Step::Head;
         }
@@ -308,12 +311,38 @@ impl Framer {
         }
         cursor.skip(take as u64);
         if cursor.unknown_left > 0 {
-            return self.fail(FramingError::HeadTruncated, cursor);
+            return self.truncated_head(cursor);
         }
         if !looks_like_start_line(&self.buf) {
             return self.fail(FramingError::BadHead, cursor);
         }
         Step::NeedMore
+    }
+
+    /// The capture window cut the head. Keep its complete lines, assume the head ends where the
+    /// syscall's bytes end (a client writes its head in one go, and HAProxy reads and writes it in
+    /// one go), and hand it out marked as truncated. Without a complete start line it is an error.
+    fn truncated_head(&mut self, cursor: &mut Cursor<'_>) -> Step {
+        let Some(last_newline) = self.buf.iter().rposition(|b| *b == b'\n') else {
+            return self.fail(FramingError::HeadTruncated, cursor);
+        };
+        if !looks_like_start_line(&self.buf) {
+            return self.fail(FramingError::BadHead, cursor);
+        }
+        self.buf.truncate(last_newline + 1);
+        self.buf.extend_from_slice(b"\r\n");
+        cursor.skip_all();
+        self.head_len = self.buf.len();
+        self.truncated = true;
+        self.state = State::AwaitingFraming;
+        Step::Head
+    }
+
+    /// True when the head of the last [`Step::Head`] was cut by the capture window: only its first
+    /// lines are known.
+    #[must_use]
+    pub fn head_truncated(&self) -> bool {
+        self.truncated
     }
 
     fn step_body(&mut self, body: BodyState, cursor: &mut Cursor<'_>) -> Step {
@@ -540,9 +569,25 @@ mod tests {
     }
 
     #[test]
-    fn head_cut_by_uncaptured_bytes_is_an_error() {
+    fn head_cut_by_uncaptured_bytes_keeps_its_complete_lines() {
         let mut f = Framer::new();
-        let chunk = Chunk { known: b"GET / HTTP/1.1\r\nHost: a", total: 9000, tail: b"" };
+        let chunk = Chunk { known: b"GET /x HTTP/1.1\r\nHost: a\r\nCookie: aaaa", total: 9000, tail: b"" };
+        let mut cursor = Cursor::new(chunk);
+        assert_eq!(f.step(&mut cursor), Step::Head);
+        assert!(f.head_truncated());
+        assert_eq!(f.head_bytes(), b"GET /x HTTP/1.1\r\nHost: a\r\n\r\n");
+        assert!(cursor.is_empty(), "the rest of the syscall is taken as the rest of the head");
+        f.set_body(BodyFraming::Empty);
+        assert!(f.is_idle());
+        let mut next = Cursor::new(Chunk::complete(b"GET /y HTTP/1.1\r\n\r\n"));
+        assert_eq!(f.step(&mut next), Step::Head);
+        assert!(!f.head_truncated());
+    }
+
+    #[test]
+    fn head_without_a_complete_start_line_is_an_error() {
+        let mut f = Framer::new();
+        let chunk = Chunk { known: b"GET /very-long-url", total: 9000, tail: b"" };
         let steps = run(&mut f, &[chunk], BodyFraming::Empty);
         assert_eq!(steps, vec![Step::Error(FramingError::HeadTruncated)]);
         assert!(f.is_desynced());

@@ -30,11 +30,22 @@ fn mapped(ip: IpAddr) -> IpAddr {
     }
 }
 
+/// A `bind` line's address in a `frontend` or `listen` section.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Bind {
+    pub addr: BindAddr,
+    pub frontend: String,
+    /// The section runs `mode tcp`: its connections carry no HTTP to trace.
+    pub tcp: bool,
+}
+
 /// A `server` line.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServerLine {
     pub backend: String,
     pub server: String,
+    /// The section runs `mode tcp`.
+    pub tcp: bool,
     pub ip: IpAddr,
     /// `None` when the line gives no port (HAProxy then uses the client's destination port).
     pub port: Option<u16>,
@@ -43,7 +54,7 @@ pub struct ServerLine {
 /// Names found in a configuration.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ProxyNames {
-    pub frontends: Vec<(BindAddr, String)>,
+    pub frontends: Vec<Bind>,
     pub servers: Vec<ServerLine>,
     /// Lines with a `bind` or `server` the parser could not read (hostnames, unix sockets,
     /// environment variables): their sections degrade to addresses.
@@ -55,23 +66,33 @@ impl ProxyNames {
     /// addresses win over wildcards.
     #[must_use]
     pub fn frontend(&self, local: SocketAddr) -> Option<&str> {
-        let exact = self.frontends.iter().find(|(b, _)| b.ip.is_some() && b.matches(local));
-        exact
-            .or_else(|| self.frontends.iter().find(|(b, _)| b.ip.is_none() && b.matches(local)))
-            .map(|(_, n)| n.as_str())
+        self.bind(local).map(|b| b.frontend.as_str())
+    }
+
+    /// The `bind` line a client connected through. Exact addresses win over wildcards.
+    #[must_use]
+    pub fn bind(&self, local: SocketAddr) -> Option<&Bind> {
+        let exact = self.frontends.iter().find(|b| b.addr.ip.is_some() && b.addr.matches(local));
+        exact.or_else(|| self.frontends.iter().find(|b| b.addr.ip.is_none() && b.addr.matches(local)))
     }
 
     /// The backend and server HAProxy connected to. When several lines share an address, the
     /// first one wins.
     #[must_use]
     pub fn server(&self, addr: SocketAddr) -> Option<(&str, &str)> {
+        self.server_line(addr).map(|s| (s.backend.as_str(), s.server.as_str()))
+    }
+
+    /// The `server` line HAProxy connected to.
+    #[must_use]
+    pub fn server_line(&self, addr: SocketAddr) -> Option<&ServerLine> {
         let hit = |with_port: bool| {
             self.servers.iter().find(|s| {
                 mapped(s.ip) == mapped(addr.ip())
                     && if with_port { s.port == Some(addr.port()) } else { s.port.is_none() }
             })
         };
-        hit(true).or_else(|| hit(false)).map(|s| (s.backend.as_str(), s.server.as_str()))
+        hit(true).or_else(|| hit(false))
     }
 
     /// Adds the names of another file of the same configuration (`-f` may be given many times).
@@ -96,12 +117,23 @@ pub fn parse(text: &str) -> ProxyNames {
     let mut names = ProxyNames::default();
     let mut section = Section::Other;
     let mut name = String::new();
+    // `mode` of the last `defaults` section, inherited by the proxies after it; `tcp` is the
+    // fallback HAProxy itself uses.
+    let mut default_tcp = true;
+    let mut in_defaults = false;
+    let mut tcp = default_tcp;
+    // bind/server lines of the current section, which learn its mode when the section ends.
+    let (mut binds_from, mut servers_from) = (0, 0);
     for raw in text.lines() {
         let line = raw.split('#').next().unwrap_or("").trim();
         let mut words = line.split_whitespace();
         let Some(keyword) = words.next() else { continue };
         match keyword {
             "frontend" | "backend" | "listen" => {
+                finish_section(&mut names, binds_from, servers_from, tcp);
+                (binds_from, servers_from) = (names.frontends.len(), names.servers.len());
+                in_defaults = false;
+                tcp = default_tcp;
                 section = match keyword {
                     "frontend" => Section::Frontend,
                     "backend" => Section::Backend,
@@ -113,12 +145,25 @@ pub fn parse(text: &str) -> ProxyNames {
                 }
             }
             "global" | "defaults" | "resolvers" | "peers" | "userlist" | "cache" | "program" | "http-errors"
-            | "ring" | "mailers" | "fcgi-app" | "crt-store" | "traces" | "log-forward" => section = Section::Other,
+            | "ring" | "mailers" | "fcgi-app" | "crt-store" | "traces" | "log-forward" => {
+                finish_section(&mut names, binds_from, servers_from, tcp);
+                (binds_from, servers_from) = (names.frontends.len(), names.servers.len());
+                in_defaults = keyword == "defaults";
+                section = Section::Other;
+            }
+            "mode" => {
+                let is_tcp = words.next() == Some("tcp");
+                if in_defaults {
+                    default_tcp = is_tcp;
+                } else {
+                    tcp = is_tcp;
+                }
+            }
             "bind" if matches!(section, Section::Frontend | Section::Listen) => {
                 let spec = words.next().unwrap_or("");
                 for part in spec.split(',') {
                     match parse_bind(part) {
-                        Some(b) => names.frontends.push((b, name.clone())),
+                        Some(addr) => names.frontends.push(Bind { addr, frontend: name.clone(), tcp }),
                         None => names.skipped.push(line.to_owned()),
                     }
                 }
@@ -127,7 +172,13 @@ pub fn parse(text: &str) -> ProxyNames {
                 let server = words.next().unwrap_or("");
                 match words.next().and_then(parse_server_addr) {
                     Some((ip, port)) if !server.is_empty() => {
-                        names.servers.push(ServerLine { backend: name.clone(), server: server.to_owned(), ip, port });
+                        names.servers.push(ServerLine {
+                            backend: name.clone(),
+                            server: server.to_owned(),
+                            tcp,
+                            ip,
+                            port,
+                        });
                     }
                     _ => names.skipped.push(line.to_owned()),
                 }
@@ -135,7 +186,18 @@ pub fn parse(text: &str) -> ProxyNames {
             _ => {}
         }
     }
+    finish_section(&mut names, binds_from, servers_from, tcp);
     names
+}
+
+/// `mode` may come after `bind`/`server` in a section: apply the section's final mode.
+fn finish_section(names: &mut ProxyNames, binds_from: usize, servers_from: usize, tcp: bool) {
+    for b in &mut names.frontends[binds_from..] {
+        b.tcp = tcp;
+    }
+    for s in &mut names.servers[servers_from..] {
+        s.tcp = tcp;
+    }
 }
 
 /// `ADDR:PORT`, `:PORT`, `*:PORT`, `[V6]:PORT`, `ipv4@...`, `ipv6@...`, port ranges `A-B`.
@@ -215,6 +277,19 @@ backend be_app
         assert_eq!(n.server("127.0.0.1:9000".parse().unwrap()), Some(("stats", "local")));
         assert_eq!(n.server("10.0.0.3:80".parse().unwrap()), None);
         assert_eq!(n.skipped, vec!["server dyn app.internal:80".to_owned()]);
+    }
+
+    #[test]
+    fn modes_follow_sections_and_defaults() {
+        let n = parse(
+            "frontend before\n bind :1\ndefaults\n mode http\nfrontend web\n bind :2\nfrontend db\n bind :3\n mode tcp\nbackend be_db\n mode tcp\n server s 10.0.0.1:5432\nbackend be_web\n server w 10.0.0.2:80\n",
+        );
+        let tcp = |port: u16| n.bind(SocketAddr::from(([127, 0, 0, 1], port))).unwrap().tcp;
+        assert!(tcp(1), "HAProxy's own default mode is tcp");
+        assert!(!tcp(2));
+        assert!(tcp(3), "mode after bind applies to the whole section");
+        assert!(n.server_line("10.0.0.1:5432".parse().unwrap()).unwrap().tcp);
+        assert!(!n.server_line("10.0.0.2:80".parse().unwrap()).unwrap().tcp);
     }
 
     #[test]

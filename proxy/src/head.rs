@@ -44,6 +44,9 @@ pub struct RequestHead {
     pub wants_tunnel: bool,
     /// `Connection: close`, or HTTP/1.0 without keep-alive.
     pub closes: bool,
+    /// The capture window cut the head: headers after the first `TRACETAP_CAPTURE_BYTES` (a
+    /// `traceparent` among them) are unknown.
+    pub truncated: bool,
 }
 
 impl RequestHead {

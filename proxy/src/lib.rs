@@ -9,7 +9,7 @@ pub mod haproxy_config;
 pub mod head;
 pub mod tracker;
 
-pub use exchange::{ClientExchange, Finished, Outcome, ServerExchange};
+pub use exchange::{ClientExchange, Outcome, ServerExchange};
 pub use framing::Chunk;
 pub use head::{RequestHead, ResponseHead, TraceparentField};
 pub use tracker::{Limits, Op, SyscallEvent, Tracker, TrackerStats};

@@ -21,7 +21,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 
-use crate::exchange::{ClientExchange, Finished, Outcome, ServerExchange};
+use crate::exchange::{ClientExchange, Outcome, ServerExchange};
 use crate::framing::{BodyFraming, Chunk, Cursor, Framer, Step};
 use crate::head::{self, RequestHead, ResponseHead, TraceparentField};
 
@@ -51,6 +51,8 @@ pub enum Op<'a> {
     /// The process wrote these bytes.
     Write(Chunk<'a>),
     Close,
+    /// Stop parsing this connection until it closes (it belongs to a `mode tcp` proxy).
+    Ignore,
 }
 
 /// Counters of what the tracker could not turn into exchanges. Nothing is dropped silently.
@@ -62,10 +64,14 @@ pub struct TrackerStats {
     pub opaque_connections: u64,
     /// Responses seen with no request to pair with.
     pub unpaired_responses: u64,
-    /// Backend requests that matched no frontend request.
+    /// Backend requests that matched no frontend request (health checks, or a link we missed).
     pub unlinked_backend_requests: u64,
+    /// Backend exchanges that ended after their frontend exchange was handed out.
+    pub late_backend_exchanges: u64,
     /// Exchanges given up after the expiry timeout.
     pub expired_exchanges: u64,
+    /// Request heads cut by the capture window (traced from their first lines).
+    pub truncated_heads: u64,
     /// Frontend requests parsed.
     pub frontend_requests: u64,
     /// Backend requests parsed.
@@ -148,6 +154,8 @@ struct FrontRecord {
     exchange: ServerExchange,
     /// Linked backend exchanges not finished yet.
     open_backends: u32,
+    /// At least one backend request was linked to it.
+    linked: bool,
     /// The response started: no more links.
     responding: bool,
     /// The frontend exchange ended; waiting for `open_backends` to reach 0.
@@ -165,7 +173,7 @@ pub struct Tracker {
     candidates: VecDeque<u64>,
     next_id: u64,
     stats: TrackerStats,
-    finished: Vec<Finished>,
+    finished: Vec<ServerExchange>,
 }
 
 impl Tracker {
@@ -192,7 +200,7 @@ impl Tracker {
     }
 
     /// Moves the finished exchanges out.
-    pub fn drain(&mut self) -> std::vec::Drain<'_, Finished> {
+    pub fn drain(&mut self) -> std::vec::Drain<'_, ServerExchange> {
         self.finished.drain(..)
     }
 
@@ -210,6 +218,10 @@ impl Tracker {
                 self.conns.insert(key, Connection::new(Role::Backend, server));
             }
             Op::Close => self.close(key, ev.ts_ns),
+            Op::Ignore => {
+                self.close(key, ev.ts_ns);
+                self.conns.insert(key, Connection::new(Role::Opaque, None));
+            }
             Op::Read(chunk) if chunk.total == 0 => self.end_of_stream(key, ev.ts_ns),
             Op::Read(chunk) => self.data(key, ev, chunk, Direction::Ingress),
             Op::Write(chunk) => self.data(key, ev, chunk, Direction::Egress),
@@ -249,7 +261,7 @@ impl Tracker {
             for conn in self.conns.values_mut() {
                 conn.fronts.retain(|c| *c != id);
             }
-            self.finished.push(Finished::Server(front.exchange));
+            self.finished.push(front.exchange);
         }
     }
 
@@ -259,7 +271,7 @@ impl Tracker {
             && conn.ingress.finish()
             && let Some(back) = conn.backs.pop_front()
         {
-            self.finish_backend(key.0, back, ts, Outcome::Complete);
+            self.finish_backend(back, ts, Outcome::Complete);
         }
     }
 
@@ -286,7 +298,7 @@ impl Tracker {
                         (true, false) => Outcome::ClosedDuringResponse,
                         (false, _) => Outcome::ClosedBeforeResponse,
                     };
-                    self.finish_backend(key.0, back, ts, outcome);
+                    self.finish_backend(back, ts, outcome);
                 }
             }
             Role::Unknown | Role::Opaque => {}
@@ -295,6 +307,10 @@ impl Tracker {
 
     fn data(&mut self, key: (u32, i32), ev: &SyscallEvent<'_>, chunk: Chunk<'_>, dir: Direction) {
         let conn = self.conns.entry(key).or_insert_with(|| Connection::new(Role::Unknown, None));
+        if conn.role == Role::Unknown && chunk.known.is_empty() {
+            // Bytes we cannot see (spliced, or cut by the window) say nothing about the role.
+            return;
+        }
         if conn.role == Role::Unknown {
             conn.role = match (classify(chunk.known), dir) {
                 (Some(Kind::Request), Direction::Ingress) | (Some(Kind::Response), Direction::Egress) => Role::Frontend,
@@ -349,7 +365,9 @@ impl Tracker {
                 }
                 Step::Head => {
                     let started = start.take().unwrap_or(ctx.ts);
-                    if let Ok(request) = head::parse_request(framer.head_bytes()) {
+                    if let Ok(mut request) = head::parse_request(framer.head_bytes()) {
+                        request.truncated = framer.head_truncated();
+                        self.stats.truncated_heads += u64::from(request.truncated);
                         framer.set_body(request.framing);
                         match role {
                             Role::Frontend => self.new_front(ctx, request, started),
@@ -449,7 +467,7 @@ impl Tracker {
                 return;
             }
             let Some(back) = conn.backs.pop_front() else { return };
-            self.finish_backend(ctx.key.0, back, ctx.ts, outcome);
+            self.finish_backend(back, ctx.ts, outcome);
         }
     }
 
@@ -474,6 +492,7 @@ impl Tracker {
                     clients: Vec::new(),
                 },
                 open_backends: 0,
+                linked: false,
                 responding: false,
                 done: false,
                 last_activity_ns: ctx.ts,
@@ -515,28 +534,35 @@ impl Tracker {
         });
     }
 
-    /// Finds the frontend request that caused a backend request, and takes it off the candidates.
+    /// Finds the frontend request that caused a backend request: by identical `traceparent`, else
+    /// by thread, method and target, earliest first. A frontend request that already has a backend
+    /// exchange is taken only for a re-sent request (HAProxy's `retry-on`): when no unlinked one
+    /// matches and its earlier attempts are finished. Candidates leave the list when their response
+    /// starts.
     fn link(&mut self, ctx: Ctx, request: &RequestHead) -> Option<u64> {
         let tgid = ctx.key.0;
-        let by_traceparent = match &request.traceparent {
-            TraceparentField::One(value) => self.candidates.iter().position(|id| {
-                self.fronts.get(id).is_some_and(|f| {
-                    f.tgid == tgid
-                        && matches!(&f.exchange.request, Some(r) if matches!(&r.traceparent, TraceparentField::One(v) if v == value))
-                })
-            }),
-            _ => None,
+        let same_traceparent = |f: &FrontRecord| match (&request.traceparent, &f.exchange.request) {
+            (TraceparentField::One(value), Some(r)) => matches!(&r.traceparent, TraceparentField::One(v) if v == value),
+            _ => false,
         };
-        let pos = by_traceparent.or_else(|| {
-            self.candidates.iter().position(|id| {
-                self.fronts.get(id).is_some_and(|f| {
-                    f.tgid == tgid
-                        && f.tid == ctx.tid
-                        && matches!(&f.exchange.request, Some(r) if r.method == request.method && r.target == request.target)
-                })
-            })
-        })?;
-        self.candidates.remove(pos)
+        let same_request = |f: &FrontRecord| {
+            f.tid == ctx.tid
+                && matches!(&f.exchange.request, Some(r) if r.method == request.method && r.target == request.target)
+        };
+        for retry in [false, true] {
+            let eligible =
+                |f: &FrontRecord| f.tgid == tgid && if retry { f.linked && f.open_backends == 0 } else { !f.linked };
+            let find = |rule: &dyn Fn(&FrontRecord) -> bool| {
+                self.candidates.iter().copied().find(|id| self.fronts.get(id).is_some_and(|f| eligible(f) && rule(f)))
+            };
+            if let Some(id) = find(&same_traceparent).or_else(|| find(&same_request)) {
+                if let Some(f) = self.fronts.get_mut(&id) {
+                    f.linked = true;
+                }
+                return Some(id);
+            }
+        }
+        None
     }
 
     fn finish_front(&mut self, id: u64, ts: u64, outcome: Outcome) {
@@ -548,20 +574,22 @@ impl Tracker {
         front.last_activity_ns = ts;
         if front.open_backends == 0 {
             let front = self.fronts.remove(&id).expect("present");
-            self.finished.push(Finished::Server(front.exchange));
+            self.finished.push(front.exchange);
         }
     }
 
-    fn finish_backend(&mut self, tgid: u32, back: BackendRequest, ts: u64, outcome: Outcome) {
+    /// Ends a backend exchange and files it under its frontend request. One that no frontend
+    /// request claimed (a health check, or a request whose frontend exchange was already handed
+    /// out) is only counted: a CLIENT span without its SERVER span is no trace an operator can use.
+    fn finish_backend(&mut self, back: BackendRequest, ts: u64, outcome: Outcome) {
         let mut exchange = back.exchange;
         exchange.end_ns = ts;
         exchange.outcome = outcome;
         let Some(front) = back.front.and_then(|id| self.fronts.get_mut(&id)) else {
             if back.front.is_some() {
                 // Linked, but the frontend exchange was handed out already (expired or lingered).
-                self.stats.unlinked_backend_requests += 1;
+                self.stats.late_backend_exchanges += 1;
             }
-            self.finished.push(Finished::UnlinkedClient { tgid, exchange });
             return;
         };
         front.exchange.clients.push(exchange);
@@ -570,7 +598,7 @@ impl Tracker {
         if front.done && front.open_backends == 0 {
             let id = back.front.expect("linked");
             let front = self.fronts.remove(&id).expect("present");
-            self.finished.push(Finished::Server(front.exchange));
+            self.finished.push(front.exchange);
         }
     }
 }

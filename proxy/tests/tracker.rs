@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 
 use proptest::prelude::*;
-use tracetap_proxy::{Chunk, Finished, Op, Outcome, ServerExchange, SyscallEvent, TraceparentField, Tracker};
+use tracetap_proxy::{Chunk, Op, Outcome, ServerExchange, SyscallEvent, TraceparentField, Tracker};
 
 const PID: u32 = 100;
 
@@ -31,7 +31,7 @@ impl Script {
         self
     }
 
-    fn run(&mut self, tracker: &mut Tracker) -> Vec<Finished> {
+    fn run(&mut self, tracker: &mut Tracker) -> Vec<ServerExchange> {
         for (tid, fd, op) in &self.events {
             self.ts += 1000;
             let op = match op {
@@ -56,15 +56,6 @@ fn server() -> SocketAddr {
     "10.0.0.2:8080".parse().unwrap()
 }
 
-fn servers(out: Vec<Finished>) -> Vec<ServerExchange> {
-    out.into_iter()
-        .filter_map(|f| match f {
-            Finished::Server(s) => Some(s),
-            Finished::UnlinkedClient { .. } => None,
-        })
-        .collect()
-}
-
 fn req(path: &str) -> Vec<u8> {
     format!("GET {path} HTTP/1.1\r\nHost: h\r\n\r\n").into_bytes()
 }
@@ -82,7 +73,7 @@ fn proxied_request_links_client_to_server() {
         .push(1, 11, OwnedOp::Write(req("/a")))
         .push(1, 11, OwnedOp::Read(resp(200, "hello")))
         .push(1, 10, OwnedOp::Write(resp(200, "hello")));
-    let out = servers(s.run(&mut t));
+    let out = s.run(&mut t);
     assert_eq!(out.len(), 1);
     let ex = &out[0];
     assert_eq!(ex.request.as_ref().unwrap().path(), "/a");
@@ -113,7 +104,7 @@ fn traceparent_link_wins_over_order() {
         .push(1, 11, OwnedOp::Write(req("/same")))
         .push(1, 11, OwnedOp::Read(resp(202, "")))
         .push(1, 10, OwnedOp::Write(resp(202, "")));
-    let out = servers(s.run(&mut t));
+    let out = s.run(&mut t);
     assert_eq!(out.len(), 2);
     for ex in &out {
         let status = ex.response.unwrap().status;
@@ -133,7 +124,7 @@ fn pipelined_requests_pair_in_order() {
     let mut answers = resp(200, "a");
     answers.extend(resp(404, "bb"));
     s.push(1, 10, OwnedOp::Accept(client())).push(1, 10, OwnedOp::Read(both)).push(1, 10, OwnedOp::Write(answers));
-    let out = servers(s.run(&mut t));
+    let out = s.run(&mut t);
     let got: Vec<_> =
         out.iter().map(|e| (e.request.as_ref().unwrap().path().to_owned(), e.response.unwrap().status)).collect();
     assert_eq!(got, vec![("/1".to_owned(), 200), ("/2".to_owned(), 404)]);
@@ -148,7 +139,7 @@ fn interim_100_continue_is_skipped() {
         .push(1, 10, OwnedOp::Write(b"HTTP/1.1 100 Continue\r\n\r\n".to_vec()))
         .push(1, 10, OwnedOp::Read(b"abc".to_vec()))
         .push(1, 10, OwnedOp::Write(resp(201, "")));
-    let out = servers(s.run(&mut t));
+    let out = s.run(&mut t);
     assert_eq!(out.len(), 1);
     assert_eq!(out[0].response.unwrap().status, 201);
 }
@@ -164,7 +155,7 @@ fn close_before_response_is_an_error_and_frees_state() {
         .push(1, 10, OwnedOp::Eof)
         .push(1, 10, OwnedOp::Close)
         .push(1, 11, OwnedOp::Close);
-    let out = servers(s.run(&mut t));
+    let out = s.run(&mut t);
     assert_eq!(out.len(), 1);
     assert_eq!(out[0].outcome, Outcome::ClosedBeforeResponse);
     assert_eq!(out[0].clients.len(), 1, "the open backend exchange still lands under its SERVER span");
@@ -181,7 +172,7 @@ fn haproxy_answering_itself_gives_a_server_exchange_without_client() {
         .push(1, 10, OwnedOp::Read(req("/")))
         .push(1, 10, OwnedOp::Write(resp(503, "<html>no server</html>")))
         .push(1, 10, OwnedOp::Close);
-    let out = servers(s.run(&mut t));
+    let out = s.run(&mut t);
     assert_eq!(out.len(), 1);
     assert_eq!(out[0].response.unwrap().status, 503);
     assert!(out[0].clients.is_empty());
@@ -197,7 +188,7 @@ fn reused_fd_is_a_new_connection() {
         .push(1, 10, OwnedOp::Accept(client()))
         .push(1, 10, OwnedOp::Read(req("/second")))
         .push(1, 10, OwnedOp::Write(resp(200, "")));
-    let out = servers(s.run(&mut t));
+    let out = s.run(&mut t);
     assert_eq!(out.len(), 2);
     assert_eq!(out[0].outcome, Outcome::ClosedBeforeResponse);
     assert_eq!(out[1].request.as_ref().unwrap().path(), "/second");
@@ -222,7 +213,7 @@ fn connection_opened_before_the_agent_is_classified_by_its_bytes() {
     let mut t = Tracker::default();
     let mut s = Script::default();
     s.push(1, 10, OwnedOp::Read(req("/old"))).push(1, 10, OwnedOp::Write(resp(200, "x")));
-    let out = servers(s.run(&mut t));
+    let out = s.run(&mut t);
     assert_eq!(out.len(), 1);
     assert_eq!(out[0].peer, None);
 }
@@ -236,10 +227,58 @@ fn websocket_upgrade_ends_at_101_and_tunnel_bytes_are_ignored() {
         .push(1, 10, OwnedOp::Write(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n".to_vec()))
         .push(1, 10, OwnedOp::Read(vec![0x81, 0x85, 1, 2, 3, 4, 5]))
         .push(1, 10, OwnedOp::Write(vec![0x81, 0x05, b'h', b'e', b'l', b'l', b'o']));
-    let out = servers(s.run(&mut t));
+    let out = s.run(&mut t);
     assert_eq!(out.len(), 1);
     assert_eq!(out[0].outcome, Outcome::Upgraded);
     assert_eq!(t.stats().parse_errors, 0);
+}
+
+#[test]
+fn retried_request_gets_one_client_exchange_per_attempt() {
+    let mut t = Tracker::default();
+    let mut s = Script::default();
+    s.push(1, 10, OwnedOp::Accept(client())).push(1, 10, OwnedOp::Read(req("/flaky")));
+    for attempt in 0..3 {
+        let fd = 11 + attempt;
+        s.push(1, fd, OwnedOp::Connect(server()))
+            .push(1, fd, OwnedOp::Write(req("/flaky")))
+            .push(1, fd, OwnedOp::Read(resp(503, "")))
+            .push(1, fd, OwnedOp::Close);
+    }
+    s.push(1, 10, OwnedOp::Write(resp(503, "")));
+    let out = s.run(&mut t);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].clients.len(), 3, "one CLIENT exchange per attempt");
+    assert_eq!(t.stats().unlinked_backend_requests, 0);
+}
+
+#[test]
+fn head_cut_by_the_capture_window_is_traced_and_counted() {
+    let mut t = Tracker::default();
+    let head = b"GET /big HTTP/1.1\r\nHost: h\r\nCookie: ";
+    t.handle(&SyscallEvent { ts_ns: 1, tgid: PID, tid: 1, fd: 10, op: Op::Accept { peer: None, local: None } });
+    let chunk = Chunk { known: head, total: 6000, tail: b"" };
+    t.handle(&SyscallEvent { ts_ns: 2, tgid: PID, tid: 1, fd: 10, op: Op::Read(chunk) });
+    let response = resp(200, "ok");
+    t.handle(&SyscallEvent { ts_ns: 3, tgid: PID, tid: 1, fd: 10, op: Op::Write(Chunk::complete(&response)) });
+    let out: Vec<_> = t.drain().collect();
+    assert_eq!(out.len(), 1);
+    let request = out[0].request.as_ref().unwrap();
+    assert!(request.truncated);
+    assert_eq!(request.path(), "/big");
+    assert_eq!(t.stats().truncated_heads, 1);
+}
+
+#[test]
+fn ignored_connections_produce_nothing() {
+    let mut t = Tracker::default();
+    let mut s = Script::default();
+    s.push(1, 10, OwnedOp::Accept(client()));
+    s.run(&mut t);
+    t.handle(&SyscallEvent { ts_ns: 5, tgid: PID, tid: 1, fd: 10, op: Op::Ignore });
+    s.push(1, 10, OwnedOp::Read(req("/tcp-mode"))).push(1, 10, OwnedOp::Write(resp(200, "")));
+    assert!(s.run(&mut t).is_empty());
+    assert_eq!(t.stats().frontend_requests, 0);
 }
 
 #[test]
@@ -249,7 +288,7 @@ fn expiry_gives_up_on_idle_exchanges() {
     s.push(1, 10, OwnedOp::Accept(client())).push(1, 10, OwnedOp::Read(req("/hang")));
     assert!(s.run(&mut t).is_empty());
     t.expire(1_000_000);
-    let out = servers(t.drain().collect());
+    let out = t.drain().collect::<Vec<_>>();
     assert_eq!(out.len(), 1);
     assert_eq!(out[0].outcome, Outcome::Expired);
     assert_eq!(t.stats().expired_exchanges, 1);
@@ -283,8 +322,8 @@ fn split(bytes: &[u8], cuts: &[usize]) -> Vec<Vec<u8>> {
     points.windows(2).map(|w| bytes[w[0]..w[1]].to_vec()).filter(|c| !c.is_empty()).collect()
 }
 
-fn summary(out: Vec<Finished>) -> Vec<(String, u16, usize, String)> {
-    let mut v: Vec<_> = servers(out)
+fn summary(out: Vec<ServerExchange>) -> Vec<(String, u16, usize, String)> {
+    let mut v: Vec<_> = out
         .into_iter()
         .map(|e| {
             let path = e.request.as_ref().unwrap().path().to_owned();

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use tracetap_ebpf_common::Loss;
-use tracetap_proxy::{Finished, Limits, Tracker};
+use tracetap_proxy::{Limits, Tracker};
 
 use crate::config::Config;
 use crate::export::SpanQueue;
@@ -66,6 +66,9 @@ pub fn run(mut probes: Probes, config: &Config, metrics: &Metrics, queue: SpanQu
                         *local = listeners.local_addr(ev.tgid, header.ret as i32);
                     }
                     tracker.handle(&ev);
+                    if is_tcp_mode(&ev, &mut names) {
+                        tracker.handle(&tracetap_proxy::SyscallEvent { op: Op::Ignore, ..ev });
+                    }
                 }
                 Err(_) => metrics::add(&metrics.events_malformed, 1),
             }
@@ -91,13 +94,8 @@ fn hand_out(
     queue: &SpanQueue,
     metrics: &Metrics,
 ) {
-    for finished in tracker.drain() {
-        let built = match &finished {
-            Finished::Server(ex) => builder.build(ex, names.of(ex.tgid).as_deref(), spans),
-            Finished::UnlinkedClient { tgid, exchange } => {
-                builder.build_unlinked(*tgid, exchange, names.of(*tgid).as_deref(), spans)
-            }
-        };
+    for ex in tracker.drain() {
+        let built = builder.build(&ex, names.of(ex.tgid).as_deref(), spans);
         match built {
             Built::Dropped => metrics::add(&metrics.sampled_out, 1),
             Built::Sampled { spans: n } => metrics::add(&metrics.spans_built, n as u64),
@@ -105,6 +103,18 @@ fn hand_out(
         for record in spans.drain(..) {
             queue.push(record);
         }
+    }
+}
+
+/// True for a connection accepted by, or opened for, a `mode tcp` section of HAProxy's config.
+fn is_tcp_mode(ev: &tracetap_proxy::SyscallEvent<'_>, names: &mut Names) -> bool {
+    let addr_is_tcp = |names: &mut Names, check: &dyn Fn(&tracetap_proxy::haproxy_config::ProxyNames) -> bool| {
+        names.of(ev.tgid).is_some_and(|n| check(&n))
+    };
+    match ev.op {
+        Op::Accept { local: Some(local), .. } => addr_is_tcp(names, &|n| n.bind(local).is_some_and(|b| b.tcp)),
+        Op::Connect { server: Some(server) } => addr_is_tcp(names, &|n| n.server_line(server).is_some_and(|s| s.tcp)),
+        _ => false,
     }
 }
 
@@ -153,6 +163,8 @@ fn publish_tracker(tracker: &Tracker, metrics: &Metrics) {
     metrics::set(&metrics.requests_seen, s.frontend_requests);
     metrics::set(&metrics.backend_requests_seen, s.backend_requests);
     metrics::set(&metrics.backend_unlinked, s.unlinked_backend_requests);
+    metrics::set(&metrics.backend_late, s.late_backend_exchanges);
+    metrics::set(&metrics.truncated_heads, s.truncated_heads);
     metrics::set(&metrics.exchanges_expired, s.expired_exchanges);
     metrics::set(&metrics.connections, tracker.connections() as u64);
     metrics::set(&metrics.open_exchanges, tracker.open_exchanges() as u64);

@@ -66,6 +66,8 @@ enum BufShape {
     Msghdr = 2,
     /// `buf` points at a `struct sockaddr` to fill in (accept, accept4).
     AcceptAddr = 3,
+    /// splice: `fd` is the input fd and `buf` the output fd; no bytes pass through user memory.
+    Splice = 4,
 }
 
 /// Arguments of a syscall between its enter and exit tracepoints.
@@ -213,7 +215,7 @@ fn first_segment(shape: BufShape, buf: u64, ret: u64) -> Option<(u64, u64)> {
             let iov = unsafe { bpf_probe_read_user((buf + 16) as *const u64) }.ok()?;
             iovec_at(iov, ret)
         }
-        BufShape::AcceptAddr => None,
+        BufShape::AcceptAddr | BufShape::Splice => None,
     }
 }
 
@@ -238,6 +240,18 @@ fn on_exit(ctx: &TracePointContext) -> u32 {
     let ret: i64 = unsafe { ctx.read_at::<i64>(RET) }.unwrap_or(-1);
     if ret < 0 {
         // EAGAIN and friends: nothing moved, nothing to say.
+        return 0;
+    }
+    if entry.shape == BufShape::Splice {
+        // Bytes moved in the kernel (HAProxy's `option splice-*`): the process read `ret` bytes
+        // from one fd and wrote them to the other without seeing them.
+        if ret > 0 {
+            for (kind, fd) in [(EventKind::Read, entry.fd), (EventKind::Write, entry.buf as i32)] {
+                if let Some(staging) = stage(kind, fd, ret) {
+                    emit(staging, 0);
+                }
+            }
+        }
         return 0;
     }
     match entry.kind {
@@ -343,6 +357,8 @@ enter_probe!(enter_write, "sys_enter_write", EventKind::Write, BufShape::Plain, 
 enter_probe!(enter_sendto, "sys_enter_sendto", EventKind::Write, BufShape::Plain, 1);
 enter_probe!(enter_writev, "sys_enter_writev", EventKind::Write, BufShape::Iovec, 1);
 enter_probe!(enter_sendmsg, "sys_enter_sendmsg", EventKind::Write, BufShape::Msghdr, 1);
+// splice(fd_in, off_in, fd_out, off_out, len, flags): `buf` keeps fd_out.
+enter_probe!(enter_splice, "sys_enter_splice", EventKind::Read, BufShape::Splice, 2);
 
 exit_probe!(exit_accept, "sys_exit_accept");
 exit_probe!(exit_accept4, "sys_exit_accept4");
@@ -354,6 +370,7 @@ exit_probe!(exit_write, "sys_exit_write");
 exit_probe!(exit_sendto, "sys_exit_sendto");
 exit_probe!(exit_writev, "sys_exit_writev");
 exit_probe!(exit_sendmsg, "sys_exit_sendmsg");
+exit_probe!(exit_splice, "sys_exit_splice");
 
 #[tracepoint(category = "syscalls", name = "sys_enter_connect")]
 pub fn enter_connect(ctx: TracePointContext) -> u32 {
