@@ -2,6 +2,9 @@
 //!
 //! - `/status/NNN` answers with status NNN;
 //! - `/slow/MS` answers 200 after MS milliseconds;
+//! - `/big/N` answers N bytes with a Content-Length;
+//! - `/chunked/N` answers N bytes with chunked transfer coding, 1000 bytes a chunk;
+//! - `/ws` with `Upgrade: websocket` switches protocols and echoes what it receives;
 //! - anything else answers 200 `ok`, after reading the whole request body.
 //!
 //! Every answer echoes the request's `x-request-id` header, so a test knows which backend request
@@ -11,10 +14,16 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
 use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt as _, Full};
+use hyper::body::{Body, Frame};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 #[derive(Debug, Clone, Copy)]
 pub struct Backend {
@@ -42,21 +51,73 @@ impl Backend {
     }
 }
 
-async fn answer(req: Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+type AnyBody = BoxBody<Bytes, Infallible>;
+
+/// A body of `left` bytes sent in 1000-byte frames with no size hint, so hyper chunks it.
+struct Chunks {
+    left: usize,
+}
+
+impl Body for Chunks {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if self.left == 0 {
+            return Poll::Ready(None);
+        }
+        let n = self.left.min(1000);
+        self.left -= n;
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from(vec![b'c'; n])))))
+    }
+}
+
+fn full(bytes: impl Into<Bytes>) -> AnyBody {
+    Full::new(bytes.into()).boxed()
+}
+
+async fn answer(mut req: Request<hyper::body::Incoming>) -> Response<AnyBody> {
+    if req.uri().path() == "/ws" && req.headers().contains_key("upgrade") {
+        let upgrade = hyper::upgrade::on(&mut req);
+        tokio::spawn(async move {
+            let Ok(upgraded) = upgrade.await else { return };
+            let mut io = TokioIo::new(upgraded);
+            let mut buf = [0u8; 1024];
+            while let Ok(n) = io.read(&mut buf).await {
+                if n == 0 || io.write_all(&buf[..n]).await.is_err() {
+                    break;
+                }
+            }
+        });
+        return Response::builder()
+            .status(StatusCode::SWITCHING_PROTOCOLS)
+            .header("upgrade", "websocket")
+            .header("connection", "upgrade")
+            // The accept value for the key the tests send (RFC 6455, section 1.3).
+            .header("sec-websocket-accept", "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=")
+            .body(full(Bytes::new()))
+            .expect("response");
+    }
     let (parts, body) = req.into_parts();
     if body.collect().await.is_err() {
-        return Response::builder().status(StatusCode::BAD_REQUEST).body(Full::default()).expect("response");
+        return Response::builder().status(StatusCode::BAD_REQUEST).body(full(Bytes::new())).expect("response");
     }
     let path = parts.uri.path();
+    let number = |prefix: &str| path.strip_prefix(prefix).and_then(|n| n.parse::<usize>().ok());
     let mut status = StatusCode::OK;
+    let mut body = full(Bytes::from_static(b"ok"));
     if let Some(code) = path.strip_prefix("/status/") {
         status = code.parse().ok().and_then(|c| StatusCode::from_u16(c).ok()).unwrap_or(StatusCode::BAD_REQUEST);
-    } else if let Some(ms) = path.strip_prefix("/slow/") {
-        tokio::time::sleep(Duration::from_millis(ms.parse().unwrap_or(100))).await;
+    } else if let Some(ms) = number("/slow/") {
+        tokio::time::sleep(Duration::from_millis(ms as u64)).await;
+    } else if let Some(n) = number("/big/") {
+        body = full(vec![b'b'; n]);
+    } else if let Some(n) = number("/chunked/") {
+        body = Chunks { left: n }.boxed();
     }
     let mut resp = Response::builder().status(status);
     if let Some(id) = parts.headers.get("x-request-id") {
         resp = resp.header("x-request-id", id);
     }
-    resp.body(Full::new(Bytes::from_static(b"ok"))).expect("response")
+    resp.body(body).expect("response")
 }

@@ -50,33 +50,69 @@ impl Conn {
         self.read_response()
     }
 
-    /// Reads one response (Content-Length or no body).
+    /// Reads one response: Content-Length, chunked, or (without either) until the server closes.
+    /// A 1xx interim response is returned as it is; read again for the final one.
     pub fn read_response(&mut self) -> std::io::Result<Response> {
-        loop {
+        let (status, headers, head_len) = loop {
             let mut headers = [httparse::EMPTY_HEADER; 64];
             let mut resp = httparse::Response::new(&mut headers);
             if let httparse::Status::Complete(head_len) =
                 resp.parse(&self.buf).map_err(|e| std::io::Error::other(format!("bad response: {e}")))?
             {
-                let status = resp.code.unwrap_or(0);
                 let headers: Vec<(String, String)> = resp
                     .headers
                     .iter()
                     .map(|h| (h.name.to_owned(), String::from_utf8_lossy(h.value).into_owned()))
                     .collect();
-                let len: usize = headers
-                    .iter()
-                    .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
-                    .and_then(|(_, v)| v.trim().parse().ok())
-                    .unwrap_or(0);
-                while self.buf.len() < head_len + len {
-                    self.fill()?;
-                }
-                let body = self.buf[head_len..head_len + len].to_vec();
-                self.buf.drain(..head_len + len);
-                return Ok(Response { status, headers, body });
+                break (resp.code.unwrap_or(0), headers, head_len);
             }
             self.fill()?;
+        };
+        self.buf.drain(..head_len);
+        let response = Response { status, headers, body: Vec::new() };
+        let body = if (100..200).contains(&status) || status == 204 || status == 304 {
+            Vec::new()
+        } else if let Some(len) = response.header("content-length").and_then(|v| v.trim().parse::<usize>().ok()) {
+            self.take(len)?
+        } else if response.header("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
+            self.take_chunked()?
+        } else {
+            while self.fill().is_ok() {}
+            std::mem::take(&mut self.buf)
+        };
+        Ok(Response { body, ..response })
+    }
+
+    fn take(&mut self, len: usize) -> std::io::Result<Vec<u8>> {
+        while self.buf.len() < len {
+            self.fill()?;
+        }
+        Ok(self.buf.drain(..len).collect())
+    }
+
+    fn take_line(&mut self) -> std::io::Result<String> {
+        loop {
+            if let Some(end) = self.buf.windows(2).position(|w| w == b"\r\n") {
+                let line = String::from_utf8_lossy(&self.buf[..end]).into_owned();
+                self.buf.drain(..end + 2);
+                return Ok(line);
+            }
+            self.fill()?;
+        }
+    }
+
+    fn take_chunked(&mut self) -> std::io::Result<Vec<u8>> {
+        let mut body = Vec::new();
+        loop {
+            let line = self.take_line()?;
+            let size = usize::from_str_radix(line.split(';').next().unwrap_or("").trim(), 16)
+                .map_err(|e| std::io::Error::other(format!("bad chunk size {line:?}: {e}")))?;
+            if size == 0 {
+                while !self.take_line()?.is_empty() {}
+                return Ok(body);
+            }
+            body.extend(self.take(size)?);
+            self.take_line()?;
         }
     }
 

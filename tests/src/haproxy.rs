@@ -46,7 +46,7 @@ impl Haproxy {
         std::fs::write(&config_path, config).expect("write config");
         let mut h = Self { comm: comm.to_owned(), dir, config: config_path, children: Vec::new() };
         h.spawn(&[]);
-        Self::wait_port(wait_port);
+        h.wait_port(wait_port);
         h
     }
 
@@ -57,15 +57,19 @@ impl Haproxy {
             .arg(&self.config)
             .args(extra)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(self.dir.join(format!("stderr.{}", self.children.len()))).expect("log file"))
             .spawn()
             .expect("start haproxy");
         self.children.push(child);
     }
 
-    fn wait_port(port: u16) {
-        crate::wait_for(Duration::from_secs(10), || std::net::TcpStream::connect(("127.0.0.1", port)).ok())
-            .unwrap_or_else(|| panic!("haproxy did not listen on port {port}"));
+    fn wait_port(&self, port: u16) {
+        let up = crate::wait_for(Duration::from_secs(10), || std::net::TcpStream::connect(("127.0.0.1", port)).ok());
+        if up.is_none() {
+            let log = std::fs::read_to_string(self.dir.join(format!("stderr.{}", self.children.len() - 1)))
+                .unwrap_or_default();
+            panic!("haproxy did not listen on port {port}; its stderr:\n{log}\nconfig:\n{}", self.config_text());
+        }
     }
 
     /// The configuration `HAProxy` runs with.
@@ -85,7 +89,7 @@ impl Haproxy {
     pub fn reload(&mut self, wait_port: u16) {
         let old = self.pid();
         self.spawn(&["-sf".to_owned(), old.to_string()]);
-        Self::wait_port(wait_port);
+        self.wait_port(wait_port);
     }
 }
 

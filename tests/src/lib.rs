@@ -12,6 +12,8 @@ pub mod client;
 pub mod haproxy;
 pub mod otlp;
 
+use std::net::SocketAddr;
+
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
@@ -61,4 +63,68 @@ pub fn wait_for<T>(timeout: Duration, mut check: impl FnMut() -> Option<T>) -> O
 #[must_use]
 pub fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio runtime")
+}
+
+/// A traced stack: HAProxy (its own command name) in front of the test backend, an agent tracing
+/// it and exporting to an OTLP receiver.
+pub struct Stack {
+    pub rt: tokio::runtime::Runtime,
+    pub receiver: otlp::Receiver,
+    pub backend: backend::Backend,
+    pub haproxy: haproxy::Haproxy,
+    pub agent: agent::Agent,
+    /// HAProxy's `fe_main` frontend.
+    pub front: SocketAddr,
+}
+
+impl Stack {
+    /// The standard configuration ([`haproxy::config`]) plus `extra`, and `env` for the agent.
+    #[must_use]
+    pub fn start(extra: &str, env: &[(&str, String)]) -> Self {
+        Self::with_config(|port, backend| haproxy::config(port, &[backend], extra), env)
+    }
+
+    /// A configuration made by `config(frontend port, backend address)`.
+    #[must_use]
+    pub fn with_config(config: impl FnOnce(u16, SocketAddr) -> String, env: &[(&str, String)]) -> Self {
+        let rt = runtime();
+        let receiver = otlp::Receiver::start(&rt);
+        let backend = backend::Backend::start(&rt);
+        let port = free_port();
+        let comm = haproxy::unique_comm();
+        let haproxy = haproxy::Haproxy::start(&comm, &config(port, backend.addr), port);
+        let mut vars = vec![("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint()), ("TRACETAP_TARGET_COMM", comm)];
+        vars.extend(env.iter().cloned());
+        let agent = agent::Agent::start(&vars);
+        Self { rt, receiver, backend, haproxy, agent, front: SocketAddr::from(([127, 0, 0, 1], port)) }
+    }
+
+    /// Waits until SERVER spans for every path in `paths` arrived, and returns all spans.
+    #[must_use]
+    pub fn spans_for(&self, paths: &[&str]) -> Vec<otlp::Received> {
+        let found = wait_for(Duration::from_secs(20), || {
+            let all = self.receiver.spans();
+            paths.iter().all(|p| all.iter().any(|x| x.is_server() && x.str_attr("url.path") == Some(p))).then_some(all)
+        });
+        found.unwrap_or_else(|| {
+            let got: Vec<_> = self
+                .receiver
+                .spans()
+                .iter()
+                .map(|s| (s.span.name.clone(), s.str_attr("url.path").map(str::to_owned)))
+                .collect();
+            panic!("SERVER spans for {paths:?} did not all arrive; got {got:?}\nagent log:\n{}", self.agent.log())
+        })
+    }
+
+    /// The SERVER span of `path` and its CLIENT spans.
+    #[must_use]
+    pub fn trace_of<'a>(spans: &'a [otlp::Received], path: &str) -> (&'a otlp::Received, Vec<&'a otlp::Received>) {
+        let server = spans
+            .iter()
+            .find(|x| x.is_server() && x.str_attr("url.path") == Some(path))
+            .unwrap_or_else(|| panic!("no SERVER span for {path}"));
+        let clients = spans.iter().filter(|x| x.is_client() && x.span.parent_span_id == server.span.span_id).collect();
+        (server, clients)
+    }
 }

@@ -10,28 +10,10 @@ use tracetap_tests::backend::Backend;
 use tracetap_tests::client::Conn;
 use tracetap_tests::haproxy::{self, Haproxy};
 use tracetap_tests::otlp::{Received, Receiver};
-use tracetap_tests::{free_port, require_root, runtime, wait_for};
+use tracetap_tests::{Stack, free_port, require_root, runtime, wait_for};
 
-struct Setup {
-    _rt: tokio::runtime::Runtime,
-    receiver: Receiver,
-    backend: Backend,
-    haproxy: Haproxy,
-    agent: Agent,
-    front: SocketAddr,
-}
-
-/// `HAProxy` in front of the test backend (plus `extra` config), traced by an agent exporting to the
-/// receiver.
-fn setup(extra: &str) -> Setup {
-    let rt = runtime();
-    let receiver = Receiver::start(&rt);
-    let backend = Backend::start(&rt);
-    let port = free_port();
-    let comm = haproxy::unique_comm();
-    let haproxy = Haproxy::start(&comm, &haproxy::config(port, &[backend.addr], extra), port);
-    let agent = Agent::start(&[("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint()), ("TRACETAP_TARGET_COMM", comm)]);
-    Setup { _rt: rt, receiver, backend, haproxy, agent, front: SocketAddr::from(([127, 0, 0, 1], port)) }
+fn setup(extra: &str) -> Stack {
+    Stack::start(extra, &[])
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -197,7 +179,7 @@ fn errors_are_visible_in_spans() {
     std::thread::sleep(Duration::from_millis(300));
     drop(aborting);
     // HAProxy answers 503 itself: no server up.
-    let dead_front = s.haproxy_config_port("fe_dead");
+    let dead_front = frontend_port(&s, "fe_dead");
     let mut conn2 = Conn::connect(dead_front).expect("connect");
     assert_eq!(conn2.get("/nobody-home", &[]).unwrap().status, 503);
 
@@ -245,19 +227,17 @@ fn errors_are_visible_in_spans() {
     assert!(agent.stop().success(), "agent exits cleanly on SIGTERM");
 }
 
-impl Setup {
-    /// The port of a `bind 127.0.0.1:PORT` line that follows `frontend NAME` in the config.
-    fn haproxy_config_port(&self, frontend: &str) -> SocketAddr {
-        let cfg = self.haproxy.config_text();
-        let after = cfg.split(&format!("frontend {frontend}\n")).nth(1).expect("frontend in config");
-        let port: u16 = after
-            .split("bind 127.0.0.1:")
-            .nth(1)
-            .and_then(|r| r.lines().next())
-            .and_then(|p| p.trim().parse().ok())
-            .expect("port");
-        SocketAddr::from(([127, 0, 0, 1], port))
-    }
+/// The port of a `bind 127.0.0.1:PORT` line that follows `frontend NAME` in the config.
+fn frontend_port(stack: &Stack, frontend: &str) -> SocketAddr {
+    let cfg = stack.haproxy.config_text();
+    let after = cfg.split(&format!("frontend {frontend}\n")).nth(1).expect("frontend in config");
+    let port: u16 = after
+        .split("bind 127.0.0.1:")
+        .nth(1)
+        .and_then(|r| r.lines().next())
+        .and_then(|p| p.trim().parse().ok())
+        .expect("port");
+    SocketAddr::from(([127, 0, 0, 1], port))
 }
 
 #[test]

@@ -1,0 +1,277 @@
+//! What real HAProxy traffic looks like, end to end: each test drives one HAProxy behaviour and
+//! checks the spans an operator would read. All need root (see `require_root`).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tracetap_tests::client::Conn;
+use tracetap_tests::otlp::Received;
+use tracetap_tests::{Stack, free_port, haproxy, require_root, wait_for};
+
+fn status(span: &Received) -> Option<i64> {
+    span.int_attr("http.response.status_code")
+}
+
+#[test]
+fn pipelined_requests_each_get_their_spans() {
+    if !require_root() {
+        return;
+    }
+    let s = Stack::start("", &[]);
+    let mut conn = Conn::connect(s.front).unwrap();
+    conn.send_raw(
+        b"GET /p1 HTTP/1.1\r\nHost: t\r\n\r\nGET /p2 HTTP/1.1\r\nHost: t\r\n\r\nGET /p3 HTTP/1.1\r\nHost: t\r\n\r\n",
+    )
+    .unwrap();
+    for _ in 0..3 {
+        assert_eq!(conn.read_response().unwrap().status, 200);
+    }
+    let spans = s.spans_for(&["/p1", "/p2", "/p3"]);
+    for path in ["/p1", "/p2", "/p3"] {
+        let (server, clients) = Stack::trace_of(&spans, path);
+        assert_eq!(status(server), Some(200));
+        assert_eq!(clients.len(), 1, "{path}");
+        assert_eq!(clients[0].str_attr("url.path"), Some(path));
+    }
+}
+
+#[test]
+fn http10_expect_continue_chunked_upload_and_split_head() {
+    if !require_root() {
+        return;
+    }
+    let s = Stack::start("", &[]);
+    // HTTP/1.0, connection closes after the response.
+    let mut old = Conn::connect(s.front).unwrap();
+    old.send_raw(b"GET /h10 HTTP/1.0\r\nHost: t\r\n\r\n").unwrap();
+    assert_eq!(old.read_response().unwrap().status, 200);
+    // Expect: 100-continue, then the body.
+    let mut conn = Conn::connect(s.front).unwrap();
+    conn.send_raw(b"POST /continue HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n").unwrap();
+    let first = conn.read_response().unwrap();
+    if first.status == 100 {
+        conn.send_raw(b"hello").unwrap();
+        assert_eq!(conn.read_response().unwrap().status, 200);
+    } else {
+        assert_eq!(first.status, 200);
+    }
+    // A chunked request body on the same connection.
+    conn.send_raw(b"POST /chunked-upload HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n")
+        .unwrap();
+    assert_eq!(conn.read_response().unwrap().status, 200);
+    // A head written in three pieces.
+    for piece in [&b"GET /split HT"[..], b"TP/1.1\r\nHost: t\r\n", b"\r\n"] {
+        conn.send_raw(piece).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(conn.read_response().unwrap().status, 200);
+
+    let spans = s.spans_for(&["/h10", "/continue", "/chunked-upload", "/split"]);
+    let (h10, clients) = Stack::trace_of(&spans, "/h10");
+    assert_eq!(h10.str_attr("network.protocol.version"), Some("1.0"));
+    assert_eq!(clients.len(), 1);
+    for path in ["/continue", "/chunked-upload"] {
+        let (server, clients) = Stack::trace_of(&spans, path);
+        assert_eq!(server.str_attr("http.request.method"), Some("POST"));
+        assert_eq!(status(server), Some(200), "{path}: the final status, not 100");
+        assert_eq!(clients.len(), 1, "{path}");
+    }
+    let (split, clients) = Stack::trace_of(&spans, "/split");
+    assert_eq!(clients.len(), 1);
+    assert!(
+        split.span.end_time_unix_nano - split.span.start_time_unix_nano >= 100_000_000,
+        "starts at the first piece"
+    );
+    assert_eq!(s.agent.metric("tracetap_parse_errors_total"), 0);
+}
+
+#[test]
+fn bodies_larger_than_the_capture_window_keep_the_stream_in_step() {
+    if !require_root() {
+        return;
+    }
+    for splice in [false, true] {
+        let extra = if splice { "    option splice-response\n    option splice-request\n" } else { "" };
+        let s = Stack::with_config(
+            |port, backend| {
+                haproxy::config(port, &[backend], "")
+                    .replace("\nbackend be_app\n", &format!("\nbackend be_app\n{extra}"))
+            },
+            &[],
+        );
+        let mut conn = Conn::connect(s.front).unwrap();
+        assert_eq!(conn.get("/big/300000", &[]).unwrap().body.len(), 300_000);
+        assert_eq!(conn.get("/chunked/300000", &[]).unwrap().body.len(), 300_000);
+        assert_eq!(conn.get("/after", &[]).unwrap().status, 200);
+        let spans = s.spans_for(&["/big/300000", "/chunked/300000", "/after"]);
+        for path in ["/big/300000", "/chunked/300000", "/after"] {
+            let (server, clients) = Stack::trace_of(&spans, path);
+            assert_eq!(status(server), Some(200), "{path} (splice: {splice})");
+            assert!(!server.is_error(), "{path} (splice: {splice})");
+            assert_eq!(clients.len(), 1, "{path} (splice: {splice})");
+            assert!(clients[0].span.end_time_unix_nano <= server.span.end_time_unix_nano);
+        }
+        assert_eq!(s.agent.metric("tracetap_parse_errors_total"), 0, "splice: {splice}");
+    }
+}
+
+#[test]
+fn traceparent_beyond_the_capture_window_is_counted() {
+    if !require_root() {
+        return;
+    }
+    let s = Stack::start("", &[("TRACETAP_CAPTURE_BYTES", "256".to_owned())]);
+    let mut conn = Conn::connect(s.front).unwrap();
+    let pad = "x".repeat(1000);
+    let tp = "00-11111111111111111111111111111111-2222222222222222-01";
+    assert_eq!(conn.get("/far", &[("x-pad", &pad), ("traceparent", tp)]).unwrap().status, 200);
+    assert_eq!(conn.get("/near", &[("traceparent", tp)]).unwrap().status, 200);
+    let spans = s.spans_for(&["/far", "/near"]);
+    let (far, clients) = Stack::trace_of(&spans, "/far");
+    assert_eq!(far.span.attributes.iter().find(|kv| kv.key == "tracetap.head_truncated").map(|_| true), Some(true));
+    assert_ne!(far.span.trace_id, vec![0x11; 16], "the traceparent was not seen: a new trace starts");
+    assert_eq!(clients.len(), 1, "still linked to its backend request");
+    let (near, _) = Stack::trace_of(&spans, "/near");
+    assert_eq!(near.span.trace_id, vec![0x11; 16]);
+    assert!(s.agent.metric("tracetap_request_heads_truncated_total") >= 1);
+}
+
+#[test]
+fn haproxy_answering_by_itself() {
+    if !require_root() {
+        return;
+    }
+    let dead = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let s = Stack::with_config(
+        |port, backend| {
+            format!(
+                "global\n    maxconn 100\ndefaults\n    mode http\n    timeout connect 1s\n    timeout client 5s\n    timeout server 500ms\n    timeout http-request 500ms\n\
+                 frontend fe_main\n    bind 127.0.0.1:{port}\n\
+                 \x20   http-request deny if {{ path_beg /deny }}\n\
+                 \x20   http-request return status 200 content-type text/plain string ok if {{ path_beg /return }}\n\
+                 \x20   http-request redirect location /elsewhere if {{ path_beg /redirect }}\n\
+                 \x20   use_backend be_dead if {{ path_beg /dead }}\n\
+                 \x20   default_backend be_app\n\
+                 backend be_app\n    server s0 {backend}\n\
+                 backend be_dead\n    server gone {dead}\n"
+            )
+        },
+        &[],
+    );
+    let mut conn = Conn::connect(s.front).unwrap();
+    for (path, want) in [("/deny", 403), ("/return", 200), ("/redirect", 302)] {
+        assert_eq!(conn.get(path, &[]).unwrap().status, want, "{path}");
+    }
+    assert_eq!(Conn::connect(s.front).unwrap().get("/dead", &[]).unwrap().status, 503);
+    assert_eq!(Conn::connect(s.front).unwrap().get("/slow/2000", &[]).unwrap().status, 504);
+    // A client that starts a request and stops: HAProxy answers 408.
+    let mut idle = Conn::connect(s.front).unwrap();
+    idle.send_raw(b"GET /never-finished HTTP/1.1\r\nHost: t\r\n").unwrap();
+    assert_eq!(idle.read_response().unwrap().status, 408);
+
+    let spans = s.spans_for(&["/deny", "/return", "/redirect", "/dead", "/slow/2000"]);
+    for (path, want) in [("/deny", 403), ("/return", 200), ("/redirect", 302), ("/dead", 503)] {
+        let (server, clients) = Stack::trace_of(&spans, path);
+        assert_eq!(status(server), Some(want), "{path}");
+        assert!(clients.is_empty(), "{path}: no backend exchange");
+        assert_eq!(server.is_error(), want >= 500, "{path}");
+    }
+    let (timeout, clients) = Stack::trace_of(&spans, "/slow/2000");
+    assert_eq!(status(timeout), Some(504));
+    assert!(timeout.is_error());
+    assert_eq!(clients.len(), 1, "the backend was tried");
+    assert!(clients[0].is_error(), "the backend exchange ended without a response");
+    let got_408 = wait_for(Duration::from_secs(10), || {
+        s.receiver.spans().into_iter().find(|x| x.is_server() && status(x) == Some(408))
+    })
+    .expect("a SERVER span for the 408");
+    assert_eq!(got_408.str_attr("http.request.method"), Some("_OTHER"), "the request head never completed");
+}
+
+#[test]
+fn retries_give_one_client_span_per_attempt() {
+    if !require_root() {
+        return;
+    }
+    let s = Stack::with_config(
+        |port, backend| {
+            haproxy::config(port, &[backend, backend], "").replace(
+                "\nbackend be_app\n",
+                "\nbackend be_app\n    retries 2\n    retry-on 503\n    option redispatch\n",
+            )
+        },
+        &[],
+    );
+    let mut conn = Conn::connect(s.front).unwrap();
+    assert_eq!(conn.get("/status/503", &[]).unwrap().status, 503);
+    let spans = s.spans_for(&["/status/503"]);
+    let (server, clients) = Stack::trace_of(&spans, "/status/503");
+    assert_eq!(status(server), Some(503));
+    assert_eq!(clients.len(), 3, "the first attempt and two retries");
+    assert!(clients.iter().all(|c| status(c) == Some(503)));
+    assert_eq!(s.agent.metric("tracetap_backend_requests_unlinked_total"), 0);
+}
+
+#[test]
+fn websocket_upgrade_is_one_exchange_and_the_tunnel_is_not_parsed() {
+    if !require_root() {
+        return;
+    }
+    let s = Stack::start("", &[]);
+    let mut conn = Conn::connect(s.front).unwrap();
+    conn.send_raw(
+        b"GET /ws HTTP/1.1\r\nHost: t\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+          Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+    )
+    .unwrap();
+    assert_eq!(conn.read_response().unwrap().status, 101);
+    for _ in 0..20 {
+        conn.send_raw(b"\x81\x05hello not http at all\r\n\r\n").unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    drop(conn);
+    let spans = s.spans_for(&["/ws"]);
+    let (server, clients) = Stack::trace_of(&spans, "/ws");
+    assert_eq!(status(server), Some(101));
+    assert_eq!(clients.len(), 1);
+    assert_eq!(status(clients[0]), Some(101));
+    assert!(!server.is_error());
+    assert_eq!(s.agent.metric("tracetap_parse_errors_total"), 0);
+    assert_eq!(spans.len(), 2);
+}
+
+#[test]
+fn tcp_mode_and_garbage_produce_no_spans() {
+    if !require_root() {
+        return;
+    }
+    let tcp_port = free_port();
+    let s = Stack::with_config(
+        |port, backend| {
+            haproxy::config(port, &[backend], "")
+                + &format!(
+                    "\nfrontend fe_tcp\n    mode tcp\n    bind 127.0.0.1:{tcp_port}\n    default_backend be_tcp\n\nbackend be_tcp\n    mode tcp\n    server raw {backend}\n"
+                )
+        },
+        &[],
+    );
+    // HTTP carried by a tcp-mode proxy is not HAProxy handling HTTP: no spans.
+    let mut tcp = Conn::connect(SocketAddr::from(([127, 0, 0, 1], tcp_port))).unwrap();
+    assert_eq!(tcp.get("/through-tcp-mode", &[]).unwrap().status, 200);
+    // Garbage on the HTTP port: HAProxy answers 400 and closes.
+    for _ in 0..5 {
+        let mut junk = Conn::connect(s.front).unwrap();
+        junk.send_raw(&[0x16, 0x03, 0x01, 0x00, 0xa5, 0x01, 0x00, 0x00, 0xa1, 0x03, 0x03, 0x00, 0xff, 0xfe]).unwrap();
+        let _ = junk.read_response();
+    }
+    // A real request as a marker that everything before it was processed.
+    assert_eq!(Conn::connect(s.front).unwrap().get("/marker", &[]).unwrap().status, 200);
+    let spans = s.spans_for(&["/marker"]);
+    std::thread::sleep(Duration::from_millis(300));
+    let spans = if s.receiver.spans().len() > spans.len() { s.receiver.spans() } else { spans };
+    let paths: Vec<_> = spans.iter().filter_map(|x| x.str_attr("url.path")).collect();
+    assert_eq!(paths, ["/marker", "/marker"], "only the marker's SERVER and CLIENT spans");
+    assert!(s.agent.metric("tracetap_opaque_connections_total") >= 5);
+    let mut agent = s.agent;
+    assert!(agent.is_running());
+}
