@@ -10,4 +10,3 @@ pub mod metrics;
 pub mod names;
 pub mod sampling;
 pub mod spans;
-pub mod trace_context;

@@ -5,7 +5,7 @@
 //! the same traces.
 
 use crate::config::ConfigError;
-use crate::trace_context::TraceParent;
+use tracetap_proxy::trace_context::TraceParent;
 
 /// 2^56: the size of the randomness space.
 const MAX_THRESHOLD: u64 = 1 << 56;

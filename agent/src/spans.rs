@@ -12,7 +12,7 @@ use tracetap_proxy::haproxy_config::ProxyNames;
 use tracetap_proxy::{ClientExchange, RequestHead, ServerExchange, TraceparentField};
 
 use crate::sampling::Sampler;
-use crate::trace_context::{self, FLAG_RANDOM, parse_traceparent};
+use tracetap_proxy::trace_context::{FLAG_RANDOM, parse_traceparent};
 
 /// Span flags: the W3C sampled flag, plus "has `is_remote`" (bit 8) and "`is_remote`" (bit 9) of the
 /// OTLP `SpanFlags` for the parent.
@@ -60,11 +60,11 @@ impl SpanBuilder {
             TraceparentField::One(v) => parse_traceparent(v),
             TraceparentField::Absent | TraceparentField::Repeated => None,
         });
-        let trace_id = parent.map_or_else(|| trace_context::new_trace_id(&mut self.rng), |p| p.trace_id);
+        let trace_id = parent.map_or_else(|| new_trace_id(&mut self.rng), |p| p.trace_id);
         if !self.sampler.should_sample(parent.as_ref(), &trace_id) {
             return Built::Dropped;
         }
-        let span_id = trace_context::new_span_id(&mut self.rng);
+        let span_id = new_span_id(&mut self.rng);
         let flags = match parent {
             Some(p) => SAMPLED | u32::from(p.flags & FLAG_RANDOM) | HAS_IS_REMOTE | IS_REMOTE,
             None => SAMPLED | u32::from(FLAG_RANDOM) | HAS_IS_REMOTE,
@@ -164,7 +164,7 @@ impl SpanBuilder {
             .or_else(|| status_code.filter(|c| *c >= 400).map(|c| c.to_string()));
         Span {
             trace_id: trace_id.to_vec(),
-            span_id: trace_context::new_span_id(&mut self.rng).to_vec(),
+            span_id: new_span_id(&mut self.rng).to_vec(),
             parent_span_id: parent.map(|p| p.to_vec()).unwrap_or_default(),
             flags,
             name: span_name(known_method(&ex.request.method), backend.map(|(be, _)| be)),
@@ -174,6 +174,28 @@ impl SpanBuilder {
             status: Some(status_for(error_type.is_some())),
             attributes: with_error(attributes, error_type),
             ..Span::default()
+        }
+    }
+}
+
+/// A new random trace id (non-zero; the W3C random flag may be set on spans that carry it).
+#[must_use]
+fn new_trace_id(rng: &mut fastrand::Rng) -> [u8; 16] {
+    loop {
+        let id = rng.u128(..).to_be_bytes();
+        if id != [0; 16] {
+            return id;
+        }
+    }
+}
+
+/// A new random span id (non-zero).
+#[must_use]
+fn new_span_id(rng: &mut fastrand::Rng) -> [u8; 8] {
+    loop {
+        let id = rng.u64(..).to_be_bytes();
+        if id != [0; 8] {
+            return id;
         }
     }
 }
@@ -370,6 +392,13 @@ mod tests {
         assert_eq!(attr(&out[0].span, "haproxy.frontend"), Some(&any_value::Value::StringValue("fe_main".into())));
         assert_eq!(out[1].span.name, "GET be_app");
         assert_eq!(attr(&out[1].span, "haproxy.server"), Some(&any_value::Value::StringValue("app1".into())));
+    }
+
+    #[test]
+    fn new_ids_are_not_zero() {
+        let mut rng = fastrand::Rng::with_seed(7);
+        assert_ne!(new_trace_id(&mut rng), [0; 16]);
+        assert_ne!(new_span_id(&mut rng), [0; 8]);
     }
 
     #[test]

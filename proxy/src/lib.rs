@@ -7,6 +7,7 @@ pub mod exchange;
 pub mod framing;
 pub mod haproxy_config;
 pub mod head;
+pub mod trace_context;
 pub mod tracker;
 
 pub use exchange::{ClientExchange, Outcome, ServerExchange};

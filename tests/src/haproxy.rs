@@ -37,7 +37,27 @@ impl Haproxy {
     /// connections.
     #[must_use]
     pub fn start(comm: &str, config: &str, wait_port: u16) -> Self {
-        let dir = std::env::temp_dir().join(format!("tracetap-e2e-{comm}"));
+        Self::start_with(comm, config, wait_port, &[])
+    }
+
+    /// Master-worker mode (`-W`): a master process that forks the worker and reloads on SIGUSR2.
+    #[must_use]
+    pub fn start_master_worker(comm: &str, config: &str, wait_port: u16) -> Self {
+        Self::start_with(comm, config, wait_port, &["-W".to_owned()])
+    }
+
+    /// Another instance with the same command name, in a directory of its own (`instance`).
+    #[must_use]
+    pub fn start_in(comm: &str, instance: &str, config: &str, wait_port: u16) -> Self {
+        Self::start_at(comm, &format!("{comm}-{instance}"), config, wait_port, &[])
+    }
+
+    fn start_with(comm: &str, config: &str, wait_port: u16, args: &[String]) -> Self {
+        Self::start_at(comm, comm, config, wait_port, args)
+    }
+
+    fn start_at(comm: &str, dir_name: &str, config: &str, wait_port: u16, args: &[String]) -> Self {
+        let dir = std::env::temp_dir().join(format!("tracetap-e2e-{dir_name}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("temp dir");
         let link = dir.join(comm);
@@ -45,7 +65,7 @@ impl Haproxy {
         let config_path = dir.join("haproxy.cfg");
         std::fs::write(&config_path, config).expect("write config");
         let mut h = Self { comm: comm.to_owned(), dir, config: config_path, children: Vec::new() };
-        h.spawn(&[]);
+        h.spawn(args);
         h.wait_port(wait_port);
         h
     }
@@ -82,6 +102,13 @@ impl Haproxy {
     #[must_use]
     pub fn pid(&self) -> u32 {
         self.children.last().expect("started").id()
+    }
+
+    /// Master-worker reload: SIGUSR2 to the master, which starts a new worker; the old one
+    /// finishes its connections and exits.
+    pub fn reload_master(&self) {
+        let status = Command::new("kill").arg("-USR2").arg(self.pid().to_string()).status().expect("kill");
+        assert!(status.success());
     }
 
     /// Seamless reload: a new process takes over the listeners (`-sf old`), the old one finishes

@@ -1,4 +1,4 @@
-//! W3C Trace Context: parsing the `traceparent` header, and new ids.
+//! W3C Trace Context: parsing the `traceparent` header that clients send and HAProxy forwards.
 
 /// A valid `traceparent` value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,28 +65,6 @@ fn hex_byte(two: &[u8]) -> Option<u8> {
     Some(hex_digit(two[0])? << 4 | hex_digit(two[1])?)
 }
 
-/// A new random trace id (non-zero; the W3C random flag may be set on spans that carry it).
-#[must_use]
-pub fn new_trace_id(rng: &mut fastrand::Rng) -> [u8; 16] {
-    loop {
-        let id = rng.u128(..).to_be_bytes();
-        if id != [0; 16] {
-            return id;
-        }
-    }
-}
-
-/// A new random span id (non-zero).
-#[must_use]
-pub fn new_span_id(rng: &mut fastrand::Rng) -> [u8; 8] {
-    loop {
-        let id = rng.u64(..).to_be_bytes();
-        if id != [0; 8] {
-            return id;
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -127,12 +105,5 @@ mod tests {
                 .is_some()
         );
         assert!(parse_traceparent("cc-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01x").is_none());
-    }
-
-    #[test]
-    fn new_ids_are_not_zero() {
-        let mut rng = fastrand::Rng::with_seed(7);
-        assert_ne!(new_trace_id(&mut rng), [0; 16]);
-        assert_ne!(new_span_id(&mut rng), [0; 8]);
     }
 }

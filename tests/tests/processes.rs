@@ -1,0 +1,103 @@
+//! HAProxy processes coming and going: several instances on one host, master-worker mode and a
+//! reload while traffic flows. Needs root.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tracetap_tests::agent::Agent;
+use tracetap_tests::backend::Backend;
+use tracetap_tests::client::Conn;
+use tracetap_tests::haproxy::{self, Haproxy};
+use tracetap_tests::otlp::Receiver;
+use tracetap_tests::{free_port, require_root, runtime, wait_for};
+
+#[test]
+fn several_instances_are_traced_as_separate_processes() {
+    if !require_root() {
+        return;
+    }
+    let rt = runtime();
+    let receiver = Receiver::start(&rt);
+    let backend = Backend::start(&rt);
+    let comm = haproxy::unique_comm();
+    let (p1, p2) = (free_port(), free_port());
+    let h1 = Haproxy::start(&comm, &haproxy::config(p1, &[backend.addr], ""), p1);
+    // Same command name, own directory: a second instance.
+    let h2 = Haproxy::start_in(&comm, "second", &haproxy::config(p2, &[backend.addr], ""), p2);
+    let agent = Agent::start(&[("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint()), ("TRACETAP_TARGET_COMM", comm)]);
+    for (port, path) in [(p1, "/one"), (p2, "/two")] {
+        assert_eq!(
+            Conn::connect(SocketAddr::from(([127, 0, 0, 1], port))).unwrap().get(path, &[]).unwrap().status,
+            200
+        );
+    }
+    let spans = receiver.wait_for_spans(4);
+    let pid_of =
+        |path: &str| spans.iter().find(|s| s.is_server() && s.str_attr("url.path") == Some(path)).map(|s| s.pid);
+    assert_eq!(pid_of("/one"), Some(i64::from(h1.pid())));
+    assert_eq!(pid_of("/two"), Some(i64::from(h2.pid())));
+    assert_eq!(agent.metric("tracetap_targets"), 2);
+}
+
+#[test]
+fn master_worker_reload_under_traffic_loses_no_request() {
+    if !require_root() {
+        return;
+    }
+    let rt = runtime();
+    let receiver = Receiver::start(&rt);
+    let backend = Backend::start(&rt);
+    let comm = haproxy::unique_comm();
+    let port = free_port();
+    let haproxy = Haproxy::start_master_worker(&comm, &haproxy::config(port, &[backend.addr], ""), port);
+    let agent = Agent::start(&[("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint()), ("TRACETAP_TARGET_COMM", comm)]);
+    let front = SocketAddr::from(([127, 0, 0, 1], port));
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let traffic = {
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let mut answered = BTreeSet::new();
+            let mut i = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                i += 1;
+                let path = format!("/during/{i}");
+                if let Ok(resp) = Conn::connect(front).and_then(|mut c| c.get(&path, &[])) {
+                    if resp.status == 200 {
+                        answered.insert(path);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            (i, answered)
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    haproxy.reload_master();
+    std::thread::sleep(Duration::from_millis(1500));
+    stop.store(true, Ordering::Relaxed);
+    let (tried, answered) = traffic.join().unwrap();
+
+    let servers = wait_for(Duration::from_secs(20), || {
+        let got: BTreeSet<String> = receiver
+            .spans()
+            .iter()
+            .filter(|s| s.is_server() && s.int_attr("http.response.status_code") == Some(200))
+            .filter_map(|s| s.str_attr("url.path").map(str::to_owned))
+            .collect();
+        answered.is_subset(&got).then_some(got)
+    });
+    let pids: BTreeSet<i64> = receiver.spans().iter().map(|s| s.pid).collect();
+    println!(
+        "[reload] tried {tried}, answered {}, traced {}, worker pids seen {pids:?}, ring losses {}",
+        answered.len(),
+        servers.as_ref().map_or(0, BTreeSet::len),
+        agent.metric("tracetap_events_lost_ring_full_total")
+    );
+    assert!(servers.is_some(), "every answered request has a SERVER span with its status");
+    assert!(pids.len() >= 2, "traffic before and after the reload came from two workers");
+    assert!(answered.len() > 50);
+}
