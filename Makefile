@@ -7,7 +7,7 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 APT_PACKAGES := haproxy wrk curl pkg-config llvm-22-dev libpolly-22-dev libzstd-dev
 BPF_LINKER_VERSION := 0.13.0
 
-.PHONY: setup build test lint demo clean
+.PHONY: setup build test lint demo fuzz clean
 
 setup:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -38,6 +38,18 @@ lint: setup
 demo: setup
 	cargo build -p tracetap
 	./scripts/demo.sh
+
+# Runs every fuzz target for FUZZ_SECONDS (default 60) each, from the seeds in fuzz/seeds; new
+# inputs collect in fuzz/corpus (not committed), crashes in fuzz/artifacts.
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS := tracker traceparent haproxy_config
+fuzz: setup
+	@cargo fuzz --version >/dev/null 2>&1 || cargo install cargo-fuzz --locked
+	@for t in $(FUZZ_TARGETS); do \
+		mkdir -p fuzz/corpus/$$t; \
+		echo "fuzzing $$t for $(FUZZ_SECONDS)s"; \
+		cargo +nightly fuzz run $$t fuzz/corpus/$$t fuzz/seeds/$$t -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
+	done
 
 clean:
 	cargo clean
