@@ -7,7 +7,7 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 APT_PACKAGES := haproxy wrk curl pkg-config llvm-22-dev libpolly-22-dev libzstd-dev
 BPF_LINKER_VERSION := 0.13.0
 
-.PHONY: setup build test lint demo fuzz clean
+.PHONY: setup build test lint demo fuzz soak clean
 
 setup:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -38,6 +38,12 @@ lint: setup
 demo: setup
 	cargo build -p tracetap
 	./scripts/demo.sh
+
+# 5 minutes of mixed traffic; prints the agent's RSS after the first minute and at the end.
+SOAK_SECONDS ?= 300
+soak: setup
+	cargo build -p tracetap
+	SOAK_SECONDS=$(SOAK_SECONDS) cargo test -p tracetap-tests --test soak -- --ignored --nocapture
 
 # Runs every fuzz target for FUZZ_SECONDS (default 60) each, from the seeds in fuzz/seeds; new
 # inputs collect in fuzz/corpus (not committed), crashes in fuzz/artifacts.

@@ -91,6 +91,18 @@ impl Agent {
             .unwrap_or_else(|| panic!("metric {name} missing"))
     }
 
+    /// Resident set size of the agent, in KiB (`VmRSS`).
+    #[must_use]
+    pub fn rss_kib(&self) -> u64 {
+        let pid = self.child.as_ref().expect("running").id();
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|s| {
+                s.lines().find_map(|l| l.strip_prefix("VmRSS:")?.trim().strip_suffix("kB")?.trim().parse().ok())
+            })
+            .expect("VmRSS of the agent")
+    }
+
     /// True while the process runs.
     pub fn is_running(&mut self) -> bool {
         self.child.as_mut().is_some_and(|c| c.try_wait().ok().flatten().is_none())
