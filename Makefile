@@ -7,7 +7,7 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 APT_PACKAGES := haproxy wrk curl pkg-config llvm-22-dev libpolly-22-dev libzstd-dev
 BPF_LINKER_VERSION := 0.13.0
 
-.PHONY: setup build test lint demo fuzz soak clean
+.PHONY: setup build test lint demo fuzz soak bench clean
 
 setup:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -38,6 +38,13 @@ lint: setup
 demo: setup
 	cargo build -p tracetap
 	./scripts/demo.sh
+
+# End-to-end overhead: HAProxy req/s without the agent, with it at ratio 1.0 and at ratio 0.0
+# (BENCH_SECONDS per run, BENCH_REPEAT runs per mode); prints a markdown table for
+# docs/PERFORMANCE.md. Then the criterion micro-benchmarks of span encoding.
+bench: setup
+	cargo build --release -p tracetap -p tracetap-tests --bin tracetap --bin otlp-discard
+	python3 scripts/bench_overhead.py
 
 # 5 minutes of mixed traffic; prints the agent's RSS after the first minute and at the end.
 SOAK_SECONDS ?= 300

@@ -75,6 +75,7 @@ pub struct Config {
     pub capture_bytes: u32,
     pub targets: Targets,
     pub ring_bytes: u32,
+    pub probe_stats: bool,
     pub log_filter: String,
 }
 
@@ -110,6 +111,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
         "comma-separated pids to trace with their children, instead of by command name",
     ),
     ("TRACETAP_RING_BYTES", "8388608", "ring buffer size: a power of two, at least 65536"),
+    ("TRACETAP_PROBE_STATS", "false", "`true` enables the kernel's BPF run-time statistics (about 20 ns per probe run) and exports them in /metrics"),
     ("TRACETAP_LOG", "info", "log filter (tracing-subscriber EnvFilter syntax), logs go to stderr"),
 ];
 
@@ -224,6 +226,11 @@ impl Config {
         if !ring_bytes.is_power_of_two() || ring_bytes < 65536 {
             return Err(err("TRACETAP_RING_BYTES", &ring_bytes.to_string(), "a power of two of at least 65536 bytes"));
         }
+        let probe_stats = match src.get("TRACETAP_PROBE_STATS").as_deref().map(str::trim) {
+            None | Some("false" | "0") => false,
+            Some("true" | "1") => true,
+            Some(v) => return Err(err("TRACETAP_PROBE_STATS", v, "true or false")),
+        };
         let log_filter = src.get("TRACETAP_LOG").unwrap_or_else(|| "info".to_owned());
 
         Ok(Self {
@@ -241,6 +248,7 @@ impl Config {
             capture_bytes,
             targets,
             ring_bytes,
+            probe_stats,
             log_filter,
         })
     }
@@ -387,6 +395,7 @@ mod tests {
             ("TRACETAP_TARGET_COMM", "a-very-long-command-name"),
             ("TRACETAP_TARGET_PIDS", "12,abc"),
             ("TRACETAP_RING_BYTES", "100000"),
+            ("TRACETAP_PROBE_STATS", "yes"),
         ] {
             let e = parse(&[(var, value)]).unwrap_err();
             assert_eq!(e.var, var, "{value}");

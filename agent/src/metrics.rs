@@ -55,6 +55,8 @@ metrics! {
     spans_dropped_export_failed: "counter", "tracetap_spans_dropped_export_failed_total", "Spans dropped after their export failed for good";
     export_retries: "counter", "tracetap_export_retries_total", "Export requests retried";
     export_failures: "counter", "tracetap_export_failures_total", "Export requests that failed for good";
+    probe_runs: "counter", "tracetap_probe_runs_total", "Probe runs in the kernel (needs TRACETAP_PROBE_STATS=true)";
+    probe_run_time_ns: "counter", "tracetap_probe_run_time_ns_total", "Time the probes ran in the kernel, in ns (needs TRACETAP_PROBE_STATS=true)";
     targets: "gauge", "tracetap_targets", "Processes currently traced";
     connections: "gauge", "tracetap_connections", "Connections currently tracked";
     open_exchanges: "gauge", "tracetap_open_exchanges", "Frontend exchanges currently open";

@@ -49,11 +49,13 @@ pub enum LoadError {
 /// Loaded and attached probes, with the maps the agent uses.
 pub struct Probes {
     /// Keeps programs and links alive; dropping it detaches everything.
-    _ebpf: Ebpf,
+    ebpf: Ebpf,
     pub ring: RingBuf<MapData>,
     pub losses: PerCpuArray<MapData, u64>,
     pub target_pids: BpfHashMap<MapData, u32, u8>,
     pub attached: usize,
+    /// Keeps the kernel's BPF run-time statistics on while held (`TRACETAP_PROBE_STATS`).
+    _stats: Option<std::os::fd::OwnedFd>,
 }
 
 /// Where tracefs is mounted, from `/proc/self/mounts`.
@@ -139,7 +141,18 @@ impl Probes {
             .map_err(|source| LoadError::Map { name: maps::LOSSES, source: Box::new(source) })?;
         let target_pids = BpfHashMap::try_from(take(&mut ebpf, maps::TARGET_PIDS)?)
             .map_err(|source| LoadError::Map { name: maps::TARGET_PIDS, source: Box::new(source) })?;
-        Ok(Self { _ebpf: ebpf, ring, losses, target_pids, attached })
+        let stats = if config.probe_stats {
+            match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
+                Ok(fd) => Some(fd),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot enable BPF run-time statistics; probe timings stay at 0");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        Ok(Self { ebpf, ring, losses, target_pids, attached, _stats: stats })
     }
 
     /// Sums the per-CPU loss counters, by [`tracetap_ebpf_common::Loss`] slot.
@@ -152,6 +165,13 @@ impl Probes {
             }
         }
         out
+    }
+
+    /// Runs of all probes and the time they took, in ns (0 unless run-time statistics are on).
+    pub fn run_stats(&self) -> (u64, u64) {
+        self.ebpf.programs().filter_map(|(_, p)| p.info().ok()).fold((0, 0), |(runs, ns), info| {
+            (runs + info.run_count(), ns + info.run_time().as_nanos() as u64)
+        })
     }
 
     /// Waits until the ring buffer has data or `timeout` passes.

@@ -151,6 +151,9 @@ fn publish(probes: &Probes, tracker: &Tracker, metrics: &Metrics) {
     metrics::set(&metrics.events_lost_ring_full, losses[Loss::RingFull as usize]);
     metrics::set(&metrics.events_lost_inflight_full, losses[Loss::InflightFull as usize]);
     metrics::set(&metrics.events_lost_read_failed, losses[Loss::ReadFailed as usize]);
+    let (runs, ns) = probes.run_stats();
+    metrics::set(&metrics.probe_runs, runs);
+    metrics::set(&metrics.probe_run_time_ns, ns);
     publish_tracker(tracker, metrics);
 }
 
