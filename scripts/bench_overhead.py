@@ -8,9 +8,14 @@ Three modes run in alternation, REPEAT times each: no agent, agent at ratio 1.0,
 other CPUs, so the agent's userspace work does not steal HAProxy's core and what remains on it is
 the probes' cost.
 
-Reports HAProxy req/s as a ratio of the no-agent runs of the same invocation, agent CPU per
-request (utime+stime from /proc over the wrk window), probe time per request (kernel BPF run-time
+Reports HAProxy req/s as a ratio of the no-agent runs of the same invocation, HAProxy's own CPU
+time per request (utime+stime from /proc, which includes the probes running in its syscalls) and
+the capacity ratio it implies, agent CPU per request, probe time per request (kernel BPF run-time
 statistics), ring-buffer losses and spans exported per request. Prints a markdown table.
+
+On a 2-CPU machine wrk, the origin and the agent share the second CPU, so req/s also falls when
+the agent takes CPU from the load generator; HAProxy's CPU per request is the measure of what the
+agent costs HAProxy itself.
 """
 
 import os
@@ -89,7 +94,7 @@ def main():
         with open(os.path.join(work, "origin.cfg"), "w") as f:
             f.write(f"""global
     nbthread 1
-    maxconn 10000
+    maxconn 1000
 defaults
     mode http
     timeout connect 2s
@@ -102,7 +107,7 @@ frontend origin
         with open(os.path.join(work, "haproxy.cfg"), "w") as f:
             f.write(f"""global
     nbthread 1
-    maxconn 10000
+    maxconn 1000
 defaults
     mode http
     timeout connect 2s
@@ -151,8 +156,10 @@ backend be_origin
                             sys.exit("agent did not become ready")
                         time.sleep(0.1)
                     before_cpu, before = cpu_seconds(agent.pid), metrics(admin)
+                haproxy_cpu = cpu_seconds(haproxy.pid)
                 rps, total, errors = wrk(front_port)
-                row = {"rps": rps, "requests": total, "errors": errors}
+                row = {"rps": rps, "requests": total, "errors": errors,
+                       "haproxy_us": (cpu_seconds(haproxy.pid) - haproxy_cpu) * 1e6 / total}
                 if agent:
                     time.sleep(0.5)  # let the agent drain the ring and export
                     after_cpu, after = cpu_seconds(agent.pid), metrics(admin)
@@ -168,15 +175,16 @@ backend be_origin
                 print(f"run {rep + 1}/{REPEAT} {mode:9}: {row}", file=sys.stderr)
 
         base = statistics.median(r["rps"] for r in runs["none"])
+        base_us = statistics.median(r["haproxy_us"] for r in runs["none"])
         cpu = subprocess.run(["sh", "-c", "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"], capture_output=True, text=True).stdout.strip()
         print(f"Machine: {NCPU} CPUs ({cpu}), kernel {os.uname().release}; {DURATION}s per run, {REPEAT} runs per mode in alternation, "
               f"wrk -t1 -c{CONNECTIONS}; medians.\n")
-        print("| mode | HAProxy req/s | ratio to no agent | agent CPU us/req | probe ns/req | ring losses | spans exported/req | spans dropped |")
-        print("|---|---|---|---|---|---|---|---|")
+        print("| mode | HAProxy req/s | req/s ratio | HAProxy CPU us/req | capacity ratio | agent CPU us/req | probe ns/req | ring losses | spans exported/req | spans dropped |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for mode, rows in runs.items():
             med = lambda k: statistics.median(r[k] for r in rows) if k in rows[0] else None
             fmt = lambda v, f: "-" if v is None else format(v, f)
-            print(f"| {mode} | {med('rps'):,.0f} | {med('rps') / base:.3f} | {fmt(med('agent_us'), '.2f')} | {fmt(med('probe_ns'), '.0f')} | "
+            print(f"| {mode} | {med('rps'):,.0f} | {med('rps') / base:.3f} | {med('haproxy_us'):.2f} | {base_us / med('haproxy_us'):.3f} | {fmt(med('agent_us'), '.2f')} | {fmt(med('probe_ns'), '.0f')} | "
                   f"{fmt(sum(r.get('lost', 0) for r in rows) if mode != 'none' else None, 'd')} | {fmt(med('spans_per_req'), '.3f')} | "
                   f"{fmt(sum(r.get('dropped', 0) for r in rows) if mode != 'none' else None, 'd')} |")
         print("\nEach run's req/s:", {m: [round(r["rps"]) for r in rows] for m, rows in runs.items()})

@@ -111,7 +111,11 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
         "comma-separated pids to trace with their children, instead of by command name",
     ),
     ("TRACETAP_RING_BYTES", "8388608", "ring buffer size: a power of two, at least 65536"),
-    ("TRACETAP_PROBE_STATS", "false", "`true` enables the kernel's BPF run-time statistics (about 20 ns per probe run) and exports them in /metrics"),
+    (
+        "TRACETAP_PROBE_STATS",
+        "false",
+        "`true` enables the kernel's BPF run-time statistics (about 20 ns per probe run) and exports them in /metrics",
+    ),
     ("TRACETAP_LOG", "info", "log filter (tracing-subscriber EnvFilter syntax), logs go to stderr"),
 ];
 

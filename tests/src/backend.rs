@@ -43,6 +43,7 @@ impl Backend {
                         hyper::service::service_fn(|req| async move { Ok::<_, Infallible>(answer(req).await) });
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), service)
+                        .with_upgrades()
                         .await;
                 });
             }

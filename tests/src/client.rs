@@ -83,6 +83,11 @@ impl Conn {
         Ok(Response { body, ..response })
     }
 
+    /// Reads exactly `len` raw bytes (tunnelled data after an upgrade).
+    pub fn read_exact_bytes(&mut self, len: usize) -> std::io::Result<Vec<u8>> {
+        self.take(len)
+    }
+
     fn take(&mut self, len: usize) -> std::io::Result<Vec<u8>> {
         while self.buf.len() < len {
             self.fill()?;

@@ -65,10 +65,10 @@ fn master_worker_reload_under_traffic_loses_no_request() {
             while !stop.load(Ordering::Relaxed) {
                 i += 1;
                 let path = format!("/during/{i}");
-                if let Ok(resp) = Conn::connect(front).and_then(|mut c| c.get(&path, &[])) {
-                    if resp.status == 200 {
-                        answered.insert(path);
-                    }
+                if let Ok(resp) = Conn::connect(front).and_then(|mut c| c.get(&path, &[]))
+                    && resp.status == 200
+                {
+                    answered.insert(path);
                 }
                 std::thread::sleep(Duration::from_millis(5));
             }

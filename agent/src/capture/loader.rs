@@ -1,33 +1,27 @@
-//! The agent's one place for `unsafe` and kernel plumbing: mounting tracefs, loading and attaching
-//! the probes, reading raw records, polling the ring buffer, and the monotonic clock.
-#![expect(unsafe_code, reason = "kernel interfaces: mount(2), poll(2), clock_gettime(2), raw records")]
+//! The agent's one place for `unsafe` and kernel plumbing: loading and attaching the probes (a raw
+//! tracepoint, so tracefs is not needed), reading raw records, polling the ring buffer, and the monotonic clock.
+#![expect(unsafe_code, reason = "kernel interfaces: poll(2), clock_gettime(2), raw records")]
 
-use std::ffi::CString;
 use std::os::fd::AsRawFd as _;
 use std::path::Path;
 use std::time::Duration;
 
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
-use aya::programs::TracePoint;
+use aya::programs::RawTracePoint;
 use aya::{Ebpf, EbpfLoader};
 use tracetap_ebpf_common::{COMM_BYTES, EventHeader, LOSS_SLOTS, globals, maps};
 
 use crate::config::{Config, Targets};
 
+/// The programs of the probe object and the raw tracepoints they attach to.
+const PROGRAMS: [(&str, &str); 2] = [("sys_exit", "sys_exit"), ("sys_enter", "sys_enter")];
+
 /// The probe object, built by `build.rs`.
 static PROBES: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracetap"));
-
-const TRACEFS: &str = "/sys/kernel/tracing";
 
 /// Why the probes could not be started. Each message says what is missing and how to grant it.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
-    #[error(
-        "tracefs is not mounted at {TRACEFS} and mounting it failed ({0}); run as root, grant CAP_SYS_ADMIN, or mount it first (`mount -t tracefs tracefs {TRACEFS}`)"
-    )]
-    Tracefs(std::io::Error),
-    #[error("tracefs at {0} is not readable ({1}); run as root or grant CAP_DAC_READ_SEARCH")]
-    TracefsUnreadable(String, std::io::Error),
     #[error(
         "this kernel has no BTF (/sys/kernel/btf/vmlinux is missing); tracetap needs Linux 5.8+ built with CONFIG_DEBUG_INFO_BTF"
     )]
@@ -38,8 +32,10 @@ pub enum LoadError {
     Load(#[source] Box<aya::EbpfError>),
     #[error("the probe object has no program {0}")]
     MissingProgram(String),
-    #[error("attaching {program} to syscalls/{tracepoint} failed: {source}; run as root or grant CAP_PERFMON")]
-    Attach { program: String, tracepoint: String, source: Box<aya::programs::ProgramError> },
+    #[error(
+        "loading or attaching the raw tracepoint program {program} failed: {source}; run as root or grant CAP_BPF and CAP_PERFMON"
+    )]
+    Attach { program: String, source: Box<aya::programs::ProgramError> },
     #[error("the probe object has no map {0}")]
     MissingMap(&'static str),
     #[error("opening map {name}: {source}")]
@@ -58,44 +54,13 @@ pub struct Probes {
     _stats: Option<std::os::fd::OwnedFd>,
 }
 
-/// Where tracefs is mounted, from `/proc/self/mounts`.
-fn tracefs_mount() -> Option<String> {
-    let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
-    mounts.lines().find_map(|l| {
-        let mut f = l.split_whitespace();
-        let (_, dir, fstype) = (f.next()?, f.next()?, f.next()?);
-        (fstype == "tracefs").then(|| dir.to_owned())
-    })
-}
-
-/// Mounts tracefs when it is missing: tracepoint attachment reads event ids from it.
-fn ensure_tracefs() -> Result<(), LoadError> {
-    if let Some(dir) = tracefs_mount() {
-        return match std::fs::read_dir(Path::new(&dir).join("events")) {
-            Ok(_) => Ok(()),
-            Err(e) => Err(LoadError::TracefsUnreadable(dir, e)),
-        };
-    }
-    let c = |s: &str| CString::new(s).expect("no NUL in constants");
-    let (source, target, fstype) = (c("tracefs"), c(TRACEFS), c("tracefs"));
-    // SAFETY: valid NUL-terminated strings; no data argument.
-    let rc = unsafe { libc::mount(source.as_ptr(), target.as_ptr(), fstype.as_ptr(), 0, std::ptr::null()) };
-    if rc != 0 {
-        return Err(LoadError::Tracefs(std::io::Error::last_os_error()));
-    }
-    tracing::info!(path = TRACEFS, "mounted tracefs");
-    Ok(())
-}
-
 impl Probes {
-    /// Loads the probes with the configured capture window and targets, and attaches every
-    /// syscall tracepoint. Program `enter_X` attaches to `syscalls/sys_enter_X`, `exit_X` to
-    /// `syscalls/sys_exit_X`.
+    /// Loads the probes with the configured capture window and targets, and attaches the
+    /// `sys_exit` and `sys_enter` raw tracepoints.
     pub fn load(config: &Config) -> Result<Self, LoadError> {
         if !Path::new("/sys/kernel/btf/vmlinux").exists() {
             return Err(LoadError::NoBtf);
         }
-        ensure_tracefs()?;
         let mut comm = [0u8; COMM_BYTES];
         if let Targets::Comm(name) = &config.targets {
             comm[..name.len()].copy_from_slice(name.as_bytes());
@@ -103,37 +68,22 @@ impl Probes {
         let mut ebpf = EbpfLoader::new()
             .override_global(globals::CAPTURE_BYTES, &config.capture_bytes, true)
             .override_global(globals::TARGET_COMM, &comm, true)
+            // Wake the agent early when the ring is an eighth full; otherwise it polls every few ms.
+            .override_global(globals::WAKEUP_BYTES, &(config.ring_bytes / 8), true)
             .map_max_entries(maps::EVENTS, config.ring_bytes)
             .load(PROBES)
             .map_err(|e| LoadError::Load(Box::new(e)))?;
-        let names: Vec<String> = ebpf.programs().map(|(name, _)| name.to_owned()).collect();
-        let mut attached = 0;
-        for name in names {
-            let tracepoint = match (name.strip_prefix("enter_"), name.strip_prefix("exit_")) {
-                (Some(sys), _) => format!("sys_enter_{sys}"),
-                (_, Some(sys)) => format!("sys_exit_{sys}"),
-                _ => continue,
-            };
-            let program: &mut TracePoint =
-                ebpf.program_mut(&name).ok_or_else(|| LoadError::MissingProgram(name.clone()))?.try_into().map_err(
-                    |source| LoadError::Attach {
-                        program: name.clone(),
-                        tracepoint: tracepoint.clone(),
-                        source: Box::new(source),
-                    },
-                )?;
-            program.load().map_err(|source| LoadError::Attach {
-                program: name.clone(),
-                tracepoint: tracepoint.clone(),
-                source: Box::new(source),
-            })?;
-            program.attach("syscalls", &tracepoint).map_err(|source| LoadError::Attach {
-                program: name.clone(),
-                tracepoint: tracepoint.clone(),
-                source: Box::new(source),
-            })?;
-            attached += 1;
+        for (name, tracepoint) in PROGRAMS {
+            let attach_error = |source| LoadError::Attach { program: name.to_owned(), source: Box::new(source) };
+            let program: &mut RawTracePoint = ebpf
+                .program_mut(name)
+                .ok_or_else(|| LoadError::MissingProgram(name.to_owned()))?
+                .try_into()
+                .map_err(attach_error)?;
+            program.load().map_err(attach_error)?;
+            program.attach(tracepoint).map_err(attach_error)?;
         }
+        let attached = PROGRAMS.len();
         let take = |ebpf: &mut Ebpf, name: &'static str| ebpf.take_map(name).ok_or(LoadError::MissingMap(name));
         let ring = RingBuf::try_from(take(&mut ebpf, maps::EVENTS)?)
             .map_err(|source| LoadError::Map { name: maps::EVENTS, source: Box::new(source) })?;
@@ -169,9 +119,10 @@ impl Probes {
 
     /// Runs of all probes and the time they took, in ns (0 unless run-time statistics are on).
     pub fn run_stats(&self) -> (u64, u64) {
-        self.ebpf.programs().filter_map(|(_, p)| p.info().ok()).fold((0, 0), |(runs, ns), info| {
-            (runs + info.run_count(), ns + info.run_time().as_nanos() as u64)
-        })
+        self.ebpf
+            .programs()
+            .filter_map(|(_, p)| p.info().ok())
+            .fold((0, 0), |(runs, ns), info| (runs + info.run_count(), ns + info.run_time().as_nanos() as u64))
     }
 
     /// Waits until the ring buffer has data or `timeout` passes.

@@ -1,9 +1,10 @@
 //! Capture: the thread that drains the ring buffer, keeps the target set current, runs the tracker
 //! and turns finished exchanges into spans for the export queue.
 //!
-//! One thread owns the tracker, so the per-event path takes no lock. It wakes when the ring buffer
-//! has data (or every 100 ms) and does its housekeeping (discovery, expiry, loss counters) at most
-//! every 250 ms.
+//! One thread owns the tracker, so the per-event path takes no lock. The probes do not wake it per
+//! record (that would cost the traced thread an interrupt per syscall): it drains the ring every
+//! [`POLL`], or earlier when the probes force a wake-up because the ring is filling, and does its
+//! housekeeping (discovery, expiry, loss counters) at most every 250 ms.
 
 pub mod decode;
 pub mod discovery;
@@ -29,7 +30,7 @@ use sockets::ListenAddrs;
 use tracetap_proxy::Op;
 
 const HOUSEKEEPING: Duration = Duration::from_millis(250);
-const POLL: Duration = Duration::from_millis(100);
+const POLL: Duration = Duration::from_millis(5);
 
 /// Runs until `stop` is set, then hands out nothing more and returns (dropping the queue sender
 /// lets the exporter flush and finish).

@@ -106,6 +106,8 @@ pub mod globals {
     pub const CAPTURE_BYTES: &str = "CAPTURE_BYTES";
     /// `[u8; COMM_BYTES]`: command name to trace; all zero means "pid list only".
     pub const TARGET_COMM: &str = "TARGET_COMM";
+    /// `u32`: bytes waiting in the ring buffer before a record wakes the agent up.
+    pub const WAKEUP_BYTES: &str = "WAKEUP_BYTES";
 }
 
 /// Names of the maps the agent opens.

@@ -1,15 +1,22 @@
-//! tracetap's kernel side: syscall tracepoints that copy what a target process reads from and writes
-//! to its sockets into one BPF ring buffer.
+//! tracetap's kernel side: a raw tracepoint on `sys_exit` (and one on `sys_enter` for `close`)
+//! that copies what a target process
+//! read from and wrote to its sockets into one BPF ring buffer.
 //!
 //! How a call flows:
-//! - `sys_enter_*` runs for every process on the host. It first asks [`is_target`] (one hash lookup,
-//!   plus a 16-byte compare of the command name when a command filter is set); non-targets stop
-//!   there. For a target it remembers the arguments it needs in `INFLIGHT`, keyed by thread.
-//! - `sys_exit_*` looks the thread up in `INFLIGHT` (a miss means "not a target" and costs one
-//!   lookup), takes the entry out, and on success emits a record: an `EventHeader` followed by the
-//!   first `CAPTURE_BYTES` bytes the syscall moved.
+//! - `sys_exit` runs at the exit of every syscall of every process (`sys_enter` only reports
+//!   `close`, see there). It reads the syscall number
+//!   and the first three arguments from the saved user registers (`pt_regs`, which still hold the
+//!   arguments at exit) and stops at once for syscalls it does not follow.
+//! - For the syscalls it follows it asks [`is_target`] (one hash lookup, plus a 16-byte compare of
+//!   the command name when a command filter is set); non-targets stop there.
+//! - For a target it emits a record: an `EventHeader` followed by the first `CAPTURE_BYTES` bytes
+//!   the syscall moved (and the last few, when the window cut them).
 //! - Records are staged in a per-CPU buffer and copied into the ring buffer with one
 //!   `bpf_ringbuf_output`, sized to what was captured, so a 100-byte read costs 100 bytes of ring.
+//!
+//! Why one exit probe: a classic syscall tracepoint pair costs a perf record per call and an entry
+//! in a hash map between enter and exit; reading the arguments back from `pt_regs` at exit needs
+//! neither, which is most of what a traced HAProxy pays.
 //!
 //! Invariants:
 //! - Nothing here blocks or writes to user memory: the probes only read.
@@ -17,17 +24,18 @@
 //! - Payload lengths are clamped to `STAGING_BYTES` right before each copy (see [`bounded`]), so the
 //!   verifier can prove every access stays inside the staging buffer; the logical bound
 //!   (`CAPTURE_BYTES`) is applied first.
+//! - Syscall numbers and `pt_regs` offsets are those of x86_64.
 #![no_std]
 #![no_main]
 
 use aya_ebpf::{
     helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user,
         generated::{bpf_probe_read_user as raw_probe_read_user, bpf_ringbuf_output},
     },
-    macros::{map, tracepoint},
+    macros::{map, raw_tracepoint},
     maps::{HashMap, PerCpuArray, RingBuf},
-    programs::TracePointContext,
+    programs::RawTracePointContext,
 };
 use tracetap_ebpf_common::{
     COMM_BYTES, EventHeader, EventKind, LOSS_SLOTS, Loss, SOCKADDR_BYTES, STAGING_BYTES, TAIL_BYTES,
@@ -40,6 +48,10 @@ static CAPTURE_BYTES: u32 = 4096;
 /// Command name to trace (NUL padded); all zero means only `TARGET_PIDS` are traced.
 #[unsafe(no_mangle)]
 static TARGET_COMM: [u8; COMM_BYTES] = [0; COMM_BYTES];
+
+/// Bytes waiting in the ring buffer before a record wakes the agent. Set by the agent at load time.
+#[unsafe(no_mangle)]
+static WAKEUP_BYTES: u32 = 1024 * 1024;
 
 /// Default ring size; the agent resizes it from `TRACETAP_RING_BYTES` before loading.
 const DEFAULT_RING_BYTES: u32 = 8 * 1024 * 1024;
@@ -54,36 +66,7 @@ static LOSSES: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOSS_SLOTS, 0);
 #[map]
 static TARGET_PIDS: HashMap<u32, u8> = HashMap::with_max_entries(4096, 0);
 
-/// How the user buffer of an in-flight call is described.
-#[repr(u32)]
-#[derive(Copy, Clone, PartialEq, Eq)]
-enum BufShape {
-    /// `buf` points at the bytes (read, write, recvfrom, sendto).
-    Plain = 0,
-    /// `buf` points at a `struct iovec` array (readv, writev).
-    Iovec = 1,
-    /// `buf` points at a `struct msghdr` (recvmsg, sendmsg).
-    Msghdr = 2,
-    /// `buf` points at a `struct sockaddr` to fill in (accept, accept4).
-    AcceptAddr = 3,
-    /// splice: `fd` is the input fd and `buf` the output fd; no bytes pass through user memory.
-    Splice = 4,
-}
-
-/// Arguments of a syscall between its enter and exit tracepoints.
-#[repr(C)]
-#[derive(Copy, Clone)]
-struct Inflight {
-    buf: u64,
-    fd: i32,
-    shape: BufShape,
-    kind: EventKind,
-    _pad: u32,
-}
-
-#[map]
-static INFLIGHT: HashMap<u64, Inflight> = HashMap::with_max_entries(16384, 0);
-
+/// A record being built: header, then payload.
 #[repr(C)]
 struct Staging {
     header: EventHeader,
@@ -92,11 +75,6 @@ struct Staging {
 
 #[map]
 static STAGING: PerCpuArray<Staging> = PerCpuArray::with_max_entries(1, 0);
-
-/// Offset of the first syscall argument in a `syscalls/sys_enter_*` record; arguments are 8 bytes.
-const ARG0: usize = 16;
-/// Offset of `ret` in a `syscalls/sys_exit_*` record.
-const RET: usize = 16;
 
 #[inline(always)]
 fn count_loss(loss: Loss) {
@@ -121,25 +99,6 @@ fn is_target(tgid: u32) -> bool {
         Ok(comm) => comm == want,
         Err(_) => false,
     }
-}
-
-#[inline(always)]
-fn arg(ctx: &TracePointContext, n: usize) -> u64 {
-    // SAFETY: the offset lies inside every sys_enter record for the argument counts used here.
-    unsafe { ctx.read_at::<u64>(ARG0 + 8 * n) }.unwrap_or(0)
-}
-
-#[inline(always)]
-fn remember(ctx: &TracePointContext, kind: EventKind, shape: BufShape, buf_arg: usize) -> u32 {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    if !is_target((pid_tgid >> 32) as u32) {
-        return 0;
-    }
-    let entry = Inflight { buf: arg(ctx, buf_arg), fd: arg(ctx, 0) as i32, shape, kind, _pad: 0 };
-    if INFLIGHT.insert(&pid_tgid, &entry, 0).is_err() {
-        count_loss(Loss::InflightFull);
-    }
-    0
 }
 
 /// Fills the common header fields in the staging buffer and returns it.
@@ -171,16 +130,28 @@ fn bounded(len: u64) -> u64 {
     if len > STAGING_BYTES as u64 { STAGING_BYTES as u64 } else { len }
 }
 
+/// `bpf_ringbuf_query` flag: bytes waiting to be consumed.
+const BPF_RB_AVAIL_DATA: u64 = 0;
+/// `bpf_ringbuf_output` flags.
+const BPF_RB_NO_WAKEUP: u64 = 1;
+const BPF_RB_FORCE_WAKEUP: u64 = 2;
+
+/// Emits a staged record. Wake-ups are batched: waking the agent costs the traced thread an
+/// inter-processor interrupt per record, so the agent polls on a short timer instead and is only
+/// woken when `WAKEUP_BYTES` are waiting.
 #[inline(always)]
 fn emit(staging: &Staging, payload: u64) {
     let size = (EventHeader::SIZE as u64) + bounded(payload);
+    // SAFETY: the agent writes this global before load.
+    let threshold = u64::from(unsafe { core::ptr::read_volatile(&raw const WAKEUP_BYTES) });
+    let flags = if EVENTS.query(BPF_RB_AVAIL_DATA) >= threshold { BPF_RB_FORCE_WAKEUP } else { BPF_RB_NO_WAKEUP };
     // SAFETY: `size` is at most the size of `Staging`, which `staging` points to.
     let ret = unsafe {
         bpf_ringbuf_output(
             (&raw const EVENTS).cast_mut().cast(),
             core::ptr::from_ref(staging).cast_mut().cast(),
             size,
-            0,
+            flags,
         )
     };
     if ret < 0 {
@@ -203,7 +174,65 @@ fn read_addr(staging: &mut Staging, user_addr: u64) {
     }
 }
 
-/// Resolves the first user buffer of the call and how many bytes of it may hold data.
+#[inline(always)]
+fn iovec_at(iov: u64, ret: u64) -> Option<(u64, u64)> {
+    // struct iovec { void *iov_base; size_t iov_len; }
+    // SAFETY: helper reads of user memory.
+    let base = unsafe { bpf_probe_read_user(iov as *const u64) }.ok()?;
+    let len = unsafe { bpf_probe_read_user((iov + 8) as *const u64) }.ok()?;
+    Some((base, if len < ret { len } else { ret }))
+}
+
+/// x86_64 syscall numbers of the calls we follow.
+mod nr {
+    pub const READ: u64 = 0;
+    pub const WRITE: u64 = 1;
+    pub const CLOSE: u64 = 3;
+    pub const READV: u64 = 19;
+    pub const WRITEV: u64 = 20;
+    pub const CONNECT: u64 = 42;
+    pub const ACCEPT: u64 = 43;
+    pub const SENDTO: u64 = 44;
+    pub const RECVFROM: u64 = 45;
+    pub const SENDMSG: u64 = 46;
+    pub const RECVMSG: u64 = 47;
+    pub const SPLICE: u64 = 275;
+    pub const ACCEPT4: u64 = 288;
+}
+
+/// `struct pt_regs` (x86_64) from `dx` to `orig_ax`: the first three syscall arguments
+/// (`di`, `si`, `dx`) and the syscall number, in one read.
+#[repr(C)]
+#[derive(Copy, Clone)]
+struct SyscallRegs {
+    dx: u64,
+    si: u64,
+    di: u64,
+    orig_ax: u64,
+}
+
+/// Offset of `dx` in `struct pt_regs` (x86_64).
+const PT_REGS_DX: usize = 96;
+const EINPROGRESS: i64 = 115;
+
+#[inline(always)]
+fn syscall_regs(regs: u64) -> Option<SyscallRegs> {
+    // SAFETY: kernel read through the helper, which faults safely.
+    unsafe { bpf_probe_read_kernel((regs as usize + PT_REGS_DX) as *const SyscallRegs) }.ok()
+}
+
+/// How the user buffer of a data syscall is described.
+#[derive(Copy, Clone, PartialEq, Eq)]
+enum BufShape {
+    /// `buf` points at the bytes (read, write, recvfrom, sendto).
+    Plain,
+    /// `buf` points at a `struct iovec` array (readv, writev).
+    Iovec,
+    /// `buf` points at a `struct msghdr` (recvmsg, sendmsg).
+    Msghdr,
+}
+
+/// The first user buffer of a data call and how many bytes of it may hold data.
 #[inline(always)]
 fn first_segment(shape: BufShape, buf: u64, ret: u64) -> Option<(u64, u64)> {
     match shape {
@@ -215,171 +244,125 @@ fn first_segment(shape: BufShape, buf: u64, ret: u64) -> Option<(u64, u64)> {
             let iov = unsafe { bpf_probe_read_user((buf + 16) as *const u64) }.ok()?;
             iovec_at(iov, ret)
         }
-        BufShape::AcceptAddr | BufShape::Splice => None,
     }
 }
 
-#[inline(always)]
-fn iovec_at(iov: u64, ret: u64) -> Option<(u64, u64)> {
-    // struct iovec { void *iov_base; size_t iov_len; }
-    // SAFETY: helper reads of user memory.
-    let base = unsafe { bpf_probe_read_user(iov as *const u64) }.ok()?;
-    let len = unsafe { bpf_probe_read_user((iov + 8) as *const u64) }.ok()?;
-    Some((base, if len < ret { len } else { ret }))
-}
-
-#[inline(always)]
-fn on_exit(ctx: &TracePointContext) -> u32 {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    // SAFETY: the entry is copied out before it is removed.
-    let Some(entry) = (unsafe { INFLIGHT.get(&pid_tgid) }).copied() else {
-        return 0;
+#[raw_tracepoint(tracepoint = "sys_exit")]
+pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
+    // TP_PROTO(struct pt_regs *regs, long ret)
+    let regs: u64 = ctx.arg(0);
+    let ret: i64 = ctx.arg(1);
+    let Some(r) = syscall_regs(regs) else { return 0 };
+    let (kind, shape) = match r.orig_ax {
+        nr::READ | nr::RECVFROM => (EventKind::Read, BufShape::Plain),
+        nr::READV => (EventKind::Read, BufShape::Iovec),
+        nr::RECVMSG => (EventKind::Read, BufShape::Msghdr),
+        nr::WRITE | nr::SENDTO => (EventKind::Write, BufShape::Plain),
+        nr::WRITEV => (EventKind::Write, BufShape::Iovec),
+        nr::SENDMSG => (EventKind::Write, BufShape::Msghdr),
+        nr::ACCEPT | nr::ACCEPT4 => (EventKind::Accept, BufShape::Plain),
+        nr::CONNECT => (EventKind::Connect, BufShape::Plain),
+        nr::SPLICE => (EventKind::Read, BufShape::Plain),
+        _ => return 0,
     };
-    let _ = INFLIGHT.remove(&pid_tgid);
-    // SAFETY: `ret` is inside every sys_exit record.
-    let ret: i64 = unsafe { ctx.read_at::<i64>(RET) }.unwrap_or(-1);
-    if ret < 0 {
-        // EAGAIN and friends: nothing moved, nothing to say.
+    // Failed calls move nothing (EAGAIN is most of them); a non-blocking connect is in progress.
+    if ret < 0 && !(kind == EventKind::Connect && ret == -EINPROGRESS) {
         return 0;
     }
-    if entry.shape == BufShape::Splice {
-        // Bytes moved in the kernel (HAProxy's `option splice-*`): the process read `ret` bytes
-        // from one fd and wrote them to the other without seeing them.
-        if ret > 0 {
-            for (kind, fd) in [(EventKind::Read, entry.fd), (EventKind::Write, entry.buf as i32)] {
-                if let Some(staging) = stage(kind, fd, ret) {
-                    emit(staging, 0);
-                }
-            }
-        }
-        return 0;
-    }
-    match entry.kind {
-        EventKind::Accept => {
-            // `ret` carries the listening fd: the agent maps it to the bind address.
-            let Some(staging) = stage(EventKind::Accept, ret as i32, i64::from(entry.fd)) else {
-                return 0;
-            };
-            read_addr(staging, entry.buf);
-            emit(staging, 0);
-        }
-        EventKind::Read | EventKind::Write => {
-            if ret == 0 && entry.kind == EventKind::Write {
-                return 0;
-            }
-            let Some(staging) = stage(entry.kind, entry.fd, ret) else {
-                return 0;
-            };
-            let mut copied = 0u64;
-            if ret > 0 {
-                if let Some((base, available)) = first_segment(entry.shape, entry.buf, ret as u64) {
-                    // SAFETY: the agent writes this global before load.
-                    let window = u64::from(unsafe { core::ptr::read_volatile(&raw const CAPTURE_BYTES) });
-                    let want = if available < window { available } else { window };
-                    let want = bounded(want);
-                    if want > 0 {
-                        // SAFETY: `want` is bounded by the staging buffer size; the helper
-                        // faults safely on bad user addresses.
-                        let rc = unsafe {
-                            raw_probe_read_user(
-                                staging.data.as_mut_ptr().cast(),
-                                want as u32,
-                                base as *const core::ffi::c_void,
-                            )
-                        };
-                        if rc == 0 {
-                            copied = want;
-                        } else {
-                            count_loss(Loss::ReadFailed);
-                        }
-                    }
-                    if available > want && available >= TAIL_BYTES as u64 {
-                        let from = base + available - TAIL_BYTES as u64;
-                        // SAFETY: helper read of user memory into a fixed-size field.
-                        if let Ok(tail) = unsafe { bpf_probe_read_user(from as *const [u8; TAIL_BYTES]) } {
-                            staging.header.tail = tail;
-                            staging.header.tail_len = TAIL_BYTES as u32;
-                        }
-                    }
-                }
-            }
-            staging.header.captured = copied as u32;
-            emit(staging, copied);
-        }
-        EventKind::Connect | EventKind::Close => {}
-    }
-    0
-}
-
-/// Emits an event that needs nothing from the syscall's exit (connect, close).
-#[inline(always)]
-fn emit_now(ctx: &TracePointContext, kind: EventKind, addr_arg: Option<usize>) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     if !is_target((pid_tgid >> 32) as u32) {
         return 0;
     }
-    let fd = arg(ctx, 0) as i32;
-    let Some(staging) = stage(kind, fd, 0) else {
-        return 0;
-    };
-    if let Some(n) = addr_arg {
-        read_addr(staging, arg(ctx, n));
+    let fd = r.di as i32;
+    match kind {
+        EventKind::Accept => {
+            // `fd` is the new connection; `ret` carries the listening fd for the bind address.
+            let Some(staging) = stage(EventKind::Accept, ret as i32, i64::from(fd)) else { return 0 };
+            read_addr(staging, r.si);
+            emit(staging, 0);
+        }
+        EventKind::Connect => {
+            let Some(staging) = stage(EventKind::Connect, fd, 0) else { return 0 };
+            read_addr(staging, r.si);
+            emit(staging, 0);
+        }
+        EventKind::Close => {}
+        EventKind::Read | EventKind::Write if r.orig_ax == nr::SPLICE => {
+            // splice(fd_in, off_in, fd_out, ...): bytes moved in the kernel (HAProxy's
+            // `option splice-*`); the process read them from one fd and wrote them to the other
+            // without seeing them.
+            if ret > 0 {
+                for (kind, fd) in [(EventKind::Read, fd), (EventKind::Write, r.dx as i32)] {
+                    if let Some(staging) = stage(kind, fd, ret) {
+                        emit(staging, 0);
+                    }
+                }
+            }
+        }
+        EventKind::Read | EventKind::Write => {
+            if ret == 0 && kind == EventKind::Write {
+                return 0;
+            }
+            let Some(staging) = stage(kind, fd, ret) else { return 0 };
+            let copied = if ret > 0 { copy_payload(staging, shape, r.si, ret as u64) } else { 0 };
+            staging.header.captured = copied as u32;
+            emit(staging, copied);
+        }
     }
-    emit(staging, 0);
     0
 }
 
-macro_rules! enter_probe {
-    ($fn_name:ident, $tp:literal, $kind:expr, $shape:expr, $buf_arg:literal) => {
-        #[tracepoint(category = "syscalls", name = $tp)]
-        pub fn $fn_name(ctx: TracePointContext) -> u32 {
-            remember(&ctx, $kind, $shape, $buf_arg)
+/// `close` is reported at entry, while the fd still belongs to the connection: at exit another
+/// thread may already have been handed the same fd number by `accept`, and its record could reach
+/// the ring buffer first.
+#[raw_tracepoint(tracepoint = "sys_enter")]
+pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
+    // TP_PROTO(struct pt_regs *regs, long id)
+    let id: u64 = ctx.arg(1);
+    if id != nr::CLOSE {
+        return 0;
+    }
+    if !is_target((bpf_get_current_pid_tgid() >> 32) as u32) {
+        return 0;
+    }
+    let regs: u64 = ctx.arg(0);
+    let Some(r) = syscall_regs(regs) else { return 0 };
+    if let Some(staging) = stage(EventKind::Close, r.di as i32, 0) {
+        emit(staging, 0);
+    }
+    0
+}
+
+/// Copies the first `CAPTURE_BYTES` of the call's bytes, and the last `TAIL_BYTES` when the
+/// window cut them. Returns how many bytes follow the header.
+#[inline(always)]
+fn copy_payload(staging: &mut Staging, shape: BufShape, buf: u64, ret: u64) -> u64 {
+    let Some((base, available)) = first_segment(shape, buf, ret) else { return 0 };
+    // SAFETY: the agent writes this global before load.
+    let window = u64::from(unsafe { core::ptr::read_volatile(&raw const CAPTURE_BYTES) });
+    let want = bounded(if available < window { available } else { window });
+    let mut copied = 0;
+    if want > 0 {
+        // SAFETY: `want` is bounded by the staging buffer size; the helper faults safely on bad
+        // user addresses.
+        let rc = unsafe {
+            raw_probe_read_user(staging.data.as_mut_ptr().cast(), want as u32, base as *const core::ffi::c_void)
+        };
+        if rc == 0 {
+            copied = want;
+        } else {
+            count_loss(Loss::ReadFailed);
         }
-    };
-}
-
-macro_rules! exit_probe {
-    ($fn_name:ident, $tp:literal) => {
-        #[tracepoint(category = "syscalls", name = $tp)]
-        pub fn $fn_name(ctx: TracePointContext) -> u32 {
-            on_exit(&ctx)
+    }
+    if available > want && available >= TAIL_BYTES as u64 {
+        let from = base + available - TAIL_BYTES as u64;
+        // SAFETY: helper read of user memory into a fixed-size field.
+        if let Ok(tail) = unsafe { bpf_probe_read_user(from as *const [u8; TAIL_BYTES]) } {
+            staging.header.tail = tail;
+            staging.header.tail_len = TAIL_BYTES as u32;
         }
-    };
-}
-
-enter_probe!(enter_accept, "sys_enter_accept", EventKind::Accept, BufShape::AcceptAddr, 1);
-enter_probe!(enter_accept4, "sys_enter_accept4", EventKind::Accept, BufShape::AcceptAddr, 1);
-enter_probe!(enter_read, "sys_enter_read", EventKind::Read, BufShape::Plain, 1);
-enter_probe!(enter_recvfrom, "sys_enter_recvfrom", EventKind::Read, BufShape::Plain, 1);
-enter_probe!(enter_readv, "sys_enter_readv", EventKind::Read, BufShape::Iovec, 1);
-enter_probe!(enter_recvmsg, "sys_enter_recvmsg", EventKind::Read, BufShape::Msghdr, 1);
-enter_probe!(enter_write, "sys_enter_write", EventKind::Write, BufShape::Plain, 1);
-enter_probe!(enter_sendto, "sys_enter_sendto", EventKind::Write, BufShape::Plain, 1);
-enter_probe!(enter_writev, "sys_enter_writev", EventKind::Write, BufShape::Iovec, 1);
-enter_probe!(enter_sendmsg, "sys_enter_sendmsg", EventKind::Write, BufShape::Msghdr, 1);
-// splice(fd_in, off_in, fd_out, off_out, len, flags): `buf` keeps fd_out.
-enter_probe!(enter_splice, "sys_enter_splice", EventKind::Read, BufShape::Splice, 2);
-
-exit_probe!(exit_accept, "sys_exit_accept");
-exit_probe!(exit_accept4, "sys_exit_accept4");
-exit_probe!(exit_read, "sys_exit_read");
-exit_probe!(exit_recvfrom, "sys_exit_recvfrom");
-exit_probe!(exit_readv, "sys_exit_readv");
-exit_probe!(exit_recvmsg, "sys_exit_recvmsg");
-exit_probe!(exit_write, "sys_exit_write");
-exit_probe!(exit_sendto, "sys_exit_sendto");
-exit_probe!(exit_writev, "sys_exit_writev");
-exit_probe!(exit_sendmsg, "sys_exit_sendmsg");
-exit_probe!(exit_splice, "sys_exit_splice");
-
-#[tracepoint(category = "syscalls", name = "sys_enter_connect")]
-pub fn enter_connect(ctx: TracePointContext) -> u32 {
-    emit_now(&ctx, EventKind::Connect, Some(1))
-}
-
-#[tracepoint(category = "syscalls", name = "sys_enter_close")]
-pub fn enter_close(ctx: TracePointContext) -> u32 {
-    emit_now(&ctx, EventKind::Close, None)
+    }
+    copied
 }
 
 #[cfg(not(test))]

@@ -19,7 +19,8 @@ fn main() {
                     let _ = req.into_body().collect().await;
                     Ok::<_, Infallible>(hyper::Response::new(Full::new(Bytes::new())))
                 });
-                let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+                let _ =
+                    hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
             });
         }
     });
