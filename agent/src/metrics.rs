@@ -48,6 +48,7 @@ metrics! {
     backend_late: "counter", "tracetap_backend_exchanges_late_total", "Backend exchanges that ended after their SERVER span was exported; not exported";
     truncated_heads: "counter", "tracetap_request_heads_truncated_total", "Request heads longer than TRACETAP_CAPTURE_BYTES: traced from their first lines, headers past the window unseen";
     exchanges_expired: "counter", "tracetap_exchanges_expired_total", "Exchanges given up after 300 s without activity";
+    sampled_in: "counter", "tracetap_requests_sampled_total", "Requests the head sampler kept";
     sampled_out: "counter", "tracetap_requests_sampled_out_total", "Requests dropped by the head sampler";
     spans_built: "counter", "tracetap_spans_built_total", "Spans built";
     spans_exported: "counter", "tracetap_spans_exported_total", "Spans accepted by the exporter's destination";

@@ -1,14 +1,13 @@
 //! Head sampling, decided once per incoming request from its head alone, before any span exists.
 //!
-//! Ratio decisions compare the lowest 56 bits of the trace id with a rejection threshold, as the
-//! OpenTelemetry consistent probability sampling spec does, so every tier with the same ratio keeps
-//! the same traces.
+//! Ratio decisions follow OpenTelemetry's consistent probability sampling: the randomness is the
+//! `rv` of the incoming `tracestate` or else the lowest 56 bits of the trace id, the trace is kept
+//! when it is at least the rejection threshold, and kept spans carry that threshold as `ot=th:` in
+//! their `tracestate`. Every tier with the same ratio keeps the same traces, and a backend can
+//! extrapolate counts from `th`.
 
 use crate::config::ConfigError;
-use tracetap_proxy::trace_context::TraceParent;
-
-/// 2^56: the size of the randomness space.
-const MAX_THRESHOLD: u64 = 1 << 56;
+use tracetap_proxy::trace_context::{MAX_THRESHOLD, TraceParent, parse_ot_tracestate, with_threshold};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum RootSampler {
@@ -73,22 +72,38 @@ impl Sampler {
     /// Decides whether the trace of a request is recorded.
     #[must_use]
     pub fn should_sample(&self, parent: Option<&TraceParent>, trace_id: &[u8; 16]) -> bool {
+        self.decide(parent, None, trace_id).is_some()
+    }
+
+    /// Decides whether the trace of a request is recorded, from its parent, its `tracestate` and
+    /// its trace id. `None` drops it; `Some` is the `tracestate` its spans carry.
+    #[must_use]
+    pub fn decide(
+        &self,
+        parent: Option<&TraceParent>,
+        tracestate: Option<&str>,
+        trace_id: &[u8; 16],
+    ) -> Option<String> {
         if self.parent_based
             && let Some(parent) = parent
         {
-            return parent.sampled();
+            return parent.sampled().then(|| tracestate.unwrap_or_default().to_owned());
         }
-        match self.root {
-            RootSampler::AlwaysOn => true,
-            RootSampler::AlwaysOff => false,
-            RootSampler::Ratio { threshold, .. } => randomness(trace_id) >= threshold,
-        }
+        // Without a valid traceparent, an incoming tracestate is not part of this trace.
+        let tracestate = tracestate.filter(|_| parent.is_some());
+        let threshold = match self.root {
+            RootSampler::AlwaysOff => return None,
+            RootSampler::AlwaysOn => 0,
+            RootSampler::Ratio { threshold, .. } => threshold,
+        };
+        let randomness =
+            tracestate.and_then(|ts| parse_ot_tracestate(ts).randomness).unwrap_or_else(|| randomness(trace_id));
+        (randomness >= threshold).then(|| with_threshold(tracestate, threshold))
     }
 }
 
 /// Rejection threshold for a ratio: traces whose randomness is below it are dropped.
 fn threshold_for(ratio: f64) -> u64 {
-    #[expect(clippy::cast_precision_loss, reason = "2^56 is exact in an f64")]
     let t = (1.0 - ratio) * MAX_THRESHOLD as f64;
     (t.round() as u64).min(MAX_THRESHOLD)
 }
@@ -131,6 +146,40 @@ mod tests {
         assert!(s.should_sample(None, &[1; 16]));
         let s = Sampler::from_vars(Some("always_on"), None).unwrap();
         assert!(s.should_sample(Some(&parent(0)), &[1; 16]));
+    }
+
+    #[test]
+    fn kept_spans_carry_the_threshold_and_rv_wins_over_the_trace_id() {
+        let half = Sampler::from_vars(Some("traceidratio"), Some("0.5")).unwrap();
+        assert_eq!(half.decide(None, None, &tid(1 << 55)).as_deref(), Some("ot=th:8"));
+        assert_eq!(half.decide(None, None, &tid(0)), None);
+        let parent = TraceParent { trace_id: tid(0), parent_id: [1; 8], flags: 1 };
+        // rv says "high randomness" although the trace id's bits are zero.
+        let kept = half.decide(Some(&parent), Some("ot=rv:ffffffffffffff,x=y"), &tid(0));
+        assert_eq!(kept.as_deref(), Some("ot=th:8;rv:ffffffffffffff,x=y"));
+        let on = Sampler::from_vars(Some("always_on"), None).unwrap();
+        assert_eq!(on.decide(None, Some("ignored=1"), &tid(0)).as_deref(), Some("ot=th:0"));
+        let pb = Sampler::default();
+        assert_eq!(
+            pb.decide(Some(&parent), Some("a=b"), &tid(0)).as_deref(),
+            Some("a=b"),
+            "parent-based keeps the upstream state"
+        );
+    }
+
+    #[test]
+    fn two_tiers_with_the_same_ratio_agree() {
+        let a = Sampler::from_vars(Some("traceidratio"), Some("0.25")).unwrap();
+        let b = Sampler::from_vars(Some("parentbased_traceidratio"), Some("0.25")).unwrap();
+        let mut rng = fastrand::Rng::with_seed(3);
+        let mut kept = 0;
+        for _ in 0..10_000 {
+            let id = rng.u128(..).to_be_bytes();
+            let (x, y) = (a.should_sample(None, &id), b.should_sample(None, &id));
+            assert_eq!(x, y);
+            kept += usize::from(x);
+        }
+        assert!((2_200..2_800).contains(&kept), "{kept} of 10000 kept at 0.25");
     }
 
     #[test]

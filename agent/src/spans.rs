@@ -61,9 +61,10 @@ impl SpanBuilder {
             TraceparentField::Absent | TraceparentField::Repeated => None,
         });
         let trace_id = parent.map_or_else(|| new_trace_id(&mut self.rng), |p| p.trace_id);
-        if !self.sampler.should_sample(parent.as_ref(), &trace_id) {
+        let incoming_state = ex.request.as_ref().and_then(|r| r.tracestate.as_deref());
+        let Some(trace_state) = self.sampler.decide(parent.as_ref(), incoming_state, &trace_id) else {
             return Built::Dropped;
-        }
+        };
         let span_id = new_span_id(&mut self.rng);
         let flags = match parent {
             Some(p) => SAMPLED | u32::from(p.flags & FLAG_RANDOM) | HAS_IS_REMOTE | IS_REMOTE,
@@ -109,10 +110,7 @@ impl SpanBuilder {
             span: Span {
                 trace_id: trace_id.to_vec(),
                 span_id: span_id.to_vec(),
-                trace_state: request
-                    .and_then(|r| r.tracestate.clone())
-                    .filter(|_| parent.is_some())
-                    .unwrap_or_default(),
+                trace_state: trace_state.clone(),
                 parent_span_id: parent.map(|p| p.parent_id.to_vec()).unwrap_or_default(),
                 flags,
                 name: span_name(method, frontend),
@@ -125,7 +123,8 @@ impl SpanBuilder {
             },
         });
         for client in &ex.clients {
-            let span = self.client_span(client, names, &trace_id, Some(&span_id), SAMPLED | HAS_IS_REMOTE);
+            let mut span = self.client_span(client, names, &trace_id, Some(&span_id), SAMPLED | HAS_IS_REMOTE);
+            span.trace_state.clone_from(&trace_state);
             out.push(SpanRecord { tgid: ex.tgid, span });
         }
         Built::Sampled { spans: out.len() - server_span_index }
@@ -339,7 +338,8 @@ mod tests {
         let (server, client) = (&out[0].span, &out[1].span);
         assert_eq!(hex(&server.trace_id), "0af7651916cd43dd8448eb211c80319c");
         assert_eq!(hex(&server.parent_span_id), "b7ad6b7169203331");
-        assert_eq!(server.trace_state, "a=b");
+        assert_eq!(server.trace_state, "a=b", "parent-based: the upstream tracestate is kept");
+        assert_eq!(client.trace_state, "a=b");
         assert_eq!(client.trace_id, server.trace_id);
         assert_eq!(client.parent_span_id, server.span_id);
         assert_eq!(server.start_time_unix_nano, 1010);

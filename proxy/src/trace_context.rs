@@ -65,6 +65,76 @@ fn hex_byte(two: &[u8]) -> Option<u8> {
     Some(hex_digit(two[0])? << 4 | hex_digit(two[1])?)
 }
 
+/// The OpenTelemetry entry (`ot=...`) of a `tracestate`, as consistent probability sampling reads it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OtTraceState {
+    /// `th`: the rejection threshold (56 bits) the trace was sampled with upstream.
+    pub threshold: Option<u64>,
+    /// `rv`: explicit randomness (56 bits), which replaces the trace id's lowest 56 bits.
+    pub randomness: Option<u64>,
+}
+
+/// Largest value of a 56-bit threshold or randomness, plus one.
+pub const MAX_THRESHOLD: u64 = 1 << 56;
+
+/// Reads the `ot` entry of a `tracestate` header (W3C list; OpenTelemetry's `ot` value is
+/// `;`-separated `key:value` pairs). Malformed `th`/`rv` values are ignored, as the spec asks.
+#[must_use]
+pub fn parse_ot_tracestate(tracestate: &str) -> OtTraceState {
+    let mut out = OtTraceState::default();
+    let Some(ot) = tracestate.split(',').map(str::trim).find_map(|member| member.strip_prefix("ot=")) else {
+        return out;
+    };
+    for field in ot.split(';') {
+        if let Some(th) = field.strip_prefix("th:") {
+            out.threshold = parse_threshold(th);
+        } else if let Some(rv) = field.strip_prefix("rv:") {
+            out.randomness = (rv.len() == 14).then(|| u64::from_str_radix(rv, 16).ok()).flatten();
+        }
+    }
+    out
+}
+
+/// `th` is 1 to 14 lower-case hex digits with trailing zeros dropped.
+fn parse_threshold(th: &str) -> Option<u64> {
+    if th.is_empty() || th.len() > 14 || !th.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+        return None;
+    }
+    let value = u64::from_str_radix(th, 16).ok()?;
+    Some(value << (4 * (14 - th.len())))
+}
+
+/// Encodes a 56-bit threshold as `th` does: 14 hex digits, trailing zeros dropped (`0` for zero).
+#[must_use]
+pub fn encode_threshold(threshold: u64) -> String {
+    let full = format!("{:014x}", threshold.min(MAX_THRESHOLD - 1));
+    let trimmed = full.trim_end_matches('0');
+    if trimmed.is_empty() { "0".to_owned() } else { trimmed.to_owned() }
+}
+
+/// A `tracestate` with the `ot` entry's `th` set to `threshold`, moved to the front (W3C: a
+/// modified entry moves left); other `ot` fields and other vendors' entries are kept.
+#[must_use]
+pub fn with_threshold(tracestate: Option<&str>, threshold: u64) -> String {
+    let th = format!("th:{}", encode_threshold(threshold));
+    let mut ot_fields = vec![th];
+    let mut others = Vec::new();
+    for member in tracestate.unwrap_or("").split(',').map(str::trim).filter(|m| !m.is_empty()) {
+        match member.strip_prefix("ot=") {
+            Some(ot) => {
+                ot_fields.extend(ot.split(';').filter(|f| !f.starts_with("th:") && !f.is_empty()).map(str::to_owned));
+            }
+            None => others.push(member),
+        }
+    }
+    let mut out = format!("ot={}", ot_fields.join(";"));
+    for member in others.into_iter().take(31) {
+        out.push(',');
+        out.push_str(member);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -95,6 +165,35 @@ mod tests {
         ] {
             assert_eq!(parse_traceparent(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn ot_tracestate_fields() {
+        let ot = parse_ot_tracestate("vendor=x, ot=th:8;rv:0123456789abcd;foo:bar");
+        assert_eq!(ot.threshold, Some(0x8 << 52));
+        assert_eq!(ot.randomness, Some(0x0001_2345_6789_abcd));
+        assert_eq!(parse_ot_tracestate("ot=th:XYZ;rv:12").threshold, None);
+        assert_eq!(parse_ot_tracestate("ot=th:XYZ;rv:12").randomness, None);
+        assert_eq!(parse_ot_tracestate("nothing=here"), OtTraceState::default());
+    }
+
+    #[test]
+    fn threshold_round_trip() {
+        for t in [0, 1, 0x8 << 52, (1 << 56) - 1, 0x0000_c000_0000_0000] {
+            let encoded = encode_threshold(t);
+            assert_eq!(parse_threshold(&encoded), Some(t), "{encoded}");
+        }
+        assert_eq!(encode_threshold(0), "0");
+        assert_eq!(encode_threshold(0x8 << 52), "8");
+    }
+
+    #[test]
+    fn threshold_replaces_and_moves_left() {
+        assert_eq!(with_threshold(None, 0x8 << 52), "ot=th:8");
+        assert_eq!(
+            with_threshold(Some("a=1,ot=th:4;rv:0123456789abcd,b=2"), 0xc << 52),
+            "ot=th:c;rv:0123456789abcd,a=1,b=2"
+        );
     }
 
     #[test]

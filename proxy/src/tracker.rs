@@ -425,6 +425,11 @@ impl Tracker {
             } else {
                 // HAProxy answered without a request we parsed (408, 400, ...).
                 self.stats.unpaired_responses += 1;
+                if conn.ingress.is_idle() && !conn.ingress.is_desynced() {
+                    // Not a byte of a request: a TCP probe or port scan HAProxy answered with 400
+                    // on close. Counted, not traced (HAProxy's `option http-ignore-probes`).
+                    return response.framing("GET");
+                }
                 let id = self.insert_front(ctx, None, ctx.ts);
                 self.conns.get_mut(&ctx.key).expect("present").fronts.push_back(id);
                 id

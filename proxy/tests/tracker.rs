@@ -179,6 +179,23 @@ fn haproxy_answering_itself_gives_a_server_exchange_without_client() {
 }
 
 #[test]
+fn answer_to_a_connection_that_sent_nothing_is_not_an_exchange() {
+    let mut t = Tracker::default();
+    let mut s = Script::default();
+    s.push(1, 10, OwnedOp::Accept(client())).push(1, 10, OwnedOp::Eof).push(1, 10, OwnedOp::Write(resp(400, "bad")));
+    s.push(1, 10, OwnedOp::Close);
+    assert!(s.run(&mut t).is_empty());
+    assert_eq!(t.stats().unpaired_responses, 1);
+    // A half-sent head answered with 408 is an exchange.
+    s.push(1, 11, OwnedOp::Accept(client()))
+        .push(1, 11, OwnedOp::Read(b"GET /slow HTTP/1.1\r\nHost: a\r\n".to_vec()))
+        .push(1, 11, OwnedOp::Write(resp(408, "")));
+    let out = s.run(&mut t);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].response.unwrap().status, 408);
+}
+
+#[test]
 fn reused_fd_is_a_new_connection() {
     let mut t = Tracker::default();
     let mut s = Script::default();

@@ -280,10 +280,49 @@ fn haproxy_started_after_the_agent_and_reloaded_is_traced() {
         servers.iter().filter(|s| s.str_attr("url.path").is_some_and(|p| p.starts_with("/after/"))).collect();
     assert_eq!(before, 5);
     assert_eq!(after.len(), 5);
+    assert_eq!(servers.len(), 10, "the port checks of the harness (connect, close) are not requests");
     assert!(
         after.iter().all(|s| s.pid == i64::from(second_pid)),
         "requests after the reload are served by the new process"
     );
     assert_ne!(first_pid, second_pid);
     assert!(agent.is_running());
+}
+
+#[test]
+fn ratio_sampling_is_consistent_and_carries_the_threshold() {
+    if !require_root() {
+        return;
+    }
+    let s = Stack::start(
+        "",
+        &[("OTEL_TRACES_SAMPLER", "traceidratio".to_owned()), ("OTEL_TRACES_SAMPLER_ARG", "0.5".to_owned())],
+    );
+    let mut conn = Conn::connect(s.front).expect("connect");
+    // The lowest 56 bits of the trace id decide: at ratio 0.5, kept when bit 55 is set.
+    let kept_ids: Vec<String> =
+        (0..10).map(|i| format!("{:016x}{:016x}", 0xabcd_u64 + i, 0x00f0_0000_0000_0000_u64 + i)).collect();
+    let dropped_ids: Vec<String> =
+        (0..10).map(|i| format!("{:016x}{:016x}", 0xabcd_u64 + i, 0x0010_0000_0000_0000_u64 + i)).collect();
+    for (n, id) in kept_ids.iter().chain(&dropped_ids).enumerate() {
+        let tp = format!("00-{id}-00f067aa0ba902b7-01");
+        assert_eq!(
+            conn.get(&format!("/sampled/{n}"), &[("traceparent", &tp), ("tracestate", "vendor=1")]).unwrap().status,
+            200
+        );
+    }
+    let settled = wait_for(Duration::from_secs(20), || {
+        (s.agent.metric("tracetap_requests_sampled_total") + s.agent.metric("tracetap_requests_sampled_out_total")
+            >= 20)
+            .then_some(())
+    });
+    assert!(settled.is_some());
+    let spans = s.receiver.wait_for_spans(20);
+    let servers: Vec<_> = spans.iter().filter(|x| x.is_server()).collect();
+    let got: std::collections::BTreeSet<String> = servers.iter().map(|x| hex(&x.span.trace_id)).collect();
+    assert_eq!(got, kept_ids.iter().cloned().collect(), "exactly the traces whose randomness reaches the threshold");
+    for span in &spans {
+        assert_eq!(span.span.trace_state, "ot=th:8,vendor=1", "the threshold for ratio 0.5, other vendors kept");
+    }
+    assert_eq!(s.agent.metric("tracetap_requests_sampled_out_total"), 10);
 }

@@ -47,7 +47,7 @@ fn memory_stays_flat_under_mixed_traffic() {
         return;
     }
     let total = Duration::from_secs(std::env::var("SOAK_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(300));
-    let baseline_at = Duration::from_secs(60).min(total / 5);
+    let baseline_at = Duration::from_mins(1).min(total / 5);
     let s = Stack::start("", &[]);
     let stop = Arc::new(AtomicBool::new(false));
     let sent = Arc::new(AtomicU64::new(0));

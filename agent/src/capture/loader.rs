@@ -118,6 +118,7 @@ impl Probes {
     }
 
     /// Runs of all probes and the time they took, in ns (0 unless run-time statistics are on).
+    #[must_use]
     pub fn run_stats(&self) -> (u64, u64) {
         self.ebpf
             .programs()

@@ -99,7 +99,10 @@ fn hand_out(
         let built = builder.build(&ex, names.of(ex.tgid).as_deref(), spans);
         match built {
             Built::Dropped => metrics::add(&metrics.sampled_out, 1),
-            Built::Sampled { spans: n } => metrics::add(&metrics.spans_built, n as u64),
+            Built::Sampled { spans: n } => {
+                metrics::add(&metrics.sampled_in, 1);
+                metrics::add(&metrics.spans_built, n as u64);
+            }
         }
         for record in spans.drain(..) {
             queue.push(record);
