@@ -3,8 +3,10 @@
 #![deny(unsafe_code)]
 
 pub mod admin;
+pub mod batch;
 pub mod capture;
 pub mod config;
+pub mod encode;
 pub mod export;
 pub mod metrics;
 pub mod names;

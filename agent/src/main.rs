@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use anyhow::Context as _;
 use tracetap::capture::{self, loader::Probes};
 use tracetap::config::{Config, Sink};
-use tracetap::export::{self, ResourceTemplate};
+use tracetap::export;
 use tracetap::metrics::Metrics;
 use tracetap::{admin, config};
 
@@ -64,7 +64,7 @@ fn run(config: &Config) -> anyhow::Result<()> {
         "probes attached"
     );
 
-    let (queue, rx) = export::queue(config.max_queue_size, Arc::clone(&metrics));
+    let (queue, rx) = export::queue(config.max_queue_size, config.max_export_batch_size, Arc::clone(&metrics));
     let stop = Arc::new(AtomicBool::new(false));
     let capture_thread = {
         let (config, metrics, stop) = (config.clone(), Arc::clone(&metrics), Arc::clone(&stop));
@@ -75,8 +75,7 @@ fn run(config: &Config) -> anyhow::Result<()> {
     };
 
     runtime.block_on(async {
-        let exporter =
-            tokio::spawn(export::run(config.clone(), ResourceTemplate::from_config(config), rx, Arc::clone(&metrics)));
+        let exporter = tokio::spawn(export::run(config.clone(), rx, Arc::clone(&metrics)));
         let admin = tokio::spawn(admin::serve(admin_listener, Arc::clone(&metrics)));
         wait_for_signal().await;
         tracing::info!("shutting down: flushing queued spans");

@@ -1,18 +1,25 @@
-//! From finished exchanges to OTLP spans: trace context, the head sampling decision, and the
+//! From finished exchanges to spans: trace context, the head sampling decision, and the
 //! attributes of the stable HTTP semantic conventions.
 //!
-//! The sampling decision is taken first, from the request head alone; a dropped request builds
-//! nothing.
+//! Two steps, so a dropped request costs nothing: [`SpanBuilder::decide`] takes the sampling
+//! decision from the request head alone (no span, no attribute, no allocation when it drops), and
+//! [`SpanBuilder::views`] writes the spans of a kept exchange into a per-batch `bumpalo` arena as
+//! [`SpanView`]s that borrow the exchange's captured strings; `encode::BatchEncoder` turns them into
+//! OTLP bytes. [`SpanBuilder::build`] makes prost messages from the same views: the reference path,
+//! kept for tests and benchmarks.
 
+use std::fmt::Write as _;
 use std::net::SocketAddr;
 
-use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
-use opentelemetry_proto::tonic::trace::v1::{Span, Status, span, status};
+use bumpalo::Bump;
+use bumpalo::collections::Vec as BumpVec;
+use opentelemetry_proto::tonic::trace::v1::{Span, span};
 use tracetap_proxy::haproxy_config::ProxyNames;
+use tracetap_proxy::trace_context::{FLAG_RANDOM, parse_traceparent};
 use tracetap_proxy::{ClientExchange, RequestHead, ServerExchange, TraceparentField};
 
+use crate::encode::{Attr, SpanView, Value};
 use crate::sampling::Sampler;
-use tracetap_proxy::trace_context::{FLAG_RANDOM, parse_traceparent};
 
 /// Span flags: the W3C sampled flag, plus "has `is_remote`" (bit 8) and "`is_remote`" (bit 9) of the
 /// OTLP `SpanFlags` for the parent.
@@ -25,6 +32,16 @@ const IS_REMOTE: u32 = 0x200;
 pub struct SpanRecord {
     pub tgid: u32,
     pub span: Span,
+}
+
+/// The trace context of a kept exchange.
+#[derive(Debug, Clone)]
+pub struct Decision {
+    pub trace_id: [u8; 16],
+    /// The incoming parent span id, all zero for a new trace.
+    pub parent_span_id: [u8; 8],
+    pub trace_state: String,
+    pub flags: u32,
 }
 
 /// Builds spans. Owned by the capture thread.
@@ -49,131 +66,160 @@ impl SpanBuilder {
         Self { sampler, rng: fastrand::Rng::new(), mono_to_unix_ns }
     }
 
+    /// A builder with a fixed seed for its ids (tests and benchmarks).
+    #[must_use]
+    pub fn with_seed(sampler: Sampler, mono_to_unix_ns: i128, seed: u64) -> Self {
+        Self { sampler, rng: fastrand::Rng::with_seed(seed), mono_to_unix_ns }
+    }
+
     fn unix_ns(&self, mono: u64) -> u64 {
         (i128::from(mono) + self.mono_to_unix_ns).max(0) as u64
     }
 
-    /// Builds the SERVER span of `ex` and a CLIENT span per backend exchange into `out`, named after
-    /// HAProxy's frontend and backends when `names` knows them.
-    pub fn build(&mut self, ex: &ServerExchange, names: Option<&ProxyNames>, out: &mut Vec<SpanRecord>) -> Built {
+    /// The head sampling decision for an exchange, from its request head alone. `None`: drop it.
+    pub fn decide(&mut self, ex: &ServerExchange) -> Option<Decision> {
         let parent = ex.request.as_ref().and_then(|r| match &r.traceparent {
             TraceparentField::One(v) => parse_traceparent(v),
             TraceparentField::Absent | TraceparentField::Repeated => None,
         });
         let trace_id = parent.map_or_else(|| new_trace_id(&mut self.rng), |p| p.trace_id);
         let incoming_state = ex.request.as_ref().and_then(|r| r.tracestate.as_deref());
-        let Some(trace_state) = self.sampler.decide(parent.as_ref(), incoming_state, &trace_id) else {
-            return Built::Dropped;
-        };
-        let span_id = new_span_id(&mut self.rng);
+        let trace_state = self.sampler.decide(parent.as_ref(), incoming_state, &trace_id)?;
         let flags = match parent {
             Some(p) => SAMPLED | u32::from(p.flags & FLAG_RANDOM) | HAS_IS_REMOTE | IS_REMOTE,
             None => SAMPLED | u32::from(FLAG_RANDOM) | HAS_IS_REMOTE,
         };
+        Some(Decision { trace_id, parent_span_id: parent.map_or([0; 8], |p| p.parent_id), trace_state, flags })
+    }
+
+    /// The SERVER span of a kept exchange and a CLIENT span per backend exchange, in `bump`, named
+    /// after HAProxy's frontend and backends when `names` knows them.
+    pub fn views<'a>(
+        &mut self,
+        ex: &'a ServerExchange,
+        decision: &'a Decision,
+        names: Option<&'a ProxyNames>,
+        bump: &'a Bump,
+        out: &mut BumpVec<'a, SpanView<'a>>,
+    ) {
+        let span_id = new_span_id(&mut self.rng);
         let request = ex.request.as_ref();
         let method = request.map_or("_OTHER", |r| known_method(&r.method));
         let status_code = ex.response.map(|r| r.status);
-        let mut attributes = Vec::with_capacity(12);
-        push_request_attributes(&mut attributes, request);
+        let mut attrs = BumpVec::with_capacity_in(16, bump);
+        push_request_attributes(&mut attrs, request);
         if let Some(r) = request {
             if let Some(host) = &r.host {
                 let (address, port) = split_host(host);
-                attributes.push(kv_str("server.address", address));
+                attrs.push(attr_str("server.address", address));
                 if let Some(port) = port {
-                    attributes.push(kv_int("server.port", i64::from(port)));
+                    attrs.push(attr_int("server.port", i64::from(port)));
                 }
             }
             if let Some(ua) = &r.user_agent {
-                attributes.push(kv_str("user_agent.original", ua));
+                attrs.push(attr_str("user_agent.original", ua));
             }
         }
         if let Some(peer) = ex.peer {
-            attributes.push(kv_str("client.address", &peer.ip().to_string()));
-            push_peer(&mut attributes, peer);
+            let ip = ip_in(bump, peer);
+            attrs.push(attr_str("client.address", ip));
+            push_peer(&mut attrs, ip, peer.port());
         }
         if let Some(code) = status_code {
-            attributes.push(kv_int("http.response.status_code", i64::from(code)));
+            attrs.push(attr_int("http.response.status_code", i64::from(code)));
         }
         let frontend = names.zip(ex.local).and_then(|(n, local)| n.frontend(local));
         if let Some(fe) = frontend {
-            attributes.push(kv_str("haproxy.frontend", fe));
+            attrs.push(attr_str("haproxy.frontend", fe));
         }
         // SERVER spans: 5xx and aborted exchanges are errors, 4xx are the client's business.
-        let error_type = ex
-            .outcome
-            .error_type()
-            .map(str::to_owned)
-            .or_else(|| status_code.filter(|c| *c >= 500).map(|c| c.to_string()));
-        let server_span_index = out.len();
-        out.push(SpanRecord {
-            tgid: ex.tgid,
-            span: Span {
-                trace_id: trace_id.to_vec(),
-                span_id: span_id.to_vec(),
-                trace_state: trace_state.clone(),
-                parent_span_id: parent.map(|p| p.parent_id.to_vec()).unwrap_or_default(),
-                flags,
-                name: span_name(method, frontend),
-                kind: span::SpanKind::Server as i32,
-                start_time_unix_nano: self.unix_ns(ex.start_ns),
-                end_time_unix_nano: self.unix_ns(ex.end_ns.max(ex.start_ns)),
-                status: Some(status_for(error_type.is_some())),
-                attributes: with_error(attributes, error_type),
-                ..Span::default()
-            },
+        let error_type = match (ex.outcome.error_type(), status_code) {
+            (Some(e), _) => Some(e),
+            (None, Some(code)) if code >= 500 => Some(status_text(bump, code)),
+            _ => None,
+        };
+        if let Some(e) = error_type {
+            attrs.push(attr_str("error.type", e));
+        }
+        out.push(SpanView {
+            trace_id: decision.trace_id,
+            span_id,
+            parent_span_id: decision.parent_span_id,
+            trace_state: &decision.trace_state,
+            flags: decision.flags,
+            name: span_name(bump, method, frontend),
+            kind: span::SpanKind::Server as i32,
+            start_unix_ns: self.unix_ns(ex.start_ns),
+            end_unix_ns: self.unix_ns(ex.end_ns.max(ex.start_ns)),
+            attributes: attrs.into_bump_slice(),
+            error: error_type.is_some(),
         });
         for client in &ex.clients {
-            let mut span = self.client_span(client, names, &trace_id, Some(&span_id), SAMPLED | HAS_IS_REMOTE);
-            span.trace_state.clone_from(&trace_state);
-            out.push(SpanRecord { tgid: ex.tgid, span });
+            let view = self.client_view(client, names, decision, span_id, bump);
+            out.push(view);
         }
-        Built::Sampled { spans: out.len() - server_span_index }
     }
 
-    fn client_span(
+    fn client_view<'a>(
         &mut self,
-        ex: &ClientExchange,
-        names: Option<&ProxyNames>,
-        trace_id: &[u8; 16],
-        parent: Option<&[u8; 8]>,
-        flags: u32,
-    ) -> Span {
-        let mut attributes = Vec::with_capacity(10);
-        push_request_attributes(&mut attributes, Some(&ex.request));
+        ex: &'a ClientExchange,
+        names: Option<&'a ProxyNames>,
+        decision: &'a Decision,
+        parent: [u8; 8],
+        bump: &'a Bump,
+    ) -> SpanView<'a> {
+        let mut attrs = BumpVec::with_capacity_in(14, bump);
+        push_request_attributes(&mut attrs, Some(&ex.request));
         if let Some(server) = ex.server {
-            attributes.push(kv_str("server.address", &server.ip().to_string()));
-            attributes.push(kv_int("server.port", i64::from(server.port())));
-            attributes.push(kv_str("url.full", &format!("http://{server}{}", ex.request.target)));
-            push_peer(&mut attributes, server);
+            let ip = ip_in(bump, server);
+            attrs.push(attr_str("server.address", ip));
+            attrs.push(attr_int("server.port", i64::from(server.port())));
+            let mut url = bumpalo::collections::String::new_in(bump);
+            let _ = write!(url, "http://{server}{}", ex.request.target);
+            attrs.push(attr_str("url.full", url.into_bump_str()));
+            push_peer(&mut attrs, ip, server.port());
         }
         let status_code = ex.response.map(|r| r.status);
         if let Some(code) = status_code {
-            attributes.push(kv_int("http.response.status_code", i64::from(code)));
+            attrs.push(attr_int("http.response.status_code", i64::from(code)));
         }
         let backend = names.zip(ex.server).and_then(|(n, server)| n.server(server));
         if let Some((be, srv)) = backend {
-            attributes.push(kv_str("haproxy.backend", be));
-            attributes.push(kv_str("haproxy.server", srv));
+            attrs.push(attr_str("haproxy.backend", be));
+            attrs.push(attr_str("haproxy.server", srv));
         }
         // CLIENT spans: any status from 400 up is an error, per the HTTP conventions.
-        let error_type = ex
-            .outcome
-            .error_type()
-            .map(str::to_owned)
-            .or_else(|| status_code.filter(|c| *c >= 400).map(|c| c.to_string()));
-        Span {
-            trace_id: trace_id.to_vec(),
-            span_id: new_span_id(&mut self.rng).to_vec(),
-            parent_span_id: parent.map(|p| p.to_vec()).unwrap_or_default(),
-            flags,
-            name: span_name(known_method(&ex.request.method), backend.map(|(be, _)| be)),
-            kind: span::SpanKind::Client as i32,
-            start_time_unix_nano: self.unix_ns(ex.start_ns),
-            end_time_unix_nano: self.unix_ns(ex.end_ns.max(ex.start_ns)),
-            status: Some(status_for(error_type.is_some())),
-            attributes: with_error(attributes, error_type),
-            ..Span::default()
+        let error_type = match (ex.outcome.error_type(), status_code) {
+            (Some(e), _) => Some(e),
+            (None, Some(code)) if code >= 400 => Some(status_text(bump, code)),
+            _ => None,
+        };
+        if let Some(e) = error_type {
+            attrs.push(attr_str("error.type", e));
         }
+        SpanView {
+            trace_id: decision.trace_id,
+            span_id: new_span_id(&mut self.rng),
+            parent_span_id: parent,
+            trace_state: &decision.trace_state,
+            flags: SAMPLED | HAS_IS_REMOTE,
+            name: span_name(bump, known_method(&ex.request.method), backend.map(|(be, _)| be)),
+            kind: span::SpanKind::Client as i32,
+            start_unix_ns: self.unix_ns(ex.start_ns),
+            end_unix_ns: self.unix_ns(ex.end_ns.max(ex.start_ns)),
+            attributes: attrs.into_bump_slice(),
+            error: error_type.is_some(),
+        }
+    }
+
+    /// The reference path: prost messages for the spans of `ex` (tests, benchmarks, stdout).
+    pub fn build(&mut self, ex: &ServerExchange, names: Option<&ProxyNames>, out: &mut Vec<SpanRecord>) -> Built {
+        let Some(decision) = self.decide(ex) else { return Built::Dropped };
+        let bump = Bump::new();
+        let mut views = BumpVec::new_in(&bump);
+        self.views(ex, &decision, names, &bump, &mut views);
+        out.extend(views.iter().map(|v| SpanRecord { tgid: ex.tgid, span: v.to_prost() }));
+        Built::Sampled { spans: views.len() }
     }
 }
 
@@ -200,11 +246,21 @@ fn new_span_id(rng: &mut fastrand::Rng) -> [u8; 8] {
 }
 
 /// `{method} {proxy}` when HAProxy's name for the frontend or backend is known, else `{method}`.
-fn span_name(method: &str, proxy: Option<&str>) -> String {
+fn span_name<'a>(bump: &'a Bump, method: &'a str, proxy: Option<&str>) -> &'a str {
     match proxy {
-        Some(p) => format!("{method} {p}"),
-        None => method.to_owned(),
+        Some(p) => bumpalo::format!(in bump, "{} {}", method, p).into_bump_str(),
+        None => method,
     }
+}
+
+/// The decimal status code (for `error.type`), in the arena.
+fn status_text(bump: &Bump, code: u16) -> &str {
+    bumpalo::format!(in bump, "{}", code).into_bump_str()
+}
+
+/// The textual IP of an address, in the arena.
+fn ip_in(bump: &Bump, addr: SocketAddr) -> &str {
+    bumpalo::format!(in bump, "{}", addr.ip()).into_bump_str()
 }
 
 /// Methods of RFC 9110 and PATCH keep their name; anything else is `_OTHER`, per the conventions.
@@ -215,42 +271,39 @@ fn known_method(method: &str) -> &str {
     }
 }
 
-fn push_request_attributes(attributes: &mut Vec<KeyValue>, request: Option<&RequestHead>) {
+fn attr_str<'a>(key: &'static str, value: &'a str) -> Attr<'a> {
+    Attr { key, value: Value::Str(value) }
+}
+
+fn attr_int(key: &'static str, value: i64) -> Attr<'static> {
+    Attr { key, value: Value::Int(value) }
+}
+
+fn push_request_attributes<'a>(attrs: &mut BumpVec<'a, Attr<'a>>, request: Option<&'a RequestHead>) {
     let Some(r) = request else {
-        attributes.push(kv_str("http.request.method", "_OTHER"));
+        attrs.push(attr_str("http.request.method", "_OTHER"));
         return;
     };
     if r.truncated {
         // Headers past the capture window (a traceparent among them) were not seen.
-        attributes.push(kv_bool("tracetap.head_truncated", true));
+        attrs.push(Attr { key: "tracetap.head_truncated", value: Value::Bool(true) });
     }
     let method = known_method(&r.method);
-    attributes.push(kv_str("http.request.method", method));
+    attrs.push(attr_str("http.request.method", method));
     if method != r.method {
-        attributes.push(kv_str("http.request.method_original", &r.method));
+        attrs.push(attr_str("http.request.method_original", &r.method));
     }
-    attributes.push(kv_str("url.path", r.path()));
+    attrs.push(attr_str("url.path", r.path()));
     if let Some(q) = r.query() {
-        attributes.push(kv_str("url.query", q));
+        attrs.push(attr_str("url.query", q));
     }
-    attributes.push(kv_str("url.scheme", "http"));
-    attributes.push(kv_str("network.protocol.version", if r.version_minor == 0 { "1.0" } else { "1.1" }));
+    attrs.push(attr_str("url.scheme", "http"));
+    attrs.push(attr_str("network.protocol.version", if r.version_minor == 0 { "1.0" } else { "1.1" }));
 }
 
-fn push_peer(attributes: &mut Vec<KeyValue>, peer: SocketAddr) {
-    attributes.push(kv_str("network.peer.address", &peer.ip().to_string()));
-    attributes.push(kv_int("network.peer.port", i64::from(peer.port())));
-}
-
-fn with_error(mut attributes: Vec<KeyValue>, error_type: Option<String>) -> Vec<KeyValue> {
-    if let Some(e) = error_type {
-        attributes.push(kv_str("error.type", &e));
-    }
-    attributes
-}
-
-fn status_for(error: bool) -> Status {
-    if error { Status { code: status::StatusCode::Error as i32, message: String::new() } } else { Status::default() }
+fn push_peer<'a>(attrs: &mut BumpVec<'a, Attr<'a>>, ip: &'a str, port: u16) {
+    attrs.push(attr_str("network.peer.address", ip));
+    attrs.push(attr_int("network.peer.port", i64::from(port)));
 }
 
 /// Splits a Host header into name and port (`[::1]:80`, `example.com:8080`, `example.com`).
@@ -269,32 +322,11 @@ fn split_host(host: &str) -> (&str, Option<u16>) {
     }
 }
 
-pub(crate) fn kv_str(key: &str, value: &str) -> KeyValue {
-    KeyValue {
-        key: key.to_owned(),
-        value: Some(AnyValue { value: Some(any_value::Value::StringValue(value.to_owned())) }),
-        ..KeyValue::default()
-    }
-}
-
-pub(crate) fn kv_bool(key: &str, value: bool) -> KeyValue {
-    KeyValue {
-        key: key.to_owned(),
-        value: Some(AnyValue { value: Some(any_value::Value::BoolValue(value)) }),
-        ..KeyValue::default()
-    }
-}
-
-pub(crate) fn kv_int(key: &str, value: i64) -> KeyValue {
-    KeyValue {
-        key: key.to_owned(),
-        value: Some(AnyValue { value: Some(any_value::Value::IntValue(value)) }),
-        ..KeyValue::default()
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use opentelemetry_proto::tonic::common::v1::any_value;
+    use opentelemetry_proto::tonic::trace::v1::status;
+
     use super::*;
     use tracetap_proxy::Outcome;
     use tracetap_proxy::head::{parse_request, parse_response};

@@ -6,13 +6,12 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-use opentelemetry_proto::tonic::trace::v1::Span;
+use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
 use prost::Message as _;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tracetap::config::Config;
-use tracetap::export::{self, ResourceTemplate};
+use tracetap::export::{self, EncodedBatch};
 use tracetap::metrics::Metrics;
-use tracetap::spans::SpanRecord;
 
 /// Serves one canned status per request, in order (the last one repeats), and keeps the bodies.
 async fn server(statuses: Vec<u16>) -> (String, Arc<Mutex<Vec<Vec<u8>>>>) {
@@ -66,22 +65,31 @@ fn config(url: &str) -> Config {
     Config::from_map(&vars).unwrap()
 }
 
-fn span(name: &str) -> SpanRecord {
-    SpanRecord {
-        tgid: 7,
-        span: Span { name: name.to_owned(), trace_id: vec![1; 16], span_id: vec![2; 8], ..Span::default() },
-    }
+/// A batch of two spans named `{name}a` and `{name}b`.
+fn batch(name: &str) -> EncodedBatch {
+    let spans = ["a", "b"].map(|s| Span {
+        name: format!("{name}{s}"),
+        trace_id: vec![1; 16],
+        span_id: vec![2; 8],
+        ..Span::default()
+    });
+    let request = ExportTraceServiceRequest {
+        resource_spans: vec![ResourceSpans {
+            scope_spans: vec![ScopeSpans { spans: spans.to_vec(), ..ScopeSpans::default() }],
+            ..ResourceSpans::default()
+        }],
+    };
+    EncodedBatch { body: request.encode_to_vec().into(), spans: 2 }
 }
 
-async fn export_spans(statuses: Vec<u16>, spans: usize) -> (Arc<Metrics>, Vec<Vec<u8>>) {
+async fn export_batches(statuses: Vec<u16>, batches: usize) -> (Arc<Metrics>, Vec<Vec<u8>>) {
     let (url, bodies) = server(statuses).await;
     let config = config(&url);
     let metrics = Arc::new(Metrics::default());
-    let (queue, rx) = export::queue(config.max_queue_size, Arc::clone(&metrics));
-    let exporter =
-        tokio::spawn(export::run(config.clone(), ResourceTemplate::from_config(&config), rx, Arc::clone(&metrics)));
-    for i in 0..spans {
-        queue.push(span(&format!("s{i}")));
+    let (queue, rx) = export::queue(config.max_queue_size, config.max_export_batch_size, Arc::clone(&metrics));
+    let exporter = tokio::spawn(export::run(config.clone(), rx, Arc::clone(&metrics)));
+    for i in 0..batches {
+        queue.push(batch(&format!("s{i}")));
     }
     drop(queue);
     exporter.await.unwrap();
@@ -91,18 +99,18 @@ async fn export_spans(statuses: Vec<u16>, spans: usize) -> (Arc<Metrics>, Vec<Ve
 
 #[tokio::test]
 async fn retryable_statuses_are_retried_until_accepted() {
-    let (metrics, bodies) = export_spans(vec![503, 429, 200], 2).await;
+    let (metrics, bodies) = export_batches(vec![503, 429, 200], 1).await;
     assert_eq!(metrics.export_retries.load(Relaxed), 2);
     assert_eq!(metrics.spans_exported.load(Relaxed), 2);
     assert_eq!(metrics.export_failures.load(Relaxed), 0);
     let last = ExportTraceServiceRequest::decode(&bodies[2][..]).unwrap();
     let names: Vec<_> = last.resource_spans[0].scope_spans[0].spans.iter().map(|s| s.name.clone()).collect();
-    assert_eq!(names, ["s0", "s1"]);
+    assert_eq!(names, ["s0a", "s0b"]);
 }
 
 #[tokio::test]
 async fn permanent_errors_drop_and_count() {
-    let (metrics, bodies) = export_spans(vec![400], 2).await;
+    let (metrics, bodies) = export_batches(vec![400], 1).await;
     assert_eq!(bodies.len(), 1, "a 400 is not retried");
     assert_eq!(metrics.export_failures.load(Relaxed), 1);
     assert_eq!(metrics.spans_dropped_export_failed.load(Relaxed), 2);
@@ -111,8 +119,9 @@ async fn permanent_errors_drop_and_count() {
 
 #[tokio::test]
 async fn full_queue_drops_and_counts_and_close_flushes_the_rest() {
-    // Queue of 4: the exporter is not polled while we push 10 (current-thread runtime).
-    let (metrics, bodies) = export_spans(vec![200], 10).await;
+    // Room for 4 spans in batches of 2: the exporter is not polled while we push 5 batches
+    // (current-thread runtime), so 3 batches are dropped.
+    let (metrics, bodies) = export_batches(vec![200], 5).await;
     assert_eq!(metrics.spans_dropped_queue_full.load(Relaxed), 6);
     assert_eq!(metrics.spans_exported.load(Relaxed), 4);
     let exported: usize = bodies

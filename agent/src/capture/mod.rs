@@ -20,11 +20,12 @@ use std::time::{Duration, Instant};
 use tracetap_ebpf_common::Loss;
 use tracetap_proxy::{Limits, Tracker};
 
+use crate::batch::Batcher;
 use crate::config::Config;
-use crate::export::SpanQueue;
+use crate::export::{self, BatchQueue};
 use crate::metrics::{self, Metrics};
 use crate::names::Names;
-use crate::spans::{Built, SpanBuilder};
+use crate::spans::SpanBuilder;
 use loader::Probes;
 use sockets::ListenAddrs;
 use tracetap_proxy::Op;
@@ -35,11 +36,12 @@ const POLL: Duration = Duration::from_millis(5);
 /// Runs until `stop` is set, then hands out nothing more and returns (dropping the queue sender
 /// lets the exporter flush and finish).
 #[expect(clippy::needless_pass_by_value, reason = "the queue is dropped on return, which lets the exporter finish")]
-pub fn run(mut probes: Probes, config: &Config, metrics: &Metrics, queue: SpanQueue, stop: &Arc<AtomicBool>) {
+pub fn run(mut probes: Probes, config: &Config, metrics: &Metrics, queue: BatchQueue, stop: &Arc<AtomicBool>) {
     let mut tracker = Tracker::new(Limits::default());
     let mut builder = SpanBuilder::new(config.sampler, loader::monotonic_to_unix_offset_ns());
     let mut targets: BTreeSet<u32> = BTreeSet::new();
-    let mut spans = Vec::with_capacity(16);
+    let mut batcher =
+        Batcher::new(config.max_export_batch_size, config.schedule_delay, export::resource_attributes(config));
     let mut listeners = ListenAddrs::new(Path::new("/proc"));
     let mut names = Names::new(Path::new("/proc"));
     let mut last_housekeeping: Option<Instant> = None;
@@ -74,39 +76,52 @@ pub fn run(mut probes: Probes, config: &Config, metrics: &Metrics, queue: SpanQu
                 Err(_) => metrics::add(&metrics.events_malformed, 1),
             }
             if events.is_multiple_of(64) {
-                hand_out(&mut tracker, &mut builder, &mut names, &mut spans, &queue, metrics);
+                hand_out(&mut tracker, &mut builder, &mut names, &mut batcher, &queue, metrics);
             }
         }
         metrics::add(&metrics.events_captured, events);
-        hand_out(&mut tracker, &mut builder, &mut names, &mut spans, &queue, metrics);
+        hand_out(&mut tracker, &mut builder, &mut names, &mut batcher, &queue, metrics);
         publish_tracker(&tracker, metrics);
     }
+    flush(&mut batcher, &mut builder, &queue);
     publish(&probes, &tracker, metrics);
     if tracker.open_exchanges() > 0 {
         tracing::info!(open = tracker.open_exchanges(), "exchanges still open at shutdown are not exported");
     }
 }
 
+/// Takes the sampling decision for every finished exchange, batches the kept ones and queues the
+/// batches that are due.
 fn hand_out(
     tracker: &mut Tracker,
     builder: &mut SpanBuilder,
     names: &mut Names,
-    spans: &mut Vec<crate::spans::SpanRecord>,
-    queue: &SpanQueue,
+    batcher: &mut Batcher,
+    queue: &BatchQueue,
     metrics: &Metrics,
 ) {
     for ex in tracker.drain() {
-        let built = builder.build(&ex, names.of(ex.tgid).as_deref(), spans);
-        match built {
-            Built::Dropped => metrics::add(&metrics.sampled_out, 1),
-            Built::Sampled { spans: n } => {
+        match builder.decide(&ex) {
+            None => metrics::add(&metrics.sampled_out, 1),
+            Some(decision) => {
                 metrics::add(&metrics.sampled_in, 1);
-                metrics::add(&metrics.spans_built, n as u64);
+                let names = names.of(ex.tgid);
+                let spans = batcher.add(ex, decision, names);
+                metrics::add(&metrics.spans_built, spans as u64);
             }
         }
-        for record in spans.drain(..) {
-            queue.push(record);
+        if batcher.is_full() {
+            flush(batcher, builder, queue);
         }
+    }
+    if batcher.is_due(Instant::now()) {
+        flush(batcher, builder, queue);
+    }
+}
+
+fn flush(batcher: &mut Batcher, builder: &mut SpanBuilder, queue: &BatchQueue) {
+    if let Some(batch) = batcher.flush(builder) {
+        queue.push(batch);
     }
 }
 

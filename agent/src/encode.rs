@@ -1,0 +1,367 @@
+//! OTLP protobuf encoding straight from borrowed span views, without building prost structs.
+//!
+//! A [`SpanView`] borrows its strings from the finished exchange (method, path, host, user agent:
+//! the captured bytes) or from a per-batch `bumpalo` arena (formatted addresses, span names); keys
+//! are `'static`. [`BatchEncoder`] writes an `ExportTraceServiceRequest` with prost's encoding
+//! primitives: one `ResourceSpans` per traced process, resource and scope encoded once per
+//! resource, into an output buffer it reuses across batches. Nested messages are length-prefixed,
+//! so every message's size is computed before it is written (`*_len` functions mirror `write_*`).
+//!
+//! Invariant: the bytes decode with `opentelemetry-proto` to exactly what [`SpanView::to_prost`]
+//! builds (tested below and in `tests/encode.rs`).
+
+use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
+use opentelemetry_proto::tonic::trace::v1::{Span, Status, status};
+use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint, key_len};
+
+/// An attribute value.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Value<'a> {
+    Str(&'a str),
+    Int(i64),
+    Bool(bool),
+}
+
+/// An attribute.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Attr<'a> {
+    pub key: &'a str,
+    pub value: Value<'a>,
+}
+
+/// A span as borrowed views; see the module note.
+#[derive(Clone, Copy, Debug)]
+pub struct SpanView<'a> {
+    pub trace_id: [u8; 16],
+    pub span_id: [u8; 8],
+    /// All zero for a root span.
+    pub parent_span_id: [u8; 8],
+    pub trace_state: &'a str,
+    pub flags: u32,
+    pub name: &'a str,
+    /// OTLP `SpanKind` value.
+    pub kind: i32,
+    pub start_unix_ns: u64,
+    pub end_unix_ns: u64,
+    pub attributes: &'a [Attr<'a>],
+    pub error: bool,
+}
+
+impl SpanView<'_> {
+    /// The same span as a prost message (the reference path, for tests and benchmarks).
+    #[must_use]
+    pub fn to_prost(&self) -> Span {
+        Span {
+            trace_id: self.trace_id.to_vec(),
+            span_id: self.span_id.to_vec(),
+            trace_state: self.trace_state.to_owned(),
+            parent_span_id: if self.parent_span_id == [0; 8] { Vec::new() } else { self.parent_span_id.to_vec() },
+            flags: self.flags,
+            name: self.name.to_owned(),
+            kind: self.kind,
+            start_time_unix_nano: self.start_unix_ns,
+            end_time_unix_nano: self.end_unix_ns,
+            attributes: self.attributes.iter().map(Attr::to_prost).collect(),
+            status: Some(if self.error {
+                Status { code: status::StatusCode::Error as i32, message: String::new() }
+            } else {
+                Status::default()
+            }),
+            ..Span::default()
+        }
+    }
+}
+
+impl Attr<'_> {
+    #[must_use]
+    pub fn to_prost(&self) -> KeyValue {
+        let value = match self.value {
+            Value::Str(s) => any_value::Value::StringValue(s.to_owned()),
+            Value::Int(i) => any_value::Value::IntValue(i),
+            Value::Bool(b) => any_value::Value::BoolValue(b),
+        };
+        KeyValue { key: self.key.to_owned(), value: Some(AnyValue { value: Some(value) }), ..KeyValue::default() }
+    }
+}
+
+// Field numbers of the OTLP messages written here (opentelemetry-proto, trace/v1, common/v1).
+mod field {
+    pub const REQUEST_RESOURCE_SPANS: u32 = 1;
+    pub const RESOURCE_SPANS_RESOURCE: u32 = 1;
+    pub const RESOURCE_SPANS_SCOPE_SPANS: u32 = 2;
+    pub const RESOURCE_ATTRIBUTES: u32 = 1;
+    pub const SCOPE_SPANS_SCOPE: u32 = 1;
+    pub const SCOPE_SPANS_SPANS: u32 = 2;
+    pub const SCOPE_NAME: u32 = 1;
+    pub const SCOPE_VERSION: u32 = 2;
+    pub const SPAN_TRACE_ID: u32 = 1;
+    pub const SPAN_SPAN_ID: u32 = 2;
+    pub const SPAN_TRACE_STATE: u32 = 3;
+    pub const SPAN_PARENT_SPAN_ID: u32 = 4;
+    pub const SPAN_NAME: u32 = 5;
+    pub const SPAN_KIND: u32 = 6;
+    pub const SPAN_START: u32 = 7;
+    pub const SPAN_END: u32 = 8;
+    pub const SPAN_ATTRIBUTES: u32 = 9;
+    pub const SPAN_STATUS: u32 = 15;
+    pub const SPAN_FLAGS: u32 = 16;
+    pub const STATUS_CODE: u32 = 3;
+    pub const KV_KEY: u32 = 1;
+    pub const KV_VALUE: u32 = 2;
+    pub const ANY_STRING: u32 = 1;
+    pub const ANY_BOOL: u32 = 2;
+    pub const ANY_INT: u32 = 3;
+}
+
+const STATUS_ERROR: u64 = 2;
+
+fn len_delimited_len(field: u32, len: usize) -> usize {
+    key_len(field) + encoded_len_varint(len as u64) + len
+}
+
+fn write_len_delimited(buf: &mut Vec<u8>, field: u32, len: usize) {
+    encode_key(field, WireType::LengthDelimited, buf);
+    encode_varint(len as u64, buf);
+}
+
+fn bytes_len(field: u32, bytes: &[u8]) -> usize {
+    if bytes.is_empty() { 0 } else { len_delimited_len(field, bytes.len()) }
+}
+
+fn write_bytes(buf: &mut Vec<u8>, field: u32, bytes: &[u8]) {
+    if !bytes.is_empty() {
+        write_len_delimited(buf, field, bytes.len());
+        buf.extend_from_slice(bytes);
+    }
+}
+
+fn any_value_len(value: Value<'_>) -> usize {
+    match value {
+        // A oneof member is written even when it holds the default value.
+        Value::Str(s) => len_delimited_len(field::ANY_STRING, s.len()),
+        Value::Int(i) => key_len(field::ANY_INT) + encoded_len_varint(i as u64),
+        Value::Bool(_) => key_len(field::ANY_BOOL) + 1,
+    }
+}
+
+fn write_any_value(buf: &mut Vec<u8>, value: Value<'_>) {
+    match value {
+        Value::Str(s) => {
+            write_len_delimited(buf, field::ANY_STRING, s.len());
+            buf.extend_from_slice(s.as_bytes());
+        }
+        Value::Int(i) => {
+            encode_key(field::ANY_INT, WireType::Varint, buf);
+            encode_varint(i as u64, buf);
+        }
+        Value::Bool(b) => {
+            encode_key(field::ANY_BOOL, WireType::Varint, buf);
+            encode_varint(u64::from(b), buf);
+        }
+    }
+}
+
+fn key_value_len(attr: &Attr<'_>) -> usize {
+    bytes_len(field::KV_KEY, attr.key.as_bytes()) + len_delimited_len(field::KV_VALUE, any_value_len(attr.value))
+}
+
+fn write_key_value(buf: &mut Vec<u8>, field: u32, attr: &Attr<'_>) {
+    write_len_delimited(buf, field, key_value_len(attr));
+    write_bytes(buf, field::KV_KEY, attr.key.as_bytes());
+    write_len_delimited(buf, field::KV_VALUE, any_value_len(attr.value));
+    write_any_value(buf, attr.value);
+}
+
+fn status_len(error: bool) -> usize {
+    if error { key_len(field::STATUS_CODE) + encoded_len_varint(STATUS_ERROR) } else { 0 }
+}
+
+fn span_len(span: &SpanView<'_>) -> usize {
+    let parent: &[u8] = if span.parent_span_id == [0; 8] { &[] } else { &span.parent_span_id };
+    bytes_len(field::SPAN_TRACE_ID, &span.trace_id)
+        + bytes_len(field::SPAN_SPAN_ID, &span.span_id)
+        + bytes_len(field::SPAN_TRACE_STATE, span.trace_state.as_bytes())
+        + bytes_len(field::SPAN_PARENT_SPAN_ID, parent)
+        + bytes_len(field::SPAN_NAME, span.name.as_bytes())
+        + if span.kind == 0 { 0 } else { key_len(field::SPAN_KIND) + encoded_len_varint(span.kind as u64) }
+        + if span.start_unix_ns == 0 { 0 } else { key_len(field::SPAN_START) + 8 }
+        + if span.end_unix_ns == 0 { 0 } else { key_len(field::SPAN_END) + 8 }
+        + span.attributes.iter().map(|a| len_delimited_len(field::SPAN_ATTRIBUTES, key_value_len(a))).sum::<usize>()
+        // `status` is always present (possibly empty), as the prost path sets it.
+        + len_delimited_len(field::SPAN_STATUS, status_len(span.error))
+        + if span.flags == 0 { 0 } else { key_len(field::SPAN_FLAGS) + 4 }
+}
+
+fn write_span(buf: &mut Vec<u8>, span: &SpanView<'_>) {
+    let parent: &[u8] = if span.parent_span_id == [0; 8] { &[] } else { &span.parent_span_id };
+    write_len_delimited(buf, field::SCOPE_SPANS_SPANS, span_len(span));
+    write_bytes(buf, field::SPAN_TRACE_ID, &span.trace_id);
+    write_bytes(buf, field::SPAN_SPAN_ID, &span.span_id);
+    write_bytes(buf, field::SPAN_TRACE_STATE, span.trace_state.as_bytes());
+    write_bytes(buf, field::SPAN_PARENT_SPAN_ID, parent);
+    write_bytes(buf, field::SPAN_NAME, span.name.as_bytes());
+    if span.kind != 0 {
+        encode_key(field::SPAN_KIND, WireType::Varint, buf);
+        encode_varint(span.kind as u64, buf);
+    }
+    if span.start_unix_ns != 0 {
+        encode_key(field::SPAN_START, WireType::SixtyFourBit, buf);
+        buf.extend_from_slice(&span.start_unix_ns.to_le_bytes());
+    }
+    if span.end_unix_ns != 0 {
+        encode_key(field::SPAN_END, WireType::SixtyFourBit, buf);
+        buf.extend_from_slice(&span.end_unix_ns.to_le_bytes());
+    }
+    for attr in span.attributes {
+        write_key_value(buf, field::SPAN_ATTRIBUTES, attr);
+    }
+    write_len_delimited(buf, field::SPAN_STATUS, status_len(span.error));
+    if span.error {
+        encode_key(field::STATUS_CODE, WireType::Varint, buf);
+        encode_varint(STATUS_ERROR, buf);
+    }
+    if span.flags != 0 {
+        encode_key(field::SPAN_FLAGS, WireType::ThirtyTwoBit, buf);
+        buf.extend_from_slice(&span.flags.to_le_bytes());
+    }
+}
+
+/// Encodes batches; owns the output buffer and the resource attributes shared by all processes.
+#[derive(Debug)]
+pub struct BatchEncoder {
+    buf: Vec<u8>,
+    /// `service.name`, `host.name`, `OTEL_RESOURCE_ATTRIBUTES`; `process.pid` is added per process.
+    resource: Vec<(String, String)>,
+    scope_name: &'static str,
+    scope_version: &'static str,
+}
+
+impl BatchEncoder {
+    #[must_use]
+    pub fn new(resource: Vec<(String, String)>) -> Self {
+        Self {
+            buf: Vec::with_capacity(64 * 1024),
+            resource,
+            scope_name: "tracetap",
+            scope_version: env!("CARGO_PKG_VERSION"),
+        }
+    }
+
+    fn resource_attrs(&self, pid: &str) -> impl Iterator<Item = Attr<'_>> + Clone {
+        self.resource
+            .iter()
+            .map(|(k, v)| Attr { key: k, value: Value::Str(v) })
+            .chain(std::iter::once(Attr { key: "process.pid", value: Value::Int(pid.parse().unwrap_or(0)) }))
+    }
+
+    /// Encodes an `ExportTraceServiceRequest` with one `ResourceSpans` per `(pid, spans)` group and
+    /// returns the bytes (valid until the next call).
+    pub fn encode<'s>(&mut self, groups: impl IntoIterator<Item = (u32, &'s [SpanView<'s>])>) -> &[u8] {
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.clear();
+        let mut pid_text = String::with_capacity(10);
+        for (pid, spans) in groups {
+            pid_text.clear();
+            let _ = std::fmt::Write::write_fmt(&mut pid_text, format_args!("{pid}"));
+            let attrs = self.resource_attrs(&pid_text);
+            let resource_len: usize =
+                attrs.clone().map(|a| len_delimited_len(field::RESOURCE_ATTRIBUTES, key_value_len(&a))).sum();
+            let scope_len = bytes_len(field::SCOPE_NAME, self.scope_name.as_bytes())
+                + bytes_len(field::SCOPE_VERSION, self.scope_version.as_bytes());
+            let spans_len: usize = spans.iter().map(|s| len_delimited_len(field::SCOPE_SPANS_SPANS, span_len(s))).sum();
+            let scope_spans_len = len_delimited_len(field::SCOPE_SPANS_SCOPE, scope_len) + spans_len;
+            let resource_spans_len = len_delimited_len(field::RESOURCE_SPANS_RESOURCE, resource_len)
+                + len_delimited_len(field::RESOURCE_SPANS_SCOPE_SPANS, scope_spans_len);
+
+            write_len_delimited(&mut buf, field::REQUEST_RESOURCE_SPANS, resource_spans_len);
+            write_len_delimited(&mut buf, field::RESOURCE_SPANS_RESOURCE, resource_len);
+            for attr in attrs {
+                write_key_value(&mut buf, field::RESOURCE_ATTRIBUTES, &attr);
+            }
+            write_len_delimited(&mut buf, field::RESOURCE_SPANS_SCOPE_SPANS, scope_spans_len);
+            write_len_delimited(&mut buf, field::SCOPE_SPANS_SCOPE, scope_len);
+            write_bytes(&mut buf, field::SCOPE_NAME, self.scope_name.as_bytes());
+            write_bytes(&mut buf, field::SCOPE_VERSION, self.scope_version.as_bytes());
+            for span in spans {
+                write_span(&mut buf, span);
+            }
+        }
+        self.buf = buf;
+        &self.buf
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use prost::Message as _;
+
+    fn view<'a>(attrs: &'a [Attr<'a>], name: &'a str, trace_state: &'a str) -> SpanView<'a> {
+        SpanView {
+            trace_id: [7; 16],
+            span_id: [8; 8],
+            parent_span_id: [0; 8],
+            trace_state,
+            flags: 0x101,
+            name,
+            kind: 2,
+            start_unix_ns: 1_700_000_000_000_000_000,
+            end_unix_ns: 1_700_000_000_000_500_000,
+            attributes: attrs,
+            error: false,
+        }
+    }
+
+    fn decode(bytes: &[u8]) -> ExportTraceServiceRequest {
+        ExportTraceServiceRequest::decode(bytes).expect("decodes with opentelemetry-proto")
+    }
+
+    #[test]
+    fn decodes_to_the_prost_path() {
+        let attrs = [
+            Attr { key: "http.request.method", value: Value::Str("GET") },
+            Attr { key: "http.response.status_code", value: Value::Int(200) },
+            Attr { key: "neg", value: Value::Int(-5) },
+            Attr { key: "zero", value: Value::Int(0) },
+            Attr { key: "empty", value: Value::Str("") },
+            Attr { key: "t", value: Value::Bool(true) },
+            Attr { key: "f", value: Value::Bool(false) },
+        ];
+        let mut spans = [view(&attrs, "GET fe", "ot=th:0"), view(&attrs, "", "")];
+        spans[1].parent_span_id = [9; 8];
+        spans[1].error = true;
+        spans[1].kind = 3;
+        let mut enc = BatchEncoder::new(vec![("service.name".into(), "haproxy".into())]);
+        let decoded = decode(enc.encode([(42, &spans[..]), (43, &spans[..1])]));
+        assert_eq!(decoded.resource_spans.len(), 2);
+        let got: Vec<Span> = decoded.resource_spans[0].scope_spans[0].spans.clone();
+        let want: Vec<Span> = spans.iter().map(SpanView::to_prost).collect();
+        assert_eq!(got, want);
+        let resource = decoded.resource_spans[1].resource.as_ref().unwrap();
+        assert_eq!(resource.attributes[1].key, "process.pid");
+        assert_eq!(decoded.resource_spans[0].scope_spans[0].scope.as_ref().unwrap().name, "tracetap");
+    }
+
+    #[test]
+    fn length_prefixes_at_varint_boundaries() {
+        let mut enc = BatchEncoder::new(Vec::new());
+        for len in [0, 1, 126, 127, 128, 129, 16_382, 16_383, 16_384, 16_385, 70_000] {
+            let value = "v".repeat(len);
+            let attrs = [Attr { key: "long", value: Value::Str(&value) }];
+            let spans = [view(&attrs, &value, &value)];
+            let decoded = decode(enc.encode([(1, &spans[..])]));
+            assert_eq!(decoded.resource_spans[0].scope_spans[0].spans[0], spans[0].to_prost(), "length {len}");
+        }
+    }
+
+    #[test]
+    fn output_buffer_is_reused() {
+        let mut enc = BatchEncoder::new(Vec::new());
+        let attrs = [Attr { key: "k", value: Value::Str("v") }];
+        let spans = [view(&attrs, "n", "")];
+        let first = enc.encode([(1, &spans[..])]).as_ptr();
+        let second = enc.encode([(1, &spans[..])]).as_ptr();
+        assert_eq!(first, second);
+    }
+}
