@@ -46,6 +46,7 @@ demo: setup
 bench: setup
 	cargo build --release -p tracetap -p tracetap-tests --bin tracetap --bin otlp-discard
 	python3 scripts/bench_overhead.py
+	cargo bench -p tracetap --bench encode
 
 # 5 minutes of mixed traffic; prints the agent's RSS after the first minute and at the end.
 SOAK_SECONDS ?= 300
