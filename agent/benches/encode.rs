@@ -59,9 +59,16 @@ static GLOBAL: Counting = Counting;
 
 const BATCH: usize = 512;
 const KEYS: [&str; 10] = [
-    "attribute.key.number0", "attribute.key.number1", "attribute.key.number2", "attribute.key.number3",
-    "attribute.key.number4", "attribute.key.number5", "attribute.key.number6", "attribute.key.number7",
-    "attribute.key.number8", "attribute.key.number9",
+    "attribute.key.number0",
+    "attribute.key.number1",
+    "attribute.key.number2",
+    "attribute.key.number3",
+    "attribute.key.number4",
+    "attribute.key.number5",
+    "attribute.key.number6",
+    "attribute.key.number7",
+    "attribute.key.number8",
+    "attribute.key.number9",
 ];
 const VALUE: &str = "value-of-twenty-char";
 
@@ -173,7 +180,11 @@ struct Prost {
 
 impl Prost {
     fn new() -> Self {
-        Self { builder: SpanBuilder::with_seed(Sampler::default(), 0, 1), exchanges: (0..BATCH / 2).map(|_| exchange()).collect(), attrs10: attrs10() }
+        Self {
+            builder: SpanBuilder::with_seed(Sampler::default(), 0, 1),
+            exchanges: (0..BATCH / 2).map(|_| exchange()).collect(),
+            attrs10: attrs10(),
+        }
     }
 
     fn batch(&mut self, shape: Shape) -> usize {
@@ -189,7 +200,10 @@ impl Prost {
             }
         };
         let request = ExportTraceServiceRequest {
-            resource_spans: vec![ResourceSpans { scope_spans: vec![ScopeSpans { spans, ..ScopeSpans::default() }], ..ResourceSpans::default() }],
+            resource_spans: vec![ResourceSpans {
+                scope_spans: vec![ScopeSpans { spans, ..ScopeSpans::default() }],
+                ..ResourceSpans::default()
+            }],
         };
         request.encode_to_vec().len()
     }
@@ -204,7 +218,8 @@ struct EncodingExporter {
 
 impl SpanExporter for EncodingExporter {
     async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
-        let request = ExportTraceServiceRequest { resource_spans: group_spans_by_resource_and_scope(batch, &self.resource) };
+        let request =
+            ExportTraceServiceRequest { resource_spans: group_spans_by_resource_and_scope(batch, &self.resource) };
         self.bytes.fetch_add(request.encode_to_vec().len() as u64, Relaxed);
         Ok(())
     }
@@ -249,9 +264,14 @@ impl Sdk {
                 for _ in 0..BATCH / 2 {
                     let mut server = self.tracer.start("GET fe_main");
                     for (k, v) in [
-                        ("http.request.method", "GET"), ("url.path", "/api/v1/items/42"), ("url.query", "sort=asc"),
-                        ("url.scheme", "http"), ("network.protocol.version", "1.1"), ("server.address", "shop.example.com"),
-                        ("user_agent.original", "Mozilla/5.0 (X11; Linux x86_64)"), ("client.address", "192.168.10.23"),
+                        ("http.request.method", "GET"),
+                        ("url.path", "/api/v1/items/42"),
+                        ("url.query", "sort=asc"),
+                        ("url.scheme", "http"),
+                        ("network.protocol.version", "1.1"),
+                        ("server.address", "shop.example.com"),
+                        ("user_agent.original", "Mozilla/5.0 (X11; Linux x86_64)"),
+                        ("client.address", "192.168.10.23"),
                         ("network.peer.address", "192.168.10.23"),
                     ] {
                         server.set_attribute(KeyValue::new(k, v.to_owned()));
@@ -261,9 +281,14 @@ impl Sdk {
                     server.set_attribute(KeyValue::new("http.response.status_code", 200));
                     let mut client = self.tracer.start("GET be_app");
                     for (k, v) in [
-                        ("http.request.method", "GET"), ("url.path", "/api/v1/items/42"), ("url.query", "sort=asc"),
-                        ("url.scheme", "http"), ("network.protocol.version", "1.1"), ("server.address", "10.0.3.17"),
-                        ("url.full", "http://10.0.3.17:8080/api/v1/items/42?sort=asc"), ("network.peer.address", "10.0.3.17"),
+                        ("http.request.method", "GET"),
+                        ("url.path", "/api/v1/items/42"),
+                        ("url.query", "sort=asc"),
+                        ("url.scheme", "http"),
+                        ("network.protocol.version", "1.1"),
+                        ("server.address", "10.0.3.17"),
+                        ("url.full", "http://10.0.3.17:8080/api/v1/items/42?sort=asc"),
+                        ("network.peer.address", "10.0.3.17"),
                     ] {
                         client.set_attribute(KeyValue::new(k, v.to_owned()));
                     }
@@ -297,7 +322,11 @@ fn report_allocations() {
                 bytes += f(shape);
             }
             let spans = (10 * spans_per_batch(shape)) as f64;
-            println!("| {shape:?} | {name} | {:.3} | {:.1} |", (ALLOCS.load(Relaxed) - before) as f64 / spans, bytes as f64 / spans);
+            println!(
+                "| {shape:?} | {name} | {:.3} | {:.1} |",
+                (ALLOCS.load(Relaxed) - before) as f64 / spans,
+                bytes as f64 / spans
+            );
         };
         run("(a) arena", &mut |s| arena.batch(s));
         run("(b) prost", &mut |s| prost.batch(s));

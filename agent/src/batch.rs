@@ -74,8 +74,13 @@ impl Batcher {
         self.spans >= self.max_spans
     }
 
-    /// Encodes the current batch (one `ResourceSpans` per process) and starts a new one.
-    pub fn flush(&mut self, builder: &mut SpanBuilder) -> Option<EncodedBatch> {
+    /// Encodes the current batch (one `ResourceSpans` per process) and starts a new one; the
+    /// exchanges go back through `recycle`.
+    pub fn flush(
+        &mut self,
+        builder: &mut SpanBuilder,
+        recycle: &mut impl FnMut(ServerExchange),
+    ) -> Option<EncodedBatch> {
         if self.pending.is_empty() {
             return None;
         }
@@ -93,7 +98,9 @@ impl Batcher {
         let body = Bytes::copy_from_slice(self.encoder.encode(groups.iter().copied()));
         drop(groups);
         let batch = EncodedBatch { body, spans: self.spans as u64 };
-        self.pending.clear();
+        for pending in self.pending.drain(..) {
+            recycle(pending.exchange);
+        }
         self.spans = 0;
         self.oldest = None;
         Some(batch)

@@ -415,20 +415,26 @@ impl Framer {
                     };
                     self.buf.extend_from_slice(&known[..line_end]);
                     cursor.skip(line_end as u64 + 1);
-                    let line = std::mem::take(&mut self.buf);
-                    let line = line.strip_suffix(b"\r").unwrap_or(&line);
-                    if part == ChunkPart::Trailers {
-                        if line.is_empty() {
+                    let line = self.buf.strip_suffix(b"\r").unwrap_or(&self.buf);
+                    // `None`: the message ended; `Some(None)`: a bad size line.
+                    let next = if part == ChunkPart::Trailers {
+                        (!line.is_empty()).then_some(Some(ChunkPart::Trailers))
+                    } else {
+                        Some(match parse_chunk_size(line) {
+                            Some(0) => Some(ChunkPart::Trailers),
+                            Some(size) => Some(ChunkPart::Data(size)),
+                            None => None,
+                        })
+                    };
+                    // Cleared, not replaced: the buffer keeps its capacity for the next line.
+                    self.buf.clear();
+                    match next {
+                        None => {
                             self.state = State::Head;
                             return Step::MessageEnd;
                         }
-                        ChunkPart::Trailers
-                    } else {
-                        match parse_chunk_size(line) {
-                            Some(0) => ChunkPart::Trailers,
-                            Some(size) => ChunkPart::Data(size),
-                            None => return self.fail(FramingError::BadChunk, cursor),
-                        }
+                        Some(None) => return self.fail(FramingError::BadChunk, cursor),
+                        Some(Some(next)) => next,
                     }
                 }
             };

@@ -109,10 +109,6 @@ impl ResponseHead {
     }
 }
 
-fn header_str(value: &[u8]) -> Option<String> {
-    std::str::from_utf8(value).ok().map(|s| s.trim().to_owned())
-}
-
 fn parse_content_length(value: &[u8]) -> Result<u64, HeadError> {
     let text = std::str::from_utf8(value).map_err(|_| HeadError::BadContentLength)?.trim();
     // Repeated identical values ("5, 5") are allowed by RFC 9110; anything else is an error.
@@ -131,6 +127,32 @@ fn has_token(value: &[u8], token: &[u8]) -> bool {
 
 /// Parses a complete request head.
 pub fn parse_request(bytes: &[u8]) -> Result<RequestHead, HeadError> {
+    let mut head = RequestHead::default();
+    parse_request_into(bytes, &mut head)?;
+    Ok(head)
+}
+
+/// Replaces `into`'s value with `value`, reusing its capacity.
+fn set(into: &mut String, value: &str) {
+    into.clear();
+    into.push_str(value);
+}
+
+/// Replaces an optional field, reusing the capacity of the string it held.
+fn set_opt(into: &mut Option<String>, value: Option<&str>, spare: &mut String) {
+    if let Some(old) = into.take() {
+        *spare = old;
+    }
+    if let Some(v) = value {
+        let mut s = std::mem::take(spare);
+        set(&mut s, v);
+        *into = Some(s);
+    }
+}
+
+/// Parses a complete request head into `head`, reusing the capacity of its strings: a recycled
+/// head parses the next request without allocating.
+pub fn parse_request_into(bytes: &[u8], head: &mut RequestHead) -> Result<(), HeadError> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
     match req.parse(bytes) {
@@ -139,36 +161,43 @@ pub fn parse_request(bytes: &[u8]) -> Result<RequestHead, HeadError> {
         Err(e) => return Err(HeadError::Invalid(httparse_reason(e))),
     }
     let method = req.method.unwrap_or_default();
-    let mut head = RequestHead {
-        method: method.to_owned(),
-        target: req.path.unwrap_or_default().to_owned(),
-        version_minor: req.version.unwrap_or(1),
-        wants_tunnel: method == "CONNECT",
-        ..RequestHead::default()
+    set(&mut head.method, method);
+    set(&mut head.target, req.path.unwrap_or_default());
+    head.version_minor = req.version.unwrap_or(1);
+    head.wants_tunnel = method == "CONNECT";
+    head.closes = false;
+    head.truncated = false;
+    let mut spare = String::new();
+    let mut traceparent = match std::mem::take(&mut head.traceparent) {
+        TraceparentField::One(s) => s,
+        TraceparentField::Absent | TraceparentField::Repeated => String::new(),
     };
+    let mut traceparents = 0;
+    let (mut host, mut user_agent, mut tracestate_count) = (None, None, 0);
     let mut content_length = None;
     let mut chunked = false;
     let mut keep_alive = false;
+    let mut tracestate = head.tracestate.take().unwrap_or_default();
+    tracestate.clear();
     for h in req.headers.iter() {
         let name = h.name;
+        let value = || std::str::from_utf8(h.value).ok().map(str::trim);
         if name.eq_ignore_ascii_case("host") {
-            head.host = header_str(h.value);
+            host = value();
         } else if name.eq_ignore_ascii_case("user-agent") {
-            head.user_agent = header_str(h.value);
+            user_agent = value();
         } else if name.eq_ignore_ascii_case("traceparent") {
-            head.traceparent = match head.traceparent {
-                TraceparentField::Absent => {
-                    header_str(h.value).map_or(TraceparentField::Repeated, TraceparentField::One)
-                }
-                _ => TraceparentField::Repeated,
-            };
+            traceparents += 1;
+            if let Some(v) = value() {
+                set(&mut traceparent, v);
+            }
         } else if name.eq_ignore_ascii_case("tracestate") {
             // Several tracestate headers are one list (W3C Trace Context, section 3.3.1).
-            let value = header_str(h.value).unwrap_or_default();
-            head.tracestate = Some(match head.tracestate.take() {
-                Some(prev) => format!("{prev},{value}"),
-                None => value,
-            });
+            if tracestate_count > 0 {
+                tracestate.push(',');
+            }
+            tracestate.push_str(value().unwrap_or_default());
+            tracestate_count += 1;
         } else if name.eq_ignore_ascii_case("content-length") {
             content_length = Some(parse_content_length(h.value)?);
         } else if name.eq_ignore_ascii_case("transfer-encoding") {
@@ -180,12 +209,23 @@ pub fn parse_request(bytes: &[u8]) -> Result<RequestHead, HeadError> {
             head.wants_tunnel = true;
         }
     }
+    set_opt(&mut head.host, host, &mut spare);
+    set_opt(&mut head.user_agent, user_agent, &mut spare);
+    head.traceparent = match traceparents {
+        0 => TraceparentField::Absent,
+        1 if !traceparent.is_empty() => TraceparentField::One(traceparent),
+        _ => TraceparentField::Repeated,
+    };
+    head.tracestate = (tracestate_count > 0).then_some(tracestate);
     if head.version_minor == 0 && !keep_alive {
         head.closes = true;
     }
-    head.framing =
-        if chunked { BodyFraming::Chunked } else { content_length.map_or(BodyFraming::Empty, BodyFraming::Length) };
-    Ok(head)
+    head.framing = match (chunked, content_length) {
+        (true, _) => BodyFraming::Chunked,
+        (false, None | Some(0)) => BodyFraming::Empty,
+        (false, Some(n)) => BodyFraming::Length(n),
+    };
+    Ok(())
 }
 
 /// Parses a complete response head.
@@ -254,6 +294,17 @@ mod tests {
         assert_eq!(head.framing, BodyFraming::Length(5));
         assert!(!head.closes);
         assert!(!format!("{head:?}").contains("secret"), "sensitive headers must not be kept");
+    }
+
+    #[test]
+    fn recycled_head_is_overwritten_completely() {
+        let mut head = parse_request(
+            b"POST /a HTTP/1.0\r\nHost: h\r\nUser-Agent: u\r\ntraceparent: t\r\ntracestate: a=1\r\ntracestate: b=2\r\nContent-Length: 3\r\n\r\n",
+        )
+        .unwrap();
+        assert_eq!(head.tracestate.as_deref(), Some("a=1,b=2"));
+        parse_request_into(b"GET /b HTTP/1.1\r\n\r\n", &mut head).unwrap();
+        assert_eq!(head, parse_request(b"GET /b HTTP/1.1\r\n\r\n").unwrap());
     }
 
     #[test]

@@ -174,7 +174,14 @@ pub struct Tracker {
     next_id: u64,
     stats: TrackerStats,
     finished: Vec<ServerExchange>,
+    /// Request heads and client lists of handed-out exchanges, reused so that parsing a request
+    /// allocates nothing in steady state (see [`Tracker::recycle`]).
+    head_pool: Vec<RequestHead>,
+    clients_pool: Vec<Vec<ClientExchange>>,
 }
+
+/// Most recycled heads (and client lists) kept for reuse.
+const POOL_LIMIT: usize = 4096;
 
 impl Tracker {
     #[must_use]
@@ -197,6 +204,23 @@ impl Tracker {
     #[must_use]
     pub fn open_exchanges(&self) -> usize {
         self.fronts.len()
+    }
+
+    /// Takes back a handed-out exchange so its buffers serve the next requests.
+    pub fn recycle(&mut self, mut ex: ServerExchange) {
+        for client in ex.clients.drain(..) {
+            if self.head_pool.len() < POOL_LIMIT {
+                self.head_pool.push(client.request);
+            }
+        }
+        if self.clients_pool.len() < POOL_LIMIT {
+            self.clients_pool.push(ex.clients);
+        }
+        if let Some(request) = ex.request
+            && self.head_pool.len() < POOL_LIMIT
+        {
+            self.head_pool.push(request);
+        }
     }
 
     /// Moves the finished exchanges out.
@@ -365,7 +389,8 @@ impl Tracker {
                 }
                 Step::Head => {
                     let started = start.take().unwrap_or(ctx.ts);
-                    if let Ok(mut request) = head::parse_request(framer.head_bytes()) {
+                    let mut request = self.head_pool.pop().unwrap_or_default();
+                    if head::parse_request_into(framer.head_bytes(), &mut request).is_ok() {
                         request.truncated = framer.head_truncated();
                         self.stats.truncated_heads += u64::from(request.truncated);
                         framer.set_body(request.framing);
@@ -377,6 +402,7 @@ impl Tracker {
                         self.stats.parse_errors += 1;
                         // Give up on this direction until the next request line.
                         framer.abandon();
+                        self.head_pool.push(request);
                     }
                 }
             }
@@ -494,7 +520,7 @@ impl Tracker {
                     start_ns: started,
                     end_ns: started,
                     outcome: Outcome::Complete,
-                    clients: Vec::new(),
+                    clients: self.clients_pool.pop().unwrap_or_default(),
                 },
                 open_backends: 0,
                 linked: false,
@@ -594,6 +620,9 @@ impl Tracker {
             if back.front.is_some() {
                 // Linked, but the frontend exchange was handed out already (expired or lingered).
                 self.stats.late_backend_exchanges += 1;
+            }
+            if self.head_pool.len() < POOL_LIMIT {
+                self.head_pool.push(exchange.request);
             }
             return;
         };

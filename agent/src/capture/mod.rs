@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use tracetap_ebpf_common::Loss;
-use tracetap_proxy::{Limits, Tracker};
+use tracetap_proxy::{Limits, ServerExchange, Tracker};
 
 use crate::batch::Batcher;
 use crate::config::Config;
@@ -42,6 +42,7 @@ pub fn run(mut probes: Probes, config: &Config, metrics: &Metrics, queue: BatchQ
     let mut targets: BTreeSet<u32> = BTreeSet::new();
     let mut batcher =
         Batcher::new(config.max_export_batch_size, config.schedule_delay, export::resource_attributes(config));
+    let mut scratch = Vec::with_capacity(256);
     let mut listeners = ListenAddrs::new(Path::new("/proc"));
     let mut names = Names::new(Path::new("/proc"));
     let mut last_housekeeping: Option<Instant> = None;
@@ -76,14 +77,14 @@ pub fn run(mut probes: Probes, config: &Config, metrics: &Metrics, queue: BatchQ
                 Err(_) => metrics::add(&metrics.events_malformed, 1),
             }
             if events.is_multiple_of(64) {
-                hand_out(&mut tracker, &mut builder, &mut names, &mut batcher, &queue, metrics);
+                hand_out(&mut tracker, &mut scratch, &mut builder, &mut names, &mut batcher, &queue, metrics);
             }
         }
         metrics::add(&metrics.events_captured, events);
-        hand_out(&mut tracker, &mut builder, &mut names, &mut batcher, &queue, metrics);
+        hand_out(&mut tracker, &mut scratch, &mut builder, &mut names, &mut batcher, &queue, metrics);
         publish_tracker(&tracker, metrics);
     }
-    flush(&mut batcher, &mut builder, &queue);
+    flush(&mut batcher, &mut builder, &mut tracker, &queue);
     publish(&probes, &tracker, metrics);
     if tracker.open_exchanges() > 0 {
         tracing::info!(open = tracker.open_exchanges(), "exchanges still open at shutdown are not exported");
@@ -91,18 +92,23 @@ pub fn run(mut probes: Probes, config: &Config, metrics: &Metrics, queue: BatchQ
 }
 
 /// Takes the sampling decision for every finished exchange, batches the kept ones and queues the
-/// batches that are due.
+/// batches that are due. Dropped exchanges go straight back to the tracker for reuse.
 fn hand_out(
     tracker: &mut Tracker,
+    scratch: &mut Vec<ServerExchange>,
     builder: &mut SpanBuilder,
     names: &mut Names,
     batcher: &mut Batcher,
     queue: &BatchQueue,
     metrics: &Metrics,
 ) {
-    for ex in tracker.drain() {
+    scratch.extend(tracker.drain());
+    for ex in scratch.drain(..) {
         match builder.decide(&ex) {
-            None => metrics::add(&metrics.sampled_out, 1),
+            None => {
+                metrics::add(&metrics.sampled_out, 1);
+                tracker.recycle(ex);
+            }
             Some(decision) => {
                 metrics::add(&metrics.sampled_in, 1);
                 let names = names.of(ex.tgid);
@@ -111,16 +117,16 @@ fn hand_out(
             }
         }
         if batcher.is_full() {
-            flush(batcher, builder, queue);
+            flush(batcher, builder, tracker, queue);
         }
     }
     if batcher.is_due(Instant::now()) {
-        flush(batcher, builder, queue);
+        flush(batcher, builder, tracker, queue);
     }
 }
 
-fn flush(batcher: &mut Batcher, builder: &mut SpanBuilder, queue: &BatchQueue) {
-    if let Some(batch) = batcher.flush(builder) {
+fn flush(batcher: &mut Batcher, builder: &mut SpanBuilder, tracker: &mut Tracker, queue: &BatchQueue) {
+    if let Some(batch) = batcher.flush(builder, &mut |ex| tracker.recycle(ex)) {
         queue.push(batch);
     }
 }
