@@ -18,7 +18,10 @@
 //! Invariants: memory is bounded by the number of open connections and open exchanges; exchanges
 //! idle longer than [`Limits::exchange_timeout_ns`] are expired by [`Tracker::expire`] and counted.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+use std::hash::BuildHasher as _;
+
+use rustc_hash::{FxBuildHasher, FxHashMap};
 use std::net::SocketAddr;
 
 use crate::exchange::{ClientExchange, Outcome, ServerExchange};
@@ -167,10 +170,10 @@ struct FrontRecord {
 #[derive(Debug, Default)]
 pub struct Tracker {
     limits: Limits,
-    conns: HashMap<(u32, i32), Connection>,
-    fronts: HashMap<u64, FrontRecord>,
+    conns: FxHashMap<(u32, i32), Connection>,
+    fronts: FxHashMap<u64, FrontRecord>,
     /// Frontend requests that may still be linked, oldest first.
-    candidates: VecDeque<u64>,
+    candidates: VecDeque<Candidate>,
     next_id: u64,
     stats: TrackerStats,
     finished: Vec<ServerExchange>,
@@ -281,7 +284,7 @@ impl Tracker {
                 front.exchange.outcome = Outcome::Expired;
                 front.exchange.end_ns = now_ns;
             }
-            self.candidates.retain(|c| *c != id);
+            self.drop_candidate(id);
             for conn in self.conns.values_mut() {
                 conn.fronts.retain(|c| *c != id);
             }
@@ -469,7 +472,7 @@ impl Tracker {
             front.exchange.response = Some(response);
             let method = front.exchange.request.as_ref().map_or("GET", |r| r.method.as_str());
             let framing = response.framing(method);
-            self.candidates.retain(|c| *c != id);
+            self.drop_candidate(id);
             framing
         } else {
             let Some(back) = conn.backs.front_mut() else {
@@ -535,7 +538,7 @@ impl Tracker {
     fn new_front(&mut self, ctx: Ctx, request: RequestHead, started: u64) {
         self.stats.frontend_requests += 1;
         let id = self.insert_front(ctx, Some(request), started);
-        self.candidates.push_back(id);
+        self.candidates.push_back(Candidate::new(id, ctx, self.fronts[&id].exchange.request.as_ref()));
         self.conns.get_mut(&ctx.key).expect("present").fronts.push_back(id);
     }
 
@@ -565,6 +568,14 @@ impl Tracker {
         });
     }
 
+    /// Takes a frontend request off the link candidates (it is usually near the front: the list is
+    /// in arrival order and requests are answered roughly in that order).
+    fn drop_candidate(&mut self, id: u64) {
+        if let Some(pos) = self.candidates.iter().position(|c| c.id == id) {
+            self.candidates.remove(pos);
+        }
+    }
+
     /// Finds the frontend request that caused a backend request: by identical `traceparent`, else
     /// by thread, method and target, earliest first. A frontend request that already has a backend
     /// exchange is taken only for a re-sent request (HAProxy's `retry-on`): when no unlinked one
@@ -572,21 +583,36 @@ impl Tracker {
     /// starts.
     fn link(&mut self, ctx: Ctx, request: &RequestHead) -> Option<u64> {
         let tgid = ctx.key.0;
-        let same_traceparent = |f: &FrontRecord| match (&request.traceparent, &f.exchange.request) {
-            (TraceparentField::One(value), Some(r)) => matches!(&r.traceparent, TraceparentField::One(v) if v == value),
+        let keys = Candidate::new(0, ctx, Some(request));
+        let same_traceparent = |c: &Candidate, f: &FrontRecord| match (&request.traceparent, &f.exchange.request) {
+            (TraceparentField::One(value), Some(r)) => {
+                c.traceparent_key == keys.traceparent_key
+                    && matches!(&r.traceparent, TraceparentField::One(v) if v == value)
+            }
             _ => false,
         };
-        let same_request = |f: &FrontRecord| {
-            f.tid == ctx.tid
+        let same_request = |c: &Candidate, f: &FrontRecord| {
+            c.tid == ctx.tid
+                && c.request_key == keys.request_key
                 && matches!(&f.exchange.request, Some(r) if r.method == request.method && r.target == request.target)
         };
         for retry in [false, true] {
-            let eligible =
-                |f: &FrontRecord| f.tgid == tgid && if retry { f.linked && f.open_backends == 0 } else { !f.linked };
-            let find = |rule: &dyn Fn(&FrontRecord) -> bool| {
-                self.candidates.iter().copied().find(|id| self.fronts.get(id).is_some_and(|f| eligible(f) && rule(f)))
+            let eligible = |f: &FrontRecord| if retry { f.linked && f.open_backends == 0 } else { !f.linked };
+            // Keys are compared before the record is looked up, so a scan costs no hashing.
+            let find = |rule: &dyn Fn(&Candidate, &FrontRecord) -> bool, key_matches: &dyn Fn(&Candidate) -> bool| {
+                self.candidates
+                    .iter()
+                    .filter(|c| c.tgid == tgid && key_matches(c))
+                    .find(|c| self.fronts.get(&c.id).is_some_and(|f| eligible(f) && rule(c, f)))
+                    .map(|c| c.id)
             };
-            if let Some(id) = find(&same_traceparent).or_else(|| find(&same_request)) {
+            let by_traceparent = keys
+                .traceparent_key
+                .and_then(|k| find(&same_traceparent, &|c: &Candidate| c.traceparent_key == Some(k)));
+            let found = by_traceparent.or_else(|| {
+                find(&same_request, &|c: &Candidate| c.tid == ctx.tid && c.request_key == keys.request_key)
+            });
+            if let Some(id) = found {
                 if let Some(f) = self.fronts.get_mut(&id) {
                     f.linked = true;
                 }
@@ -597,7 +623,7 @@ impl Tracker {
     }
 
     fn finish_front(&mut self, id: u64, ts: u64, outcome: Outcome) {
-        self.candidates.retain(|c| *c != id);
+        self.drop_candidate(id);
         let Some(front) = self.fronts.get_mut(&id) else { return };
         front.exchange.end_ns = ts;
         front.exchange.outcome = outcome;
@@ -663,6 +689,34 @@ impl Connection {
             Direction::Ingress => (&mut self.ingress, &mut self.ingress_start),
             Direction::Egress => (&mut self.egress, &mut self.egress_start),
         }
+    }
+}
+
+/// A frontend request that may still be linked, with what linking compares hashed in advance.
+#[derive(Clone, Copy, Debug)]
+struct Candidate {
+    id: u64,
+    tgid: u32,
+    tid: u32,
+    /// Hash of method and target.
+    request_key: u64,
+    /// Hash of the `traceparent` value, when there is exactly one.
+    traceparent_key: Option<u64>,
+}
+
+impl Candidate {
+    fn new(id: u64, ctx: Ctx, request: Option<&RequestHead>) -> Self {
+        let (request_key, traceparent_key) = match request {
+            Some(r) => (
+                FxBuildHasher.hash_one((&r.method, &r.target)),
+                match &r.traceparent {
+                    TraceparentField::One(v) => Some(FxBuildHasher.hash_one(v)),
+                    _ => None,
+                },
+            ),
+            None => (0, None),
+        };
+        Self { id, tgid: ctx.key.0, tid: ctx.tid, request_key, traceparent_key }
     }
 }
 
