@@ -152,8 +152,6 @@ impl Connection {
 /// A frontend request from its head until it is handed out.
 #[derive(Debug)]
 struct FrontRecord {
-    tgid: u32,
-    tid: u32,
     exchange: ServerExchange,
     /// Linked backend exchanges not finished yet.
     open_backends: u32,
@@ -512,8 +510,6 @@ impl Tracker {
         self.fronts.insert(
             id,
             FrontRecord {
-                tgid: ctx.key.0,
-                tid: ctx.tid,
                 exchange: ServerExchange {
                     tgid: ctx.key.0,
                     request,
