@@ -241,6 +241,24 @@ impl Sdk {
         Self { provider, tracer, bytes }
     }
 
+    /// A started span with string attributes, `server.port`, `network.peer.port` and a 200 status.
+    fn span<'a>(
+        &self,
+        name: &'static str,
+        strings: impl Iterator<Item = &'a (&'static str, &'static str)>,
+        [port, peer_port]: [i64; 2],
+    ) -> opentelemetry_sdk::trace::Span {
+        use opentelemetry::KeyValue;
+        let mut span = self.tracer.start(name);
+        for (k, v) in strings {
+            span.set_attribute(KeyValue::new(*k, (*v).to_owned()));
+        }
+        span.set_attribute(KeyValue::new("server.port", port));
+        span.set_attribute(KeyValue::new("network.peer.port", peer_port));
+        span.set_attribute(KeyValue::new("http.response.status_code", 200));
+        span
+    }
+
     fn batch(&mut self, shape: Shape) -> usize {
         use opentelemetry::KeyValue;
         let before = self.bytes.load(Relaxed);
@@ -261,41 +279,27 @@ impl Sdk {
             }
             Shape::Nominal => {
                 // The attributes the agent emits, from strings a parser would hand over.
+                let request = [
+                    ("http.request.method", "GET"),
+                    ("url.path", "/api/v1/items/42"),
+                    ("url.query", "sort=asc"),
+                    ("url.scheme", "http"),
+                    ("network.protocol.version", "1.1"),
+                ];
+                let server_only = [
+                    ("server.address", "shop.example.com"),
+                    ("user_agent.original", "Mozilla/5.0 (X11; Linux x86_64)"),
+                    ("client.address", "192.168.10.23"),
+                    ("network.peer.address", "192.168.10.23"),
+                ];
+                let client_only = [
+                    ("server.address", "10.0.3.17"),
+                    ("url.full", "http://10.0.3.17:8080/api/v1/items/42?sort=asc"),
+                    ("network.peer.address", "10.0.3.17"),
+                ];
                 for _ in 0..BATCH / 2 {
-                    let mut server = self.tracer.start("GET fe_main");
-                    for (k, v) in [
-                        ("http.request.method", "GET"),
-                        ("url.path", "/api/v1/items/42"),
-                        ("url.query", "sort=asc"),
-                        ("url.scheme", "http"),
-                        ("network.protocol.version", "1.1"),
-                        ("server.address", "shop.example.com"),
-                        ("user_agent.original", "Mozilla/5.0 (X11; Linux x86_64)"),
-                        ("client.address", "192.168.10.23"),
-                        ("network.peer.address", "192.168.10.23"),
-                    ] {
-                        server.set_attribute(KeyValue::new(k, v.to_owned()));
-                    }
-                    server.set_attribute(KeyValue::new("server.port", 8443));
-                    server.set_attribute(KeyValue::new("network.peer.port", 51234));
-                    server.set_attribute(KeyValue::new("http.response.status_code", 200));
-                    let mut client = self.tracer.start("GET be_app");
-                    for (k, v) in [
-                        ("http.request.method", "GET"),
-                        ("url.path", "/api/v1/items/42"),
-                        ("url.query", "sort=asc"),
-                        ("url.scheme", "http"),
-                        ("network.protocol.version", "1.1"),
-                        ("server.address", "10.0.3.17"),
-                        ("url.full", "http://10.0.3.17:8080/api/v1/items/42?sort=asc"),
-                        ("network.peer.address", "10.0.3.17"),
-                    ] {
-                        client.set_attribute(KeyValue::new(k, v.to_owned()));
-                    }
-                    client.set_attribute(KeyValue::new("server.port", 8080));
-                    client.set_attribute(KeyValue::new("network.peer.port", 8080));
-                    client.set_attribute(KeyValue::new("http.response.status_code", 200));
-                    client.end();
+                    let mut server = self.span("GET fe_main", request.iter().chain(&server_only), [8443, 51234]);
+                    self.span("GET be_app", request.iter().chain(&client_only), [8080, 8080]).end();
                     server.end();
                 }
             }

@@ -16,7 +16,7 @@ use bumpalo::collections::Vec as BumpVec;
 use opentelemetry_proto::tonic::trace::v1::{Span, span};
 use tracetap_proxy::haproxy_config::ProxyNames;
 use tracetap_proxy::trace_context::{FLAG_RANDOM, parse_traceparent};
-use tracetap_proxy::{ClientExchange, RequestHead, ServerExchange, TraceparentField};
+use tracetap_proxy::{ClientExchange, Outcome, RequestHead, ServerExchange, TraceparentField};
 
 use crate::encode::{Attr, SpanView, Value};
 use crate::sampling::Sampler;
@@ -133,14 +133,7 @@ impl SpanBuilder {
             attrs.push(attr_str("haproxy.frontend", fe));
         }
         // SERVER spans: 5xx and aborted exchanges are errors, 4xx are the client's business.
-        let error_type = match (ex.outcome.error_type(), status_code) {
-            (Some(e), _) => Some(e),
-            (None, Some(code)) if code >= 500 => Some(status_text(bump, code)),
-            _ => None,
-        };
-        if let Some(e) = error_type {
-            attrs.push(attr_str("error.type", e));
-        }
+        let error = push_error_type(&mut attrs, bump, ex.outcome, status_code, 500);
         out.push(SpanView {
             trace_id: decision.trace_id,
             span_id,
@@ -152,7 +145,7 @@ impl SpanBuilder {
             start_unix_ns: self.unix_ns(ex.start_ns),
             end_unix_ns: self.unix_ns(ex.end_ns.max(ex.start_ns)),
             attributes: attrs.into_bump_slice(),
-            error: error_type.is_some(),
+            error,
         });
         for client in &ex.clients {
             let view = self.client_view(client, names, decision, span_id, bump);
@@ -189,14 +182,7 @@ impl SpanBuilder {
             attrs.push(attr_str("haproxy.server", srv));
         }
         // CLIENT spans: any status from 400 up is an error, per the HTTP conventions.
-        let error_type = match (ex.outcome.error_type(), status_code) {
-            (Some(e), _) => Some(e),
-            (None, Some(code)) if code >= 400 => Some(status_text(bump, code)),
-            _ => None,
-        };
-        if let Some(e) = error_type {
-            attrs.push(attr_str("error.type", e));
-        }
+        let error = push_error_type(&mut attrs, bump, ex.outcome, status_code, 400);
         SpanView {
             trace_id: decision.trace_id,
             span_id: new_span_id(&mut self.rng),
@@ -208,7 +194,7 @@ impl SpanBuilder {
             start_unix_ns: self.unix_ns(ex.start_ns),
             end_unix_ns: self.unix_ns(ex.end_ns.max(ex.start_ns)),
             attributes: attrs.into_bump_slice(),
-            error: error_type.is_some(),
+            error,
         }
     }
 
@@ -253,9 +239,22 @@ fn span_name<'a>(bump: &'a Bump, method: &'a str, proxy: Option<&str>) -> &'a st
     }
 }
 
-/// The decimal status code (for `error.type`), in the arena.
-fn status_text(bump: &Bump, code: u16) -> &str {
-    bumpalo::format!(in bump, "{}", code).into_bump_str()
+/// Adds `error.type` for an exchange cut short, or answered with a status of `error_from` or
+/// more; returns whether the span is an error.
+fn push_error_type<'a>(
+    attrs: &mut BumpVec<'a, Attr<'a>>,
+    bump: &'a Bump,
+    outcome: Outcome,
+    status_code: Option<u16>,
+    error_from: u16,
+) -> bool {
+    let error_type = match (outcome.error_type(), status_code) {
+        (Some(e), _) => e,
+        (None, Some(code)) if code >= error_from => bumpalo::format!(in bump, "{}", code).into_bump_str(),
+        _ => return false,
+    };
+    attrs.push(attr_str("error.type", error_type));
+    true
 }
 
 /// The textual IP of an address, in the arena.

@@ -65,6 +65,37 @@ pub fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio runtime")
 }
 
+/// What most tests start from: a runtime, an OTLP receiver, the test backend, and a command name
+/// of their own for HAProxy.
+pub struct Rig {
+    pub rt: tokio::runtime::Runtime,
+    pub receiver: otlp::Receiver,
+    pub backend: backend::Backend,
+    pub comm: String,
+}
+
+impl Rig {
+    #[must_use]
+    pub fn new() -> Self {
+        let rt = runtime();
+        let receiver = otlp::Receiver::start(&rt);
+        let backend = backend::Backend::start(&rt);
+        Self { rt, receiver, backend, comm: haproxy::unique_comm() }
+    }
+
+    /// The agent's environment: export to the receiver, trace this rig's HAProxy.
+    #[must_use]
+    pub fn agent_env(&self) -> Vec<(&'static str, String)> {
+        vec![("OTEL_EXPORTER_OTLP_ENDPOINT", self.receiver.endpoint()), ("TRACETAP_TARGET_COMM", self.comm.clone())]
+    }
+}
+
+impl Default for Rig {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// A traced stack: HAProxy (its own command name) in front of the test backend, an agent tracing
 /// it and exporting to an OTLP receiver.
 pub struct Stack {
@@ -87,11 +118,8 @@ impl Stack {
     /// A configuration made by `config(frontend port, backend address)`.
     #[must_use]
     pub fn with_config(config: impl FnOnce(u16, SocketAddr) -> String, env: &[(&str, String)]) -> Self {
-        let rt = runtime();
-        let receiver = otlp::Receiver::start(&rt);
-        let backend = backend::Backend::start(&rt);
+        let Rig { rt, receiver, backend, comm } = Rig::new();
         let port = free_port();
-        let comm = haproxy::unique_comm();
         let haproxy = haproxy::Haproxy::start(&comm, &config(port, backend.addr), port);
         let mut vars = vec![("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint()), ("TRACETAP_TARGET_COMM", comm)];
         vars.extend(env.iter().cloned());

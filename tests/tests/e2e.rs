@@ -6,11 +6,10 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use tracetap_tests::agent::Agent;
-use tracetap_tests::backend::Backend;
 use tracetap_tests::client::Conn;
 use tracetap_tests::haproxy::{self, Haproxy};
-use tracetap_tests::otlp::{Received, Receiver};
-use tracetap_tests::{Stack, free_port, require_root, runtime, wait_for};
+use tracetap_tests::otlp::Received;
+use tracetap_tests::{Rig, Stack, free_port, require_root, wait_for};
 
 fn setup(extra: &str) -> Stack {
     Stack::start(extra, &[])
@@ -245,10 +244,8 @@ fn haproxy_started_after_the_agent_and_reloaded_is_traced() {
     if !require_root() {
         return;
     }
-    let rt = runtime();
-    let receiver = Receiver::start(&rt);
-    let backend = Backend::start(&rt);
-    let comm = haproxy::unique_comm();
+    let rig = Rig::new();
+    let (receiver, backend, comm) = (&rig.receiver, rig.backend, rig.comm.clone());
     let mut agent =
         Agent::spawn(&[("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint()), ("TRACETAP_TARGET_COMM", comm.clone())]);
     // Not ready: nothing to trace yet.

@@ -8,21 +8,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tracetap_tests::agent::Agent;
-use tracetap_tests::backend::Backend;
 use tracetap_tests::client::Conn;
 use tracetap_tests::haproxy::{self, Haproxy};
-use tracetap_tests::otlp::Receiver;
-use tracetap_tests::{free_port, require_root, runtime, wait_for};
+use tracetap_tests::{Rig, free_port, require_root, wait_for};
 
 #[test]
 fn several_instances_are_traced_as_separate_processes() {
     if !require_root() {
         return;
     }
-    let rt = runtime();
-    let receiver = Receiver::start(&rt);
-    let backend = Backend::start(&rt);
-    let comm = haproxy::unique_comm();
+    let rig = Rig::new();
+    let (receiver, backend, comm) = (&rig.receiver, rig.backend, rig.comm.clone());
     let (p1, p2) = (free_port(), free_port());
     let h1 = Haproxy::start(&comm, &haproxy::config(p1, &[backend.addr], ""), p1);
     // Same command name, own directory: a second instance.
@@ -47,10 +43,8 @@ fn master_worker_reload_under_traffic_loses_no_request() {
     if !require_root() {
         return;
     }
-    let rt = runtime();
-    let receiver = Receiver::start(&rt);
-    let backend = Backend::start(&rt);
-    let comm = haproxy::unique_comm();
+    let rig = Rig::new();
+    let (receiver, backend, comm) = (&rig.receiver, rig.backend, rig.comm.clone());
     let port = free_port();
     let haproxy = Haproxy::start_master_worker(&comm, &haproxy::config(port, &[backend.addr], ""), port);
     let agent = Agent::start(&[("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint()), ("TRACETAP_TARGET_COMM", comm)]);
