@@ -1,0 +1,122 @@
+//! Tail store benchmark: fills the sled store and the in-memory baseline with the same spans, each
+//! in a fresh child process (so RSS and CPU are the store's alone), and reports spans per second per
+//! core (CPU time of every thread of the process, sled's flusher included), bytes on disk per span,
+//! RSS at the end, and the CPU ratio sled / memory measured in the same run.
+//!
+//! `cargo bench -p tracetap-storage --bench store` (`TRACETAP_BENCH_SPANS`, default 1 000 000;
+//! `TRACETAP_BENCH_ROUNDS`, default 2). The workload is the agent's: per trace, one append of its
+//! SERVER and CLIENT spans (360 bytes each, about what the agent encodes), traces arriving
+//! at 50 000 per simulated second, one partition per second.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+
+use tracetap_storage::{MemoryStore, PendingTrace, SledOptions, SledStore, SpanRange, TailStore};
+
+const SPAN_BYTES: usize = 360;
+const TRACES_PER_PARTITION: u64 = 50_000;
+const CHILD_VAR: &str = "TRACETAP_BENCH_CHILD";
+
+fn main() {
+    if let Ok(spec) = std::env::var(CHILD_VAR) {
+        let (store, spans) = spec.split_once(':').expect("store:spans");
+        child(store, spans.parse().expect("span count"));
+        return;
+    }
+    let spans: u64 = env_or("TRACETAP_BENCH_SPANS", 1_000_000);
+    let rounds: u64 = env_or("TRACETAP_BENCH_ROUNDS", 2);
+    println!("tail store: {spans} spans of {SPAN_BYTES} bytes, 2 spans per trace, {rounds} rounds");
+    println!("{:<7} {:>9} {:>15} {:>9} {:>9} {:>12}", "store", "cpu s", "spans/s/core", "rss MiB", "hwm MiB", "disk B/span");
+    let mut cpu = [0.0f64; 2];
+    for _ in 0..rounds {
+        for (i, store) in ["memory", "sled"].into_iter().enumerate() {
+            let out = Command::new(std::env::current_exe().expect("own path"))
+                .env(CHILD_VAR, format!("{store}:{spans}"))
+                .output()
+                .expect("running the bench child");
+            assert!(out.status.success(), "child failed: {}", String::from_utf8_lossy(&out.stderr));
+            let line = String::from_utf8(out.stdout).expect("utf-8");
+            print!("{line}");
+            cpu[i] += line.split_whitespace().nth(1).and_then(|c| c.parse::<f64>().ok()).expect("cpu column");
+        }
+    }
+    println!("CPU ratio sled / memory: {:.2}", cpu[1] / cpu[0]);
+}
+
+fn env_or(var: &str, default: u64) -> u64 {
+    std::env::var(var).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn child(store: &str, spans: u64) {
+    let dir = tempfile::tempdir_in(std::env::var_os("TMPDIR").unwrap_or_else(|| "/var/tmp".into())).expect("temp dir");
+    let (cpu, disk) = match store {
+        "memory" => fill(&mut MemoryStore::new(), spans),
+        "sled" => fill(&mut SledStore::open(dir.path(), SledOptions::default()).expect("open"), spans),
+        other => panic!("unknown store {other}"),
+    };
+    let disk = if store == "sled" { dir_bytes(dir.path()) } else { disk };
+    println!(
+        "{store:<7} {cpu:>9.2} {:>15.0} {:>9.0} {:>9.0} {:>12.0}",
+        spans as f64 / cpu,
+        status_kib("VmRSS:") as f64 / 1024.0,
+        status_kib("VmHWM:") as f64 / 1024.0,
+        disk as f64 / spans as f64
+    );
+}
+
+/// Fills the store; returns CPU seconds spent and the store's own size figure.
+fn fill(store: &mut impl TailStore, spans: u64) -> (f64, u64) {
+    let mut span = vec![0u8; SPAN_BYTES];
+    for (i, b) in span.iter_mut().enumerate() {
+        *b = (i * 31 % 251) as u8;
+    }
+    let cpu_before = cpu_seconds();
+    let started = Instant::now();
+    for t in 0..spans / 2 {
+        let mut trace = [0u8; 16];
+        trace[..8].copy_from_slice(&t.wrapping_mul(0x9e37_79b9_7f4a_7c15).to_be_bytes());
+        trace[8..].copy_from_slice(&t.to_be_bytes());
+        let partition = t / TRACES_PER_PARTITION;
+        let now = 1_700_000_000_000_000_000 + t * 20_000;
+        span[..16].copy_from_slice(&trace);
+        let seq = store.append(partition, &trace, &[&span, &span]).expect("append");
+        let pending =
+            PendingTrace { first_seen_unix_ns: now, root_ended_unix_ns: Some(now), spans: SpanRange::one(partition, seq) };
+        store.put_pending(&trace, &pending).expect("put");
+    }
+    store.flush().expect("flush");
+    let _ = started.elapsed();
+    (cpu_seconds() - cpu_before, store.disk_bytes())
+}
+
+/// User + system CPU of the whole process (all threads), from /proc/self/stat.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
+    let after_comm = &stat[stat.rfind(')').expect("comm") + 2..];
+    let fields: Vec<&str> = after_comm.split_whitespace().collect();
+    // Fields 14 and 15 of stat(5) (utime, stime), counted from after the comm field (3rd = index 0).
+    let ticks: u64 = fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    ticks as f64 / 100.0
+}
+
+fn status_kib(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("status field")
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .expect("store dir")
+        .flatten()
+        .map(|e| {
+            let meta = e.metadata().expect("metadata");
+            if meta.is_dir() { dir_bytes(&e.path()) } else { meta.len() }
+        })
+        .sum()
+}

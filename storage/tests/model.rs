@@ -1,0 +1,155 @@
+//! Model-based test: under any sequence of appends, decisions, exports, expiries and reopenings,
+//! the sled store behaves like the in-memory model.
+
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+use tracetap_storage::{
+    MemoryStore, Outcome, Partition, PendingTrace, SledOptions, SledStore, SpanRange, TailStore, TraceId,
+};
+
+const TRACES: u8 = 4;
+const PARTITIONS: u64 = 3;
+
+#[derive(Clone, Debug)]
+enum Op {
+    Append { trace: u8, partition: u64, spans: Vec<Vec<u8>> },
+    PutPending { trace: u8, partition: u64, first_seen: u64, root_ended: Option<u64> },
+    Decide { trace: u8, partition: u64, kept: Option<u64> },
+    Exported { trace: u8, partition: u64 },
+    ForgetOldestDecision,
+    DropPartition { partition: u64 },
+    Reopen,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let trace = 0..TRACES;
+    let partition = 0..PARTITIONS;
+    let spans = proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 1..4);
+    prop_oneof![
+        3 => (trace.clone(), partition.clone(), spans).prop_map(|(trace, partition, spans)| Op::Append { trace, partition, spans }),
+        2 => (trace.clone(), partition.clone(), 1..1_000u64, proptest::option::of(1..1_000u64))
+            .prop_map(|(trace, partition, first_seen, root_ended)| Op::PutPending { trace, partition, first_seen, root_ended }),
+        2 => (trace.clone(), partition.clone(), proptest::option::of(0..(1u64 << 56)))
+            .prop_map(|(trace, partition, kept)| Op::Decide { trace, partition, kept }),
+        1 => (trace, partition.clone()).prop_map(|(trace, partition)| Op::Exported { trace, partition }),
+        1 => Just(Op::ForgetOldestDecision),
+        1 => partition.prop_map(|partition| Op::DropPartition { partition }),
+        1 => Just(Op::Reopen),
+    ]
+}
+
+fn id(trace: u8) -> TraceId {
+    [trace; 16]
+}
+
+/// A store under test and the append sequence numbers it gave (each store numbers its own).
+struct Subject<S> {
+    store: S,
+    appends: BTreeMap<(u8, Partition), SpanRange>,
+}
+
+impl<S: TailStore> Subject<S> {
+    fn range(&self, trace: u8, partition: Partition) -> SpanRange {
+        self.appends.get(&(trace, partition)).copied().unwrap_or(SpanRange::one(partition, 0))
+    }
+
+    fn apply(&mut self, op: &Op) {
+        let store = &mut self.store;
+        match op {
+            Op::Append { trace, partition, spans } => {
+                let spans: Vec<&[u8]> = spans.iter().map(Vec::as_slice).collect();
+                let seq = store.append(*partition, &id(*trace), &spans).unwrap();
+                let grown = self.appends.get(&(*trace, *partition)).map_or(SpanRange::one(*partition, seq), |r| r.with(seq));
+                self.appends.insert((*trace, *partition), grown);
+            }
+            Op::PutPending { trace, partition, first_seen, root_ended } => {
+                let pending = PendingTrace {
+                    first_seen_unix_ns: *first_seen,
+                    root_ended_unix_ns: *root_ended,
+                    spans: self.range(*trace, *partition),
+                };
+                self.store.put_pending(&id(*trace), &pending).unwrap();
+            }
+            Op::Decide { trace, partition, kept } => {
+                let outcome = kept.map_or(Outcome::Dropped, |threshold| Outcome::Kept { threshold });
+                let range = self.range(*trace, *partition);
+                self.store.decide(&id(*trace), &range, outcome).unwrap();
+            }
+            Op::Exported { trace, partition } => store.exported(&id(*trace), *partition).unwrap(),
+            Op::ForgetOldestDecision => {
+                if let Some(oldest) = store.recover().unwrap().decisions.first() {
+                    store.forget_decision(&oldest.trace, oldest.partition, oldest.seq).unwrap();
+                }
+            }
+            Op::DropPartition { partition } => store.drop_partition(*partition).unwrap(),
+            Op::Reopen => {}
+        }
+    }
+
+    /// What the store shows from outside, with its own sequence numbers replaced by what they
+    /// point at, or by their order.
+    fn observe(&self) -> Observed {
+        let r = self.store.recover().unwrap();
+        let spans = |trace: &TraceId, range: &SpanRange| self.store.spans(trace, range).unwrap();
+        Observed {
+            pending: r
+                .pending
+                .iter()
+                .map(|(t, p)| (*t, p.first_seen_unix_ns, p.root_ended_unix_ns, p.spans.partition, spans(t, &p.spans)))
+                .collect(),
+            decisions: r.decisions.iter().map(|d| (d.trace, d.partition, d.outcome)).collect(),
+            outbox: r.outbox.iter().map(|o| (o.trace, o.spans.partition, o.threshold, spans(&o.trace, &o.spans))).collect(),
+            partitions: r.partitions,
+            appended: self.appends.iter().map(|(&(t, p), range)| (t, p, spans(&id(t), range))).collect(),
+        }
+    }
+}
+
+type Spans = Vec<Vec<u8>>;
+
+#[derive(Debug, PartialEq)]
+struct Observed {
+    pending: Vec<(TraceId, u64, Option<u64>, Partition, Spans)>,
+    decisions: Vec<(TraceId, Partition, Outcome)>,
+    outbox: Vec<(TraceId, Partition, u64, Spans)>,
+    partitions: Vec<Partition>,
+    appended: Vec<(u8, Partition, Spans)>,
+}
+
+/// Reopens a store just closed in this process. sled's flusher thread lets go of the directory lock
+/// a moment after the `Db` is dropped, so a reopen in the same process may have to wait for it (a
+/// restarted agent is a new process and never does).
+fn reopen(dir: &std::path::Path, options: SledOptions) -> SledStore {
+    let mut last_error = None;
+    for _ in 0..50 {
+        match SledStore::open(dir, options) {
+            Ok(store) => return store,
+            Err(e) => last_error = Some(e),
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    panic!("store does not reopen: {last_error:?}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn sled_store_behaves_like_the_model(ops in proptest::collection::vec(op(), 1..40)) {
+        let dir = tempfile::tempdir().unwrap();
+        let options = SledOptions { cache_bytes: 1 << 20, flush_every_ms: 1_000 };
+        let mut sled = Subject { store: SledStore::open(dir.path(), options).unwrap(), appends: BTreeMap::new() };
+        let mut model = Subject { store: MemoryStore::new(), appends: BTreeMap::new() };
+        for op in &ops {
+            if matches!(op, Op::Reopen) {
+                sled.store.flush().unwrap();
+                drop(sled.store);
+                sled.store = reopen(dir.path(), options);
+            }
+            sled.apply(op);
+            model.apply(op);
+            prop_assert_eq!(sled.observe(), model.observe(), "after {:?}", op);
+        }
+    }
+}
