@@ -97,7 +97,7 @@ impl Batcher {
         }
         let body = Bytes::copy_from_slice(self.encoder.encode(groups.iter().copied()));
         drop(groups);
-        let batch = EncodedBatch { body, spans: self.spans as u64 };
+        let batch = EncodedBatch::new(body, self.spans as u64, self.pending.len() as u64);
         for pending in self.pending.drain(..) {
             recycle(pending.exchange);
         }

@@ -9,7 +9,10 @@ use std::time::Duration;
 
 use tracetap_ebpf_common::{COMM_BYTES, MAX_CAPTURE_BYTES, MIN_CAPTURE_BYTES};
 
-use crate::sampling::Sampler;
+use crate::sampling::{Sampler, threshold_for};
+use crate::tail::policy::{NamedPolicy, Policy};
+use crate::tail::{PolicySource, TailConfig};
+use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
 
 /// A bad configuration value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -77,6 +80,8 @@ pub struct Config {
     pub ring_bytes: u32,
     pub probe_stats: bool,
     pub log_filter: String,
+    /// Tail sampling, when `TRACETAP_TAIL_ENABLED=true`.
+    pub tail: Option<TailConfig>,
 }
 
 /// Every variable the agent reads, with its default and meaning. The README's table is this list.
@@ -125,6 +130,21 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
         "`true` enables the kernel's BPF run-time statistics (about 20 ns per probe run) and exports them in /metrics",
     ),
     ("TRACETAP_LOG", "info", "log filter (tracing-subscriber EnvFilter syntax), logs go to stderr"),
+    ("TRACETAP_TAIL_ENABLED", "false", "`true` buffers kept spans in the tail store until the tail policies decide their trace"),
+    ("TRACETAP_STATE_DIR", "/var/lib/tracetap", "directory of the tail store (kept across restarts)"),
+    ("TRACETAP_TAIL_GRACE", "2s", "wait after a trace's root span ended before deciding it (`ms`, `s` or `m`)"),
+    ("TRACETAP_TAIL_DECISION_WAIT", "30s", "longest wait from a trace's first span to its decision"),
+    ("TRACETAP_TAIL_KEEP_ERRORS", "true", "keep every trace with a span in error (policy `keep_errors`)"),
+    ("TRACETAP_TAIL_LATENCY_MS", "(unset)", "keep every trace at least this long, in ms (policy `latency`)"),
+    ("TRACETAP_TAIL_RATIO", "0.0", "keep this share of the other traces, consistently by trace id (policy `probabilistic`)"),
+    ("TRACETAP_TAIL_MAX_SPANS_PER_SEC", "(unset)", "also keep traces while at most this many spans per second are kept so (policy `rate_limiting`)"),
+    (
+        "TRACETAP_TAIL_POLICY_FILE",
+        "(unset)",
+        "YAML or JSON policy file in the Collector's `tail_sampling` shape; replaces the four variables above",
+    ),
+    ("TRACETAP_TAIL_MAX_DISK_BYTES", "1073741824", "bytes of buffered spans; past it the oldest traces are decided early"),
+    ("TRACETAP_TAIL_DECISION_CACHE", "100000", "decisions remembered (on disk too) so that late spans follow them"),
 ];
 
 fn err(var: &'static str, value: &str, expected: impl Into<String>) -> ConfigError {
@@ -151,6 +171,110 @@ impl<F: Fn(&str) -> Option<String>> Source<F> {
     fn millis(&self, var: &'static str, default_ms: u64) -> Result<Duration, ConfigError> {
         self.parse(var, default_ms, "a whole number of milliseconds").map(Duration::from_millis)
     }
+
+    fn flag(&self, var: &'static str, default: bool) -> Result<bool, ConfigError> {
+        match self.get(var).as_deref().map(str::trim) {
+            None => Ok(default),
+            Some("false" | "0") => Ok(false),
+            Some("true" | "1") => Ok(true),
+            Some(v) => Err(err(var, v, "true or false")),
+        }
+    }
+
+    /// A positive duration with a unit: `500ms`, `2s`, `1m`.
+    fn duration(&self, var: &'static str, default: Duration) -> Result<Duration, ConfigError> {
+        let Some(v) = self.get(var) else { return Ok(default) };
+        let text = v.trim();
+        let expected = "a positive duration with a unit, such as 500ms, 2s or 1m";
+        let (number, scale_ms) = if let Some(n) = text.strip_suffix("ms") {
+            (n, 1)
+        } else if let Some(n) = text.strip_suffix('s') {
+            (n, 1_000)
+        } else if let Some(n) = text.strip_suffix('m') {
+            (n, 60_000)
+        } else {
+            return Err(err(var, &v, expected));
+        };
+        match number.trim().parse::<u64>() {
+            Ok(n) if n > 0 => Ok(Duration::from_millis(n.saturating_mul(scale_ms))),
+            _ => Err(err(var, &v, expected)),
+        }
+    }
+}
+
+/// The tail sampling settings (only read when `TRACETAP_TAIL_ENABLED=true`).
+fn parse_tail(src: &Source<impl Fn(&str) -> Option<String>>) -> Result<TailConfig, ConfigError> {
+    let state_dir = src.get("TRACETAP_STATE_DIR").map_or_else(|| "/var/lib/tracetap".into(), |d| d.trim().into());
+    let grace = src.duration("TRACETAP_TAIL_GRACE", Duration::from_secs(2))?;
+    let decision_wait = src.duration("TRACETAP_TAIL_DECISION_WAIT", Duration::from_secs(30))?;
+    if decision_wait < grace {
+        return Err(err(
+            "TRACETAP_TAIL_DECISION_WAIT",
+            &format!("{decision_wait:?}"),
+            format!("at least TRACETAP_TAIL_GRACE ({grace:?})"),
+        ));
+    }
+    let max_disk_bytes: u64 = src.parse("TRACETAP_TAIL_MAX_DISK_BYTES", 1 << 30, "a whole number of bytes")?;
+    if max_disk_bytes < 1 << 20 {
+        return Err(err("TRACETAP_TAIL_MAX_DISK_BYTES", &max_disk_bytes.to_string(), "at least 1048576 bytes"));
+    }
+    let decision_cache: usize = src.parse("TRACETAP_TAIL_DECISION_CACHE", 100_000, "a positive whole number")?;
+    if decision_cache == 0 {
+        return Err(err("TRACETAP_TAIL_DECISION_CACHE", "0", "a positive whole number"));
+    }
+    const ENV_POLICY_VARS: [&str; 4] = [
+        "TRACETAP_TAIL_KEEP_ERRORS",
+        "TRACETAP_TAIL_LATENCY_MS",
+        "TRACETAP_TAIL_RATIO",
+        "TRACETAP_TAIL_MAX_SPANS_PER_SEC",
+    ];
+    let policies = if let Some(file) = src.get("TRACETAP_TAIL_POLICY_FILE") {
+        if let Some(var) = ENV_POLICY_VARS.iter().find(|v| src.get(v).is_some()) {
+            return Err(err(
+                "TRACETAP_TAIL_POLICY_FILE",
+                &file,
+                format!("either a policy file or the policy variables, not both ({var} is set too)"),
+            ));
+        }
+        PolicySource::File(file.trim().into())
+    } else {
+        PolicySource::Env(env_policies(src)?)
+    };
+    Ok(TailConfig { state_dir, grace, decision_wait, max_disk_bytes, decision_cache, policies })
+}
+
+fn env_policies(src: &Source<impl Fn(&str) -> Option<String>>) -> Result<Vec<NamedPolicy>, ConfigError> {
+    let mut policies = Vec::new();
+    let mut add = |name: &str, policy| policies.push(NamedPolicy { name: name.to_owned(), policy });
+    if src.flag("TRACETAP_TAIL_KEEP_ERRORS", true)? {
+        add("keep_errors", Policy::StatusCode { codes: vec![StatusCode::Error] });
+    }
+    if src.get("TRACETAP_TAIL_LATENCY_MS").is_some() {
+        let threshold_ms = src.parse("TRACETAP_TAIL_LATENCY_MS", 0u64, "a whole number of milliseconds")?;
+        add("latency", Policy::Latency { threshold_ms, upper_threshold_ms: None });
+    }
+    let ratio: f64 = src.parse("TRACETAP_TAIL_RATIO", 0.0, "a ratio from 0.0 to 1.0")?;
+    if !(0.0..=1.0).contains(&ratio) {
+        return Err(err("TRACETAP_TAIL_RATIO", &ratio.to_string(), "a ratio from 0.0 to 1.0"));
+    }
+    if ratio > 0.0 {
+        add("probabilistic", Policy::Probabilistic { threshold: threshold_for(ratio) });
+    }
+    if src.get("TRACETAP_TAIL_MAX_SPANS_PER_SEC").is_some() {
+        let rate: u64 = src.parse("TRACETAP_TAIL_MAX_SPANS_PER_SEC", 0, "a positive whole number")?;
+        if rate == 0 {
+            return Err(err("TRACETAP_TAIL_MAX_SPANS_PER_SEC", "0", "a positive whole number"));
+        }
+        add("rate_limiting", Policy::RateLimiting { spans_per_second: rate });
+    }
+    if policies.is_empty() {
+        return Err(err(
+            "TRACETAP_TAIL_KEEP_ERRORS",
+            "false",
+            "some tail policy: with errors not kept, set TRACETAP_TAIL_LATENCY_MS, TRACETAP_TAIL_RATIO, TRACETAP_TAIL_MAX_SPANS_PER_SEC or TRACETAP_TAIL_POLICY_FILE",
+        ));
+    }
+    Ok(policies)
 }
 
 impl Config {
@@ -238,12 +362,9 @@ impl Config {
         if !ring_bytes.is_power_of_two() || ring_bytes < 65536 {
             return Err(err("TRACETAP_RING_BYTES", &ring_bytes.to_string(), "a power of two of at least 65536 bytes"));
         }
-        let probe_stats = match src.get("TRACETAP_PROBE_STATS").as_deref().map(str::trim) {
-            None | Some("false" | "0") => false,
-            Some("true" | "1") => true,
-            Some(v) => return Err(err("TRACETAP_PROBE_STATS", v, "true or false")),
-        };
+        let probe_stats = src.flag("TRACETAP_PROBE_STATS", false)?;
         let log_filter = src.get("TRACETAP_LOG").unwrap_or_else(|| "info".to_owned());
+        let tail = if src.flag("TRACETAP_TAIL_ENABLED", false)? { Some(parse_tail(&src)?) } else { None };
 
         Ok(Self {
             sink,
@@ -262,6 +383,7 @@ impl Config {
             ring_bytes,
             probe_stats,
             log_filter,
+            tail,
         })
     }
 }
@@ -431,6 +553,44 @@ mod tests {
         let c = parse(&[("OTEL_EXPORTER_OTLP_ENDPOINT", ""), ("TRACETAP_CAPTURE_BYTES", " ")]).unwrap();
         assert_eq!(c.sink, Sink::Stdout);
         assert_eq!(c.capture_bytes, 4096);
+    }
+
+    #[test]
+    fn tail_is_off_by_default_and_built_from_variables() {
+        assert_eq!(parse(&[("TRACETAP_TAIL_LATENCY_MS", "5")]).unwrap().tail, None);
+        let c = parse(&[
+            ("TRACETAP_TAIL_ENABLED", "true"),
+            ("TRACETAP_TAIL_LATENCY_MS", "200"),
+            ("TRACETAP_TAIL_RATIO", "0.5"),
+            ("TRACETAP_TAIL_GRACE", "500ms"),
+            ("TRACETAP_STATE_DIR", "/tmp/tt"),
+        ])
+        .unwrap();
+        let tail = c.tail.unwrap();
+        assert_eq!(tail.grace, Duration::from_millis(500));
+        assert_eq!(tail.decision_wait, Duration::from_secs(30));
+        assert_eq!(tail.state_dir, std::path::PathBuf::from("/tmp/tt"));
+        let PolicySource::Env(policies) = tail.policies else { panic!("env policies") };
+        let names: Vec<&str> = policies.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["keep_errors", "latency", "probabilistic"]);
+        assert_eq!(policies[2].policy, Policy::Probabilistic { threshold: 1 << 55 });
+    }
+
+    #[test]
+    fn bad_tail_values_name_their_variable() {
+        let on = ("TRACETAP_TAIL_ENABLED", "true");
+        let cases: [(&[(&str, &str)], &str); 7] = [
+            (&[("TRACETAP_TAIL_ENABLED", "yes")], "TRACETAP_TAIL_ENABLED"),
+            (&[on, ("TRACETAP_TAIL_GRACE", "2")], "TRACETAP_TAIL_GRACE"),
+            (&[on, ("TRACETAP_TAIL_DECISION_WAIT", "1s")], "TRACETAP_TAIL_DECISION_WAIT"),
+            (&[on, ("TRACETAP_TAIL_RATIO", "2")], "TRACETAP_TAIL_RATIO"),
+            (&[on, ("TRACETAP_TAIL_KEEP_ERRORS", "false")], "TRACETAP_TAIL_KEEP_ERRORS"),
+            (&[on, ("TRACETAP_TAIL_POLICY_FILE", "/p.yaml"), ("TRACETAP_TAIL_RATIO", "0.1")], "TRACETAP_TAIL_POLICY_FILE"),
+            (&[on, ("TRACETAP_TAIL_MAX_DISK_BYTES", "10")], "TRACETAP_TAIL_MAX_DISK_BYTES"),
+        ];
+        for (vars, var) in cases {
+            assert_eq!(parse(vars).unwrap_err().var, var, "{vars:?}");
+        }
     }
 
     #[test]

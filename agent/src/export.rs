@@ -20,6 +20,7 @@ use prost::Message as _;
 use tokio::sync::mpsc;
 
 use crate::config::{Compression, Config, Endpoint, Sink};
+use crate::tail::engine::Delivery;
 use crate::metrics::{self, Metrics};
 
 /// Most attempts for one export request.
@@ -27,10 +28,43 @@ const MAX_ATTEMPTS: u32 = 5;
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 
 /// An encoded `ExportTraceServiceRequest` and how many spans it holds.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct EncodedBatch {
     pub body: Bytes,
     pub spans: u64,
+    /// Traces (exchanges) it holds, for counting what a full queue sheds.
+    pub traces: u64,
+    /// Told when the exporter is done with the batch (tail sampling's outbox).
+    pub delivered: Option<Delivered>,
+}
+
+impl EncodedBatch {
+    /// A batch nobody waits on.
+    #[must_use]
+    pub fn new(body: Bytes, spans: u64, traces: u64) -> Self {
+        Self { body, spans, traces, delivered: None }
+    }
+}
+
+/// Reports back to the tail thread that the exporter is done with a batch of kept traces: sent,
+/// or failed for good (and counted as such). A batch dropped unreported stays in the outbox and
+/// is exported again after a restart.
+#[derive(Debug)]
+pub struct Delivered {
+    deliveries: Vec<Delivery>,
+    tx: std::sync::mpsc::Sender<Vec<Delivery>>,
+}
+
+impl Delivered {
+    #[must_use]
+    pub fn new(deliveries: Vec<Delivery>, tx: std::sync::mpsc::Sender<Vec<Delivery>>) -> Self {
+        Self { deliveries, tx }
+    }
+
+    fn done(self) {
+        // The tail thread may be gone at shutdown; the outbox then re-exports at the next start.
+        let _ = self.tx.send(self.deliveries);
+    }
 }
 
 /// The capture thread's end of the queue.
@@ -47,6 +81,12 @@ impl BatchQueue {
         if self.tx.try_send(batch).is_err() {
             metrics::add(&self.metrics.spans_dropped_queue_full, spans);
         }
+    }
+
+    /// Queues a batch, waiting for room (for the tail thread, never the capture thread). Fails
+    /// only when the exporter is gone.
+    pub fn push_waiting(&self, batch: EncodedBatch) -> Result<(), EncodedBatch> {
+        self.tx.blocking_send(batch).map_err(|e| e.0)
     }
 }
 
@@ -122,10 +162,11 @@ pub async fn run(config: Config, mut rx: mpsc::Receiver<EncodedBatch>, metrics: 
 async fn export(
     destination: &Destination,
     config: &Config,
-    batch: EncodedBatch,
+    mut batch: EncodedBatch,
     metrics: &Metrics,
     log: &mut RateLimitedLog,
 ) {
+    let delivered = batch.delivered.take();
     match destination {
         Destination::Stdout => print_json(&batch, metrics),
         Destination::Otlp { client, uri, endpoint } => {
@@ -142,6 +183,9 @@ async fn export(
                 }
             }
         }
+    }
+    if let Some(delivered) = delivered {
+        delivered.done();
     }
 }
 

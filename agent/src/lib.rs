@@ -12,3 +12,4 @@ pub mod metrics;
 pub mod names;
 pub mod sampling;
 pub mod spans;
+pub mod tail;

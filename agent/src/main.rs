@@ -7,11 +7,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use anyhow::Context as _;
-use tracetap::capture::{self, loader::Probes};
+use tracetap::capture::{self, Output, loader::Probes};
 use tracetap::config::{Config, Sink};
-use tracetap::export;
+use tracetap::export::{self, BatchQueue};
 use tracetap::metrics::Metrics;
+use tracetap::tail::engine::{Engine, Limits};
+use tracetap::tail::policy::{NamedPolicy, PolicySet};
+use tracetap::tail::{self, PolicySource, TailConfig, policy_file};
 use tracetap::{admin, config};
+use tracetap_storage::{SledOptions, SledStore};
 
 fn main() -> ExitCode {
     if std::env::args().nth(1).is_some_and(|a| a == "--help" || a == "-h") {
@@ -26,7 +30,14 @@ fn main() -> ExitCode {
         }
     };
     init_logging(&config.log_filter);
-    match run(&config) {
+    let policies = match config.tail.as_ref().map(load_policies).transpose() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("tracetap: configuration error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&config, policies) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("tracetap: {e:#}");
@@ -49,7 +60,51 @@ fn init_logging(filter: &str) {
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
 }
 
-fn run(config: &Config) -> anyhow::Result<()> {
+/// Reads and validates the tail policies (the file is read once, at start).
+fn load_policies(tail: &TailConfig) -> Result<Vec<NamedPolicy>, String> {
+    match &tail.policies {
+        PolicySource::Env(policies) => Ok(policies.clone()),
+        PolicySource::File(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("TRACETAP_TAIL_POLICY_FILE={}: cannot read it: {e}", path.display()))?;
+            policy_file::parse(&text).map_err(|e| format!("TRACETAP_TAIL_POLICY_FILE={}: {e}", path.display()))
+        }
+    }
+}
+
+/// Opens the tail store and starts the tail thread; returns the capture thread's output.
+fn start_tail(
+    config: &Config,
+    tail: &TailConfig,
+    policies: Vec<NamedPolicy>,
+    export_queue: BatchQueue,
+    metrics: &Arc<Metrics>,
+) -> anyhow::Result<(Output, std::thread::JoinHandle<()>)> {
+    std::fs::create_dir_all(&tail.state_dir)
+        .with_context(|| format!("creating TRACETAP_STATE_DIR={}", tail.state_dir.display()))?;
+    let store = SledStore::open(&tail.state_dir, SledOptions::default())
+        .with_context(|| format!("opening the tail store in TRACETAP_STATE_DIR={}", tail.state_dir.display()))?;
+    let limits = Limits {
+        grace_ns: tail.grace.as_nanos() as u64,
+        decision_wait_ns: tail.decision_wait.as_nanos() as u64,
+        max_disk_bytes: tail.max_disk_bytes,
+        decision_cache: tail.decision_cache,
+        export_batch_spans: config.max_export_batch_size,
+    };
+    let engine = Engine::open(store, PolicySet::new(policies), limits, export::resource_attributes(config), tail::unix_now_ns())
+        .context("recovering the tail store")?;
+    tracing::info!(pending = engine.pending_traces(), dir = %tail.state_dir.display(), "tail store open");
+    let (queue, input) =
+        tail::queue((config.max_queue_size / config.max_export_batch_size).max(2), Arc::clone(metrics));
+    let (metrics, ack_wait) = (Arc::clone(metrics), config.export_timeout);
+    let thread = std::thread::Builder::new()
+        .name("tail".into())
+        .spawn(move || tail::run(engine, &input, &export_queue, &metrics, ack_wait))
+        .context("starting the tail thread")?;
+    Ok((Output::Tail(queue), thread))
+}
+
+fn run(config: &Config, policies: Option<Vec<NamedPolicy>>) -> anyhow::Result<()> {
     let runtime =
         tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
     let metrics = Arc::new(Metrics::default());
@@ -65,12 +120,19 @@ fn run(config: &Config) -> anyhow::Result<()> {
     );
 
     let (queue, rx) = export::queue(config.max_queue_size, config.max_export_batch_size, Arc::clone(&metrics));
+    let (output, tail_thread) = match (&config.tail, policies) {
+        (Some(tail), Some(policies)) => {
+            let (output, thread) = start_tail(config, tail, policies, queue, &metrics)?;
+            (output, Some(thread))
+        }
+        _ => (Output::Export(queue), None),
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let capture_thread = {
         let (config, metrics, stop) = (config.clone(), Arc::clone(&metrics), Arc::clone(&stop));
         std::thread::Builder::new()
             .name("capture".into())
-            .spawn(move || capture::run(probes, &config, &metrics, queue, &stop))
+            .spawn(move || capture::run(probes, &config, &metrics, output, &stop))
             .context("starting the capture thread")?
     };
 
@@ -80,8 +142,12 @@ fn run(config: &Config) -> anyhow::Result<()> {
         wait_for_signal().await;
         tracing::info!("shutting down: flushing queued spans");
         stop.store(true, Relaxed);
-        // The capture thread drops the queue sender when it returns, which ends the exporter.
+        // The capture thread drops its queue sender when it returns, which ends the tail thread (if
+        // any), whose end ends the exporter.
         let _ = tokio::task::spawn_blocking(move || capture_thread.join()).await;
+        if let Some(tail_thread) = tail_thread {
+            let _ = tokio::task::spawn_blocking(move || tail_thread.join()).await;
+        }
         if tokio::time::timeout(config.export_timeout, exporter).await.is_err() {
             tracing::warn!("flush did not finish within OTEL_EXPORTER_OTLP_TIMEOUT; queued spans were dropped");
         }

@@ -1,7 +1,9 @@
 //! The agent's counters, shared between the capture thread, the exporter and the admin endpoint,
 //! rendered as Prometheus text. Every way a request or span can be lost has a counter here.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 macro_rules! metrics {
@@ -12,6 +14,8 @@ macro_rules! metrics {
             $( pub $field: AtomicU64, )*
             /// Probes are attached and at least one target process is traced.
             pub ready: AtomicBool,
+            /// Tail decisions by (policy, outcome); the policy is `none` when no policy matched.
+            pub tail_decisions: Mutex<BTreeMap<(String, &'static str), u64>>,
         }
 
         impl Metrics {
@@ -27,6 +31,14 @@ macro_rules! metrics {
                 let _ = writeln!(out, "# HELP tracetap_ready 1 once probes are attached to at least one target");
                 let _ = writeln!(out, "# TYPE tracetap_ready gauge");
                 let _ = writeln!(out, "tracetap_ready {}", u8::from(self.ready.load(Relaxed)));
+                let _ = writeln!(out, "# HELP tracetap_tail_decisions_total Tail sampling decisions by deciding policy and outcome");
+                let _ = writeln!(out, "# TYPE tracetap_tail_decisions_total counter");
+                if let Ok(decisions) = self.tail_decisions.lock() {
+                    for ((policy, outcome), n) in decisions.iter() {
+                        let policy = policy.replace('\\', "\\\\").replace('"', "\\\"");
+                        let _ = writeln!(out, "tracetap_tail_decisions_total{{policy=\"{policy}\",outcome=\"{outcome}\"}} {n}");
+                    }
+                }
                 out
             }
         }
@@ -58,6 +70,15 @@ metrics! {
     export_failures: "counter", "tracetap_export_failures_total", "Export requests that failed for good";
     probe_runs: "counter", "tracetap_probe_runs_total", "Probe runs in the kernel (needs TRACETAP_PROBE_STATS=true)";
     probe_run_time_ns: "counter", "tracetap_probe_run_time_ns_total", "Time the probes ran in the kernel, in ns (needs TRACETAP_PROBE_STATS=true)";
+    tail_shed_traces: "counter", "tracetap_tail_shed_traces_total", "Traces shed before the tail store because it fell behind (by trace randomness, like a lower ratio)";
+    tail_late_spans_kept: "counter", "tracetap_tail_late_spans_kept_total", "Spans that arrived after their trace was kept; exported";
+    tail_late_spans_dropped: "counter", "tracetap_tail_late_spans_dropped_total", "Spans that arrived after their trace was dropped; not exported";
+    tail_early_decisions: "counter", "tracetap_tail_early_decisions_total", "Traces decided before their time because the buffer reached TRACETAP_TAIL_MAX_DISK_BYTES";
+    tail_store_errors: "counter", "tracetap_tail_store_errors_total", "Tail store operations that failed (their spans are lost)";
+    tail_traces_pending: "gauge", "tracetap_tail_traces_pending", "Traces waiting for a tail decision";
+    tail_spans_buffered: "gauge", "tracetap_tail_spans_buffered", "Spans of traces waiting for a tail decision";
+    tail_buffered_bytes: "gauge", "tracetap_tail_buffered_bytes", "Bytes of spans held in live partitions of the tail store (what TRACETAP_TAIL_MAX_DISK_BYTES bounds)";
+    tail_disk_bytes: "gauge", "tracetap_tail_disk_bytes", "Bytes the tail store occupies on disk (sled's own figure, space amplification included)";
     targets: "gauge", "tracetap_targets", "Processes currently traced";
     connections: "gauge", "tracetap_connections", "Connections currently tracked";
     open_exchanges: "gauge", "tracetap_open_exchanges", "Frontend exchanges currently open";

@@ -103,13 +103,17 @@ impl Sampler {
 }
 
 /// Rejection threshold for a ratio: traces whose randomness is below it are dropped.
-fn threshold_for(ratio: f64) -> u64 {
+/// The rejection threshold of a ratio (56 bits; 0 keeps everything).
+#[must_use]
+pub fn threshold_for(ratio: f64) -> u64 {
     let t = (1.0 - ratio) * MAX_THRESHOLD as f64;
     (t.round() as u64).min(MAX_THRESHOLD)
 }
 
 /// The lowest 56 bits of the trace id.
-fn randomness(trace_id: &[u8; 16]) -> u64 {
+/// A trace id's consistent-sampling randomness: its lowest 56 bits.
+#[must_use]
+pub fn randomness(trace_id: &[u8; 16]) -> u64 {
     let mut low = [0u8; 8];
     low[1..].copy_from_slice(&trace_id[9..]);
     u64::from_be_bytes(low)

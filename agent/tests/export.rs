@@ -79,7 +79,7 @@ fn batch(name: &str) -> EncodedBatch {
             ..ResourceSpans::default()
         }],
     };
-    EncodedBatch { body: request.encode_to_vec().into(), spans: 2 }
+    EncodedBatch::new(request.encode_to_vec().into(), 2, 1)
 }
 
 async fn export_batches(statuses: Vec<u16>, batches: usize) -> (Arc<Metrics>, Vec<Vec<u8>>) {

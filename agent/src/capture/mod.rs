@@ -22,7 +22,9 @@ use tracetap_proxy::{Limits, ServerExchange, Tracker};
 
 use crate::batch::Batcher;
 use crate::config::Config;
-use crate::export::{self, BatchQueue};
+use crate::export::{self, BatchQueue, EncodedBatch};
+use crate::sampling::randomness;
+use crate::tail::TailQueue;
 use crate::metrics::{self, Metrics};
 use crate::names::Names;
 use crate::spans::SpanBuilder;
@@ -33,10 +35,38 @@ use tracetap_proxy::Op;
 const HOUSEKEEPING: Duration = Duration::from_millis(250);
 const POLL: Duration = Duration::from_millis(5);
 
+/// Where encoded batches go: straight to the exporter, or to the tail thread.
+#[derive(Debug)]
+pub enum Output {
+    Export(BatchQueue),
+    Tail(TailQueue),
+}
+
+impl Output {
+    fn push(&self, batch: EncodedBatch) {
+        match self {
+            Self::Export(q) => q.push(batch),
+            Self::Tail(q) => q.push(batch),
+        }
+    }
+
+    /// True when a kept trace must be shed because the tail stage is behind (see
+    /// [`TailQueue::shed_threshold`]); counted.
+    fn sheds(&self, trace_id: &[u8; 16]) -> bool {
+        let Self::Tail(q) = self else { return false };
+        let threshold = q.shed_threshold();
+        let shed = threshold > 0 && randomness(trace_id) < threshold;
+        if shed {
+            q.shed(1);
+        }
+        shed
+    }
+}
+
 /// Runs until `stop` is set, then hands out nothing more and returns (dropping the queue sender
-/// lets the exporter flush and finish).
+/// lets the exporter, or the tail thread, flush and finish).
 #[expect(clippy::needless_pass_by_value, reason = "the queue is dropped on return, which lets the exporter finish")]
-pub fn run(mut probes: Probes, config: &Config, metrics: &Metrics, queue: BatchQueue, stop: &Arc<AtomicBool>) {
+pub fn run(mut probes: Probes, config: &Config, metrics: &Metrics, queue: Output, stop: &Arc<AtomicBool>) {
     let mut tracker = Tracker::new(Limits::default());
     let mut builder = SpanBuilder::new(config.sampler, loader::monotonic_to_unix_offset_ns());
     let mut targets: BTreeSet<u32> = BTreeSet::new();
@@ -99,7 +129,7 @@ fn hand_out(
     builder: &mut SpanBuilder,
     names: &mut Names,
     batcher: &mut Batcher,
-    queue: &BatchQueue,
+    queue: &Output,
     metrics: &Metrics,
 ) {
     scratch.extend(tracker.drain());
@@ -109,6 +139,7 @@ fn hand_out(
                 metrics::add(&metrics.sampled_out, 1);
                 tracker.recycle(ex);
             }
+            Some(decision) if queue.sheds(&decision.trace_id) => tracker.recycle(ex),
             Some(decision) => {
                 metrics::add(&metrics.sampled_in, 1);
                 let names = names.of(ex.tgid);
@@ -125,7 +156,7 @@ fn hand_out(
     }
 }
 
-fn flush(batcher: &mut Batcher, builder: &mut SpanBuilder, tracker: &mut Tracker, queue: &BatchQueue) {
+fn flush(batcher: &mut Batcher, builder: &mut SpanBuilder, tracker: &mut Tracker, queue: &Output) {
     if let Some(batch) = batcher.flush(builder, &mut |ex| tracker.recycle(ex)) {
         queue.push(batch);
     }

@@ -1,0 +1,668 @@
+//! The tail engine: pending traces, their decision times, the decision cache and the partitions,
+//! over a [`TailStore`]. Single-threaded (owned by the tail thread); time is passed in, so tests
+//! drive it with a fake clock and a [`tracetap_storage::MemoryStore`]. See the module note of
+//! `tail` for the invariants.
+//!
+//! Stored span format: the process id (4 bytes, big endian: the `process.pid` of its resource),
+//! then the OTLP `Span` message.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
+use std::sync::Mutex;
+
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{AnyValue, InstrumentationScope, KeyValue, any_value};
+use opentelemetry_proto::tonic::resource::v1::Resource;
+use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
+use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
+use prost::Message as _;
+use rustc_hash::FxHashMap;
+use tracetap_proxy::trace_context::{parse_ot_tracestate, with_threshold};
+use tracetap_storage::{Outcome, Partition, PendingTrace, Recovered, SpanRange, StoreError, TailStore, TraceId};
+
+use super::policy::{PolicySet, TraceData};
+use crate::metrics::{self, Metrics};
+use crate::sampling::randomness;
+
+/// Width of a partition: traces first seen within the same 5 s share one.
+const PARTITION_NS: u64 = 5_000_000_000;
+
+/// A kept trace handed to the exporter; reported back through [`Engine::delivered`].
+pub type Delivery = (TraceId, Partition);
+
+/// Timing and bounds of the engine.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub grace_ns: u64,
+    pub decision_wait_ns: u64,
+    pub max_disk_bytes: u64,
+    pub decision_cache: usize,
+    pub export_batch_spans: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    first_seen: u64,
+    root_ended: Option<u64>,
+    spans: SpanRange,
+    span_count: u64,
+}
+
+impl Pending {
+    fn deadline(&self, limits: &Limits) -> u64 {
+        let by_wait = self.first_seen.saturating_add(limits.decision_wait_ns);
+        self.root_ended.map_or(by_wait, |ended| by_wait.min(ended.saturating_add(limits.grace_ns)))
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Cached {
+    partition: Partition,
+    seq: u64,
+    kept: bool,
+    threshold: u64,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct PartitionState {
+    pending: usize,
+    outbox: usize,
+    bytes: u64,
+}
+
+/// Kept spans on their way to the exporter.
+#[derive(Debug)]
+pub struct Export {
+    pub request: ExportTraceServiceRequest,
+    pub spans: u64,
+    pub traces: u64,
+    /// The decided traces in it (late spans are not listed: they have no outbox entry).
+    pub deliveries: Vec<Delivery>,
+}
+
+/// Counters the engine keeps itself and publishes on every loop.
+#[derive(Debug, Default)]
+struct Counts {
+    late_kept: u64,
+    late_dropped: u64,
+    early: u64,
+    store_errors: u64,
+    decisions: BTreeMap<(String, &'static str), u64>,
+}
+
+#[derive(Debug)]
+pub struct Engine<S> {
+    store: S,
+    policies: PolicySet,
+    limits: Limits,
+    pending: FxHashMap<TraceId, Pending>,
+    by_age: BTreeSet<(u64, TraceId)>,
+    deadlines: BinaryHeap<Reverse<(u64, TraceId)>>,
+    partitions: BTreeMap<Partition, PartitionState>,
+    cache: FxHashMap<TraceId, Cached>,
+    cache_order: VecDeque<(TraceId, u64)>,
+    resource: Vec<(String, String)>,
+    out: BTreeMap<u32, Vec<Span>>,
+    out_spans: u64,
+    out_deliveries: Vec<Delivery>,
+    out_traces: u64,
+    ready: VecDeque<Export>,
+    counts: Counts,
+    error_log: Option<std::time::Instant>,
+}
+
+impl<S: TailStore> Engine<S> {
+    /// Opens the engine over a store, re-arming everything the store holds: pending traces get
+    /// their deadlines from their persisted times, kept traces still in the outbox are queued for
+    /// export again, and the decision cache is rebuilt (oldest decisions forgotten past its size).
+    pub fn open(
+        store: S,
+        policies: PolicySet,
+        limits: Limits,
+        resource: Vec<(String, String)>,
+        now: u64,
+    ) -> Result<Self, StoreError> {
+        let recovered = store.recover()?;
+        let mut engine = Self {
+            store,
+            policies,
+            limits,
+            pending: FxHashMap::default(),
+            by_age: BTreeSet::new(),
+            deadlines: BinaryHeap::new(),
+            partitions: BTreeMap::new(),
+            cache: FxHashMap::default(),
+            cache_order: VecDeque::new(),
+            resource,
+            out: BTreeMap::new(),
+            out_spans: 0,
+            out_deliveries: Vec::new(),
+            out_traces: 0,
+            ready: VecDeque::new(),
+            counts: Counts::default(),
+            error_log: None,
+        };
+        engine.rearm(recovered)?;
+        engine.tick(now);
+        Ok(engine)
+    }
+
+    fn rearm(&mut self, recovered: Recovered) -> Result<(), StoreError> {
+        for partition in &recovered.partitions {
+            self.partitions.entry(*partition).or_default();
+        }
+        for (trace, p) in &recovered.pending {
+            let spans = self.store.spans(trace, &p.spans)?;
+            let state = self.partitions.entry(p.spans.partition).or_default();
+            state.pending += 1;
+            state.bytes += spans.iter().map(|s| s.len() as u64).sum::<u64>();
+            let pending = Pending {
+                first_seen: p.first_seen_unix_ns,
+                root_ended: p.root_ended_unix_ns,
+                spans: p.spans,
+                span_count: spans.len() as u64,
+            };
+            self.track(*trace, pending);
+        }
+        for d in &recovered.decisions {
+            let (kept, threshold) = match d.outcome {
+                Outcome::Kept { threshold } => (true, threshold),
+                Outcome::Dropped => (false, 0),
+            };
+            self.remember(d.trace, Cached { partition: d.partition, seq: d.seq, kept, threshold });
+        }
+        for entry in &recovered.outbox {
+            let spans = self.store.spans(&entry.trace, &entry.spans)?;
+            self.partitions.entry(entry.spans.partition).or_default().outbox += 1;
+            self.queue_kept(&spans, entry.threshold);
+            self.out_deliveries.push((entry.trace, entry.spans.partition));
+            self.out_traces += 1;
+        }
+        self.flush_export();
+        Ok(())
+    }
+
+    fn track(&mut self, trace: TraceId, pending: Pending) {
+        self.deadlines.push(Reverse((pending.deadline(&self.limits), trace)));
+        self.by_age.insert((pending.first_seen, trace));
+        self.pending.insert(trace, pending);
+    }
+
+    /// Takes in a batch of kept spans from the capture thread.
+    pub fn ingest(&mut self, request: ExportTraceServiceRequest, now: u64) {
+        let mut fragments: FxHashMap<TraceId, (Vec<Vec<u8>>, Option<u64>)> = FxHashMap::default();
+        for rs in request.resource_spans {
+            let pid = rs.resource.as_ref().and_then(process_pid).unwrap_or(0);
+            for span in rs.scope_spans.into_iter().flat_map(|ss| ss.spans) {
+                let Ok(trace) = TraceId::try_from(&span.trace_id[..]) else { continue };
+                let entry = fragments.entry(trace).or_default();
+                if span.kind == SpanKind::Server as i32 {
+                    entry.1 = Some(entry.1.unwrap_or(0).max(span.end_time_unix_nano));
+                }
+                let mut bytes = Vec::with_capacity(4 + span.encoded_len());
+                bytes.extend_from_slice(&pid.to_be_bytes());
+                span.encode(&mut bytes).expect("a Vec grows as needed");
+                entry.0.push(bytes);
+            }
+        }
+        for (trace, (spans, root_ended)) in fragments {
+            if let Err(e) = self.add_fragment(trace, &spans, root_ended, now) {
+                self.store_error(&e);
+            }
+        }
+        if self.out_spans as usize >= self.limits.export_batch_spans {
+            self.flush_export();
+        }
+    }
+
+    fn add_fragment(&mut self, trace: TraceId, spans: &[Vec<u8>], root_ended: Option<u64>, now: u64) -> Result<(), StoreError> {
+        if let Some(cached) = self.cache.get(&trace).copied() {
+            if cached.kept {
+                self.counts.late_kept += spans.len() as u64;
+                self.queue_kept(spans, cached.threshold);
+            } else {
+                self.counts.late_dropped += spans.len() as u64;
+            }
+            return Ok(());
+        }
+        let views: Vec<&[u8]> = spans.iter().map(Vec::as_slice).collect();
+        let bytes: u64 = spans.iter().map(|s| s.len() as u64).sum();
+        let pending = match self.pending.get(&trace).copied() {
+            Some(mut p) => {
+                let seq = self.store.append(p.spans.partition, &trace, &views)?;
+                p.spans = p.spans.with(seq);
+                p.span_count += spans.len() as u64;
+                if root_ended.is_some() {
+                    p.root_ended = root_ended.max(p.root_ended);
+                    self.deadlines.push(Reverse((p.deadline(&self.limits), trace)));
+                }
+                self.pending.insert(trace, p);
+                p
+            }
+            None => {
+                let partition = now / PARTITION_NS;
+                let seq = self.store.append(partition, &trace, &views)?;
+                let p = Pending { first_seen: now, root_ended, spans: SpanRange::one(partition, seq), span_count: spans.len() as u64 };
+                self.partitions.entry(partition).or_default().pending += 1;
+                self.track(trace, p);
+                p
+            }
+        };
+        self.partitions.entry(pending.spans.partition).or_default().bytes += bytes;
+        let record = PendingTrace {
+            first_seen_unix_ns: pending.first_seen,
+            root_ended_unix_ns: pending.root_ended,
+            spans: pending.spans,
+        };
+        self.store.put_pending(&trace, &record)
+    }
+
+    /// Decides the traces that are due, decides the oldest early when the buffer is over its
+    /// bound, and drops partitions with nothing left to decide or export.
+    pub fn tick(&mut self, now: u64) {
+        while let Some(Reverse((deadline, trace))) = self.deadlines.peek().copied() {
+            if deadline > now {
+                break;
+            }
+            self.deadlines.pop();
+            // Stale entries (an earlier deadline already decided the trace) are skipped.
+            if self.pending.get(&trace).is_some_and(|p| p.deadline(&self.limits) <= now) {
+                self.decide_logged(trace, now);
+            }
+        }
+        let mut excess = self.buffered_bytes().saturating_sub(self.limits.max_disk_bytes);
+        while excess > 0 {
+            let Some(&(_, trace)) = self.by_age.first() else { break };
+            let partition = self.pending.get(&trace).map_or(0, |p| p.spans.partition);
+            self.counts.early += 1;
+            self.decide_logged(trace, now);
+            // A partition frees its bytes once its last trace is decided.
+            if self.partitions.get(&partition).is_some_and(|s| s.pending == 0) {
+                excess = excess.saturating_sub(self.partitions[&partition].bytes);
+            }
+        }
+        self.drop_finished_partitions(now);
+        self.flush_export();
+    }
+
+    fn decide_logged(&mut self, trace: TraceId, now: u64) {
+        if let Err(e) = self.decide(trace, now) {
+            self.store_error(&e);
+        }
+    }
+
+    fn decide(&mut self, trace: TraceId, now: u64) -> Result<(), StoreError> {
+        let Some(p) = self.pending.remove(&trace) else { return Ok(()) };
+        self.by_age.remove(&(p.first_seen, trace));
+        if let Some(state) = self.partitions.get_mut(&p.spans.partition) {
+            state.pending -= 1;
+        }
+        let stored = self.store.spans(&trace, &p.spans)?;
+        let spans: Vec<Span> = stored.iter().filter_map(|b| b.get(4..)).filter_map(|b| Span::decode(b).ok()).collect();
+        let randomness = spans
+            .iter()
+            .find_map(|s| parse_ot_tracestate(&s.trace_state).randomness)
+            .unwrap_or_else(|| randomness(&trace));
+        let verdict = self.policies.evaluate(&TraceData { spans: &spans, randomness, now_second: now / 1_000_000_000 });
+        let (keep, threshold) = (verdict.keep, verdict.min_threshold);
+        let (outcome, label) =
+            if keep { (Outcome::Kept { threshold }, "kept") } else { (Outcome::Dropped, "dropped") };
+        let key = (verdict.policy.unwrap_or("none").to_owned(), label);
+        let seq = self.store.decide(&trace, &p.spans, outcome)?;
+        *self.counts.decisions.entry(key).or_default() += 1;
+        self.remember(trace, Cached { partition: p.spans.partition, seq, kept: keep, threshold });
+        if keep {
+            self.partitions.entry(p.spans.partition).or_default().outbox += 1;
+            self.queue_kept(&stored, threshold);
+            self.out_deliveries.push((trace, p.spans.partition));
+            self.out_traces += 1;
+            if self.out_spans as usize >= self.limits.export_batch_spans {
+                self.flush_export();
+            }
+        }
+        Ok(())
+    }
+
+    fn remember(&mut self, trace: TraceId, cached: Cached) {
+        self.cache.insert(trace, cached);
+        self.cache_order.push_back((trace, cached.seq));
+        while self.cache_order.len() > self.limits.decision_cache {
+            let Some((old, seq)) = self.cache_order.pop_front() else { break };
+            let Some(entry) = self.cache.get(&old).copied() else { continue };
+            if entry.seq != seq {
+                continue;
+            }
+            self.cache.remove(&old);
+            if let Err(e) = self.store.forget_decision(&old, entry.partition, seq) {
+                self.store_error(&e);
+            }
+        }
+    }
+
+    /// Adds stored spans (pid + `Span`) to the export batch, raising their threshold if needed.
+    fn queue_kept(&mut self, stored: &[Vec<u8>], min_threshold: u64) {
+        for bytes in stored {
+            let Some(pid) = bytes.get(..4).map(|p| u32::from_be_bytes(p.try_into().expect("4 bytes"))) else { continue };
+            let Ok(mut span) = Span::decode(&bytes[4..]) else { continue };
+            if min_threshold > 0 {
+                let head = parse_ot_tracestate(&span.trace_state).threshold.unwrap_or(0);
+                if min_threshold > head {
+                    span.trace_state = with_threshold(Some(&span.trace_state), min_threshold);
+                }
+            }
+            self.out.entry(pid).or_default().push(span);
+            self.out_spans += 1;
+        }
+    }
+
+    /// Closes the current export batch (if it holds anything).
+    pub fn flush_export(&mut self) {
+        if self.out_spans == 0 && self.out_deliveries.is_empty() {
+            return;
+        }
+        let resource_spans = std::mem::take(&mut self.out)
+            .into_iter()
+            .map(|(pid, spans)| ResourceSpans {
+                resource: Some(self.resource_for(pid)),
+                scope_spans: vec![ScopeSpans {
+                    scope: Some(InstrumentationScope {
+                        name: "tracetap".into(),
+                        version: env!("CARGO_PKG_VERSION").into(),
+                        ..InstrumentationScope::default()
+                    }),
+                    spans,
+                    schema_url: String::new(),
+                }],
+                schema_url: String::new(),
+            })
+            .collect();
+        self.ready.push_back(Export {
+            request: ExportTraceServiceRequest { resource_spans },
+            spans: std::mem::take(&mut self.out_spans),
+            traces: std::mem::take(&mut self.out_traces),
+            deliveries: std::mem::take(&mut self.out_deliveries),
+        });
+    }
+
+    /// The next batch of kept spans for the exporter.
+    pub fn take_export(&mut self) -> Option<Export> {
+        self.ready.pop_front()
+    }
+
+    /// The exporter is done with these kept traces: they leave the outbox.
+    pub fn delivered(&mut self, deliveries: &[Delivery]) {
+        for (trace, partition) in deliveries {
+            if let Some(state) = self.partitions.get_mut(partition) {
+                state.outbox = state.outbox.saturating_sub(1);
+            }
+            if let Err(e) = self.store.exported(trace, *partition) {
+                self.store_error(&e);
+            }
+        }
+    }
+
+    fn drop_finished_partitions(&mut self, now: u64) {
+        let current = now / PARTITION_NS;
+        let finished: Vec<Partition> = self
+            .partitions
+            .iter()
+            .filter(|(p, s)| **p < current && s.pending == 0 && s.outbox == 0)
+            .map(|(p, _)| *p)
+            .collect();
+        for partition in finished {
+            match self.store.drop_partition(partition) {
+                Ok(()) => {
+                    self.partitions.remove(&partition);
+                }
+                Err(e) => self.store_error(&e),
+            }
+        }
+    }
+
+    fn buffered_bytes(&self) -> u64 {
+        self.partitions.values().map(|s| s.bytes).sum()
+    }
+
+    fn resource_for(&self, pid: u32) -> Resource {
+        let string = |v: &str| Some(AnyValue { value: Some(any_value::Value::StringValue(v.to_owned())) });
+        let mut attributes: Vec<KeyValue> = self
+            .resource
+            .iter()
+            .map(|(k, v)| KeyValue { key: k.clone(), value: string(v), ..KeyValue::default() })
+            .collect();
+        attributes.push(KeyValue {
+            key: "process.pid".into(),
+            value: Some(AnyValue { value: Some(any_value::Value::IntValue(i64::from(pid))) }),
+            ..KeyValue::default()
+        });
+        Resource { attributes, ..Resource::default() }
+    }
+
+    fn store_error(&mut self, e: &StoreError) {
+        self.counts.store_errors += 1;
+        let now = std::time::Instant::now();
+        if self.error_log.is_none_or(|t| now.duration_since(t).as_secs() >= 10) {
+            tracing::warn!(error = %e, errors = self.counts.store_errors, "tail store operation failed");
+            self.error_log = Some(now);
+        }
+    }
+
+    /// Makes the store durable (at a clean stop).
+    pub fn close(&mut self) {
+        if let Err(e) = self.store.flush() {
+            self.store_error(&e);
+        }
+    }
+
+    /// Publishes gauges and counters.
+    pub fn publish(&self, m: &Metrics) {
+        metrics::set(&m.tail_traces_pending, self.pending.len() as u64);
+        metrics::set(&m.tail_spans_buffered, self.pending.values().map(|p| p.span_count).sum());
+        metrics::set(&m.tail_buffered_bytes, self.buffered_bytes());
+        metrics::set(&m.tail_disk_bytes, self.store.disk_bytes());
+        metrics::set(&m.tail_late_spans_kept, self.counts.late_kept);
+        metrics::set(&m.tail_late_spans_dropped, self.counts.late_dropped);
+        metrics::set(&m.tail_early_decisions, self.counts.early);
+        metrics::set(&m.tail_store_errors, self.counts.store_errors);
+        publish_decisions(&m.tail_decisions, &self.counts.decisions);
+    }
+
+    /// Traces waiting for a decision.
+    #[must_use]
+    pub fn pending_traces(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Gives the store back (tests simulate a restart with it).
+    #[must_use]
+    pub fn into_store(self) -> S {
+        self.store
+    }
+}
+
+fn publish_decisions(target: &Mutex<BTreeMap<(String, &'static str), u64>>, counts: &BTreeMap<(String, &'static str), u64>) {
+    if let Ok(mut t) = target.lock()
+        && *t != *counts
+    {
+        t.clone_from(counts);
+    }
+}
+
+fn process_pid(resource: &Resource) -> Option<u32> {
+    resource.attributes.iter().find(|kv| kv.key == "process.pid").and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
+        any_value::Value::IntValue(pid) => u32::try_from(*pid).ok(),
+        _ => None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use opentelemetry_proto::tonic::trace::v1::{Status, status::StatusCode};
+    use tracetap_storage::MemoryStore;
+
+    use super::*;
+    use crate::tail::policy::{NamedPolicy, Policy};
+
+    const S: u64 = 1_000_000_000;
+    const T0: u64 = 1_800_000_000 * S;
+
+    fn limits() -> Limits {
+        Limits { grace_ns: 2 * S, decision_wait_ns: 30 * S, max_disk_bytes: 1 << 30, decision_cache: 1000, export_batch_spans: 512 }
+    }
+
+    fn policies() -> PolicySet {
+        PolicySet::new(vec![
+            NamedPolicy { name: "errors".into(), policy: Policy::StatusCode { codes: vec![StatusCode::Error] } },
+            NamedPolicy { name: "half".into(), policy: Policy::Probabilistic { threshold: 1 << 55 } },
+        ])
+    }
+
+    fn trace(n: u8, lucky: bool) -> [u8; 16] {
+        let mut id = [n; 16];
+        id[9] = if lucky { 0xff } else { 0 };
+        id
+    }
+
+    fn span(trace: [u8; 16], id: u8, kind: SpanKind, end: u64, error: bool) -> Span {
+        Span {
+            trace_id: trace.to_vec(),
+            span_id: vec![id; 8],
+            kind: kind as i32,
+            start_time_unix_nano: end - 1_000_000,
+            end_time_unix_nano: end,
+            status: Some(Status { code: if error { StatusCode::Error as i32 } else { 0 }, message: String::new() }),
+            ..Span::default()
+        }
+    }
+
+    fn request(spans: Vec<Span>) -> ExportTraceServiceRequest {
+        let resource = Resource {
+            attributes: vec![KeyValue {
+                key: "process.pid".into(),
+                value: Some(AnyValue { value: Some(any_value::Value::IntValue(42)) }),
+                ..KeyValue::default()
+            }],
+            ..Resource::default()
+        };
+        ExportTraceServiceRequest {
+            resource_spans: vec![ResourceSpans {
+                resource: Some(resource),
+                scope_spans: vec![ScopeSpans { spans, ..ScopeSpans::default() }],
+                ..ResourceSpans::default()
+            }],
+        }
+    }
+
+    /// An exchange: SERVER span and its CLIENT span, ended at `end`.
+    fn exchange(trace: [u8; 16], end: u64, error: bool) -> ExportTraceServiceRequest {
+        request(vec![span(trace, 1, SpanKind::Server, end, error), span(trace, 2, SpanKind::Client, end, false)])
+    }
+
+    fn exported(engine: &mut Engine<MemoryStore>) -> Vec<Span> {
+        let mut spans = Vec::new();
+        while let Some(out) = engine.take_export() {
+            engine.delivered(&out.deliveries);
+            for rs in out.request.resource_spans {
+                assert!(process_pid(rs.resource.as_ref().unwrap()) == Some(42));
+                spans.extend(rs.scope_spans.into_iter().flat_map(|ss| ss.spans));
+            }
+        }
+        spans
+    }
+
+    fn open(store: MemoryStore, now: u64) -> Engine<MemoryStore> {
+        Engine::open(store, policies(), limits(), vec![("service.name".into(), "haproxy".into())], now).unwrap()
+    }
+
+    #[test]
+    fn decides_after_the_grace_keeps_errors_and_the_lucky_half() {
+        let mut e = open(MemoryStore::new(), T0);
+        e.ingest(exchange(trace(1, false), T0, true), T0);
+        e.ingest(exchange(trace(2, false), T0, false), T0);
+        e.ingest(exchange(trace(3, true), T0, false), T0);
+        e.tick(T0 + S);
+        assert_eq!(e.pending_traces(), 3, "grace not over");
+        assert!(exported(&mut e).is_empty());
+        e.tick(T0 + 2 * S);
+        assert_eq!(e.pending_traces(), 0);
+        let spans = exported(&mut e);
+        assert_eq!(spans.len(), 4);
+        let error = spans.iter().find(|s| s.trace_id == trace(1, false)).unwrap();
+        assert_eq!(error.trace_state, "", "kept by a non-ratio policy: threshold unchanged");
+        let lucky = spans.iter().find(|s| s.trace_id == trace(3, true)).unwrap();
+        assert_eq!(lucky.trace_state, "ot=th:8", "kept by the ratio: threshold raised to it");
+        assert!(!spans.iter().any(|s| s.trace_id == trace(2, false)));
+        let decisions = &e.counts.decisions;
+        assert_eq!(decisions[&("errors".to_owned(), "kept")], 1);
+        assert_eq!(decisions[&("none".to_owned(), "dropped")], 1);
+    }
+
+    #[test]
+    fn a_trace_without_a_root_waits_for_the_decision_wait() {
+        let mut e = open(MemoryStore::new(), T0);
+        e.ingest(request(vec![span(trace(1, false), 2, SpanKind::Client, T0, true)]), T0);
+        e.tick(T0 + 29 * S);
+        assert_eq!(e.pending_traces(), 1);
+        e.tick(T0 + 30 * S);
+        assert_eq!(exported(&mut e).len(), 1);
+    }
+
+    #[test]
+    fn late_spans_follow_the_decision() {
+        let mut e = open(MemoryStore::new(), T0);
+        e.ingest(exchange(trace(1, false), T0, true), T0);
+        e.ingest(exchange(trace(2, false), T0, false), T0);
+        e.tick(T0 + 3 * S);
+        assert_eq!(exported(&mut e).len(), 2);
+        e.ingest(request(vec![span(trace(1, false), 9, SpanKind::Client, T0, false)]), T0 + 4 * S);
+        e.ingest(request(vec![span(trace(2, false), 9, SpanKind::Client, T0, false)]), T0 + 4 * S);
+        e.flush_export();
+        let late = exported(&mut e);
+        assert_eq!(late.len(), 1);
+        assert_eq!(late[0].trace_id, trace(1, false));
+        assert_eq!((e.counts.late_kept, e.counts.late_dropped), (1, 1));
+    }
+
+    #[test]
+    fn a_restart_rearms_pending_traces_and_re_exports_the_outbox() {
+        let mut e = open(MemoryStore::new(), T0);
+        e.ingest(exchange(trace(1, false), T0, true), T0);
+        e.tick(T0 + 2 * S);
+        let _undelivered = e.take_export().unwrap();
+        e.ingest(exchange(trace(2, false), T0 + S, true), T0 + S);
+        let store = e.into_store();
+        // Down for a minute: trace 2 is overdue and decided at once; trace 1 is exported again
+        // because its export was never reported done.
+        let mut e = open(store, T0 + 60 * S);
+        assert_eq!(e.pending_traces(), 0);
+        let spans = exported(&mut e);
+        assert_eq!(spans.len(), 4);
+        e.tick(T0 + 60 * S);
+        let store = e.into_store();
+        let r = store.recover().unwrap();
+        assert!(r.outbox.is_empty() && r.pending.is_empty());
+        assert_eq!(r.decisions.len(), 2, "each trace decided once");
+        assert!(r.partitions.is_empty(), "finished partitions dropped");
+    }
+
+    #[test]
+    fn past_the_disk_bound_the_oldest_traces_are_decided_early() {
+        let mut e = Engine::open(MemoryStore::new(), policies(), Limits { max_disk_bytes: 1, ..limits() }, Vec::new(), T0).unwrap();
+        e.ingest(exchange(trace(1, false), T0, true), T0);
+        e.ingest(exchange(trace(2, false), T0 + 6 * S, true), T0 + 6 * S);
+        e.tick(T0 + 6 * S);
+        assert!(e.counts.early >= 1);
+        assert_eq!(exported(&mut e).len(), 2 * (2 - e.pending_traces()));
+    }
+
+    #[test]
+    fn the_decision_cache_is_bounded_on_disk_too() {
+        let mut e = Engine::open(MemoryStore::new(), policies(), Limits { decision_cache: 2, ..limits() }, Vec::new(), T0).unwrap();
+        for n in 1..=5 {
+            e.ingest(exchange(trace(n, false), T0, false), T0);
+        }
+        e.tick(T0 + 3 * S);
+        assert_eq!(e.cache.len(), 2);
+        assert_eq!(e.into_store().recover().unwrap().decisions.len(), 2);
+    }
+}

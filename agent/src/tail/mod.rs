@@ -1,0 +1,190 @@
+//! Tail sampling: kept spans wait in the store (`tracetap-storage`, sled) until their trace is
+//! decided by the policies, and only kept traces are exported.
+//!
+//! Flow: the capture thread batches and encodes spans as without tail sampling, but hands the
+//! batches to the [`TailQueue`] instead of the exporter; the tail thread ([`run`]) decodes them,
+//! appends each trace's spans to the store and arms its decision time; on every tick it decides the
+//! traces that are due and queues the kept ones for export.
+//!
+//! Invariants:
+//! - A trace is decided when its root span here (a SERVER span: its parent is remote or absent)
+//!   ended `grace` ago, or `decision_wait` after its first span, whichever comes first. Times are
+//!   wall-clock, persisted with the trace, so a restarted agent decides as if it had never stopped.
+//! - A decision is written to the store before the kept spans are queued for export; a kept trace
+//!   stays in the store's outbox until the exporter reports its batch done (sent, or failed for good
+//!   and counted), so a crash in between re-exports it after the restart rather than losing it.
+//!   Export is therefore at least once across crashes; decisions are made once.
+//! - Late spans (their trace already decided, and still in the bounded decision cache) follow the
+//!   decision: exported at once or dropped, and counted.
+//! - The capture thread never blocks on this stage: when the queue backs up, whole traces are shed
+//!   by their randomness, as a lower sampling ratio would (see [`TailQueue::shed_threshold`]).
+//! - Disk is bounded: past `max_disk_bytes` of buffered spans the oldest traces are decided early.
+
+pub mod engine;
+pub mod policy;
+pub mod policy_file;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::mpsc as std_mpsc;
+use std::time::{Duration, Instant};
+
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use prost::Message as _;
+use tracetap_proxy::trace_context::MAX_THRESHOLD;
+use tracetap_storage::TailStore;
+
+use crate::export::{BatchQueue, Delivered, EncodedBatch};
+use crate::metrics::{self, Metrics};
+use engine::Engine;
+use policy::NamedPolicy;
+
+/// How often the tail thread decides due traces, drops finished partitions and publishes metrics.
+const TICK: Duration = Duration::from_millis(100);
+
+/// Where the policies come from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PolicySource {
+    /// Built from `TRACETAP_TAIL_KEEP_ERRORS`, `_LATENCY_MS`, `_RATIO`, `_MAX_SPANS_PER_SEC`.
+    Env(Vec<NamedPolicy>),
+    /// `TRACETAP_TAIL_POLICY_FILE`, read and validated at start.
+    File(PathBuf),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TailConfig {
+    pub state_dir: PathBuf,
+    pub grace: Duration,
+    pub decision_wait: Duration,
+    pub max_disk_bytes: u64,
+    pub decision_cache: usize,
+    pub policies: PolicySource,
+}
+
+/// The capture thread's end of the queue to the tail thread.
+#[derive(Debug, Clone)]
+pub struct TailQueue {
+    tx: std_mpsc::SyncSender<EncodedBatch>,
+    depth: Arc<AtomicUsize>,
+    capacity: usize,
+    metrics: Arc<Metrics>,
+}
+
+/// The tail thread's end.
+#[derive(Debug)]
+pub struct TailReceiver {
+    rx: std_mpsc::Receiver<EncodedBatch>,
+    depth: Arc<AtomicUsize>,
+}
+
+/// A queue of `capacity` batches.
+#[must_use]
+pub fn queue(capacity: usize, metrics: Arc<Metrics>) -> (TailQueue, TailReceiver) {
+    let (tx, rx) = std_mpsc::sync_channel(capacity);
+    let depth = Arc::new(AtomicUsize::new(0));
+    (TailQueue { tx, depth: Arc::clone(&depth), capacity, metrics }, TailReceiver { rx, depth })
+}
+
+impl TailQueue {
+    /// The rejection threshold below which the capture thread sheds traces: 0 while the queue is
+    /// at most half full, then rising linearly to shed everything when it is full. Shedding by
+    /// randomness keeps whole traces (and the same traces on every tier), like a lower ratio.
+    #[must_use]
+    pub fn shed_threshold(&self) -> u64 {
+        let depth = self.depth.load(Relaxed);
+        let half = self.capacity / 2;
+        if depth <= half {
+            return 0;
+        }
+        let over = (depth - half) as f64 / (self.capacity - half).max(1) as f64;
+        (over.min(1.0) * MAX_THRESHOLD as f64) as u64
+    }
+
+    /// Counts a trace shed by the capture thread.
+    pub fn shed(&self, traces: u64) {
+        metrics::add(&self.metrics.tail_shed_traces, traces);
+    }
+
+    /// Queues a batch without blocking; a full queue sheds its traces, counted.
+    pub fn push(&self, batch: EncodedBatch) {
+        let traces = batch.traces;
+        self.depth.fetch_add(1, Relaxed);
+        if self.tx.try_send(batch).is_err() {
+            self.depth.fetch_sub(1, Relaxed);
+            self.shed(traces);
+        }
+    }
+}
+
+/// Runs the tail thread until the capture thread drops its queue end; then hands the last kept
+/// traces to the exporter and waits (at most `ack_wait`) for it to report them done, so that a
+/// clean stop does not export them again at the next start. Pending traces stay in the store.
+pub fn run<S: TailStore>(
+    mut engine: Engine<S>,
+    input: &TailReceiver,
+    export: &BatchQueue,
+    metrics: &Metrics,
+    ack_wait: Duration,
+) {
+    let (ack_tx, ack_rx) = std_mpsc::channel::<Vec<engine::Delivery>>();
+    let mut outstanding = 0usize;
+    let mut last_tick = Instant::now();
+    let send = |engine: &mut Engine<S>, outstanding: &mut usize| {
+        while let Some(out) = engine.take_export() {
+            let body = out.request.encode_to_vec().into();
+            let delivered = Delivered::new(out.deliveries, ack_tx.clone());
+            let batch = EncodedBatch { body, spans: out.spans, traces: out.traces, delivered: Some(delivered) };
+            // Blocking is fine here (this is not the capture thread); it is the backpressure that
+            // makes the capture thread shed when the exporter cannot keep up.
+            if export.push_waiting(batch).is_err() {
+                return;
+            }
+            *outstanding += 1;
+        }
+    };
+    loop {
+        match input.rx.recv_timeout(TICK) {
+            Ok(batch) => {
+                input.depth.fetch_sub(1, Relaxed);
+                match ExportTraceServiceRequest::decode(&batch.body[..]) {
+                    Ok(request) => engine.ingest(request, unix_now_ns()),
+                    Err(_) => metrics::add(&metrics.tail_store_errors, 1),
+                }
+            }
+            Err(std_mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std_mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+        while let Ok(done) = ack_rx.try_recv() {
+            outstanding -= 1;
+            engine.delivered(&done);
+        }
+        if last_tick.elapsed() >= TICK {
+            engine.tick(unix_now_ns());
+            last_tick = Instant::now();
+        }
+        send(&mut engine, &mut outstanding);
+        engine.publish(metrics);
+    }
+    engine.flush_export();
+    send(&mut engine, &mut outstanding);
+    let deadline = Instant::now() + ack_wait;
+    while outstanding > 0 {
+        let Some(left) = deadline.checked_duration_since(Instant::now()) else { break };
+        match ack_rx.recv_timeout(left) {
+            Ok(done) => {
+                outstanding -= 1;
+                engine.delivered(&done);
+            }
+            Err(_) => break,
+        }
+    }
+    engine.close();
+    engine.publish(metrics);
+}
+
+/// Wall-clock time in ns since the Unix epoch.
+#[must_use]
+pub fn unix_now_ns() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+}
