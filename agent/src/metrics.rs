@@ -76,6 +76,7 @@ metrics! {
     tail_early_decisions: "counter", "tracetap_tail_early_decisions_total", "Traces decided before their time because the buffer reached TRACETAP_TAIL_MAX_DISK_BYTES";
     tail_store_errors: "counter", "tracetap_tail_store_errors_total", "Tail store operations that failed (their spans are lost)";
     tail_traces_pending: "gauge", "tracetap_tail_traces_pending", "Traces waiting for a tail decision";
+    tail_outbox_traces: "gauge", "tracetap_tail_outbox_traces", "Kept traces whose export is not yet reported done (exported again after a crash)";
     tail_spans_buffered: "gauge", "tracetap_tail_spans_buffered", "Spans of traces waiting for a tail decision";
     tail_buffered_bytes: "gauge", "tracetap_tail_buffered_bytes", "Bytes of spans held in live partitions of the tail store (what TRACETAP_TAIL_MAX_DISK_BYTES bounds)";
     tail_disk_bytes: "gauge", "tracetap_tail_disk_bytes", "Bytes the tail store occupies on disk (sled's own figure, space amplification included)";

@@ -108,6 +108,14 @@ impl Agent {
         self.child.as_mut().is_some_and(|c| c.try_wait().ok().flatten().is_none())
     }
 
+    /// SIGKILL (a crash: nothing is flushed), then waits for the exit.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
     /// SIGTERM, then waits for the exit.
     #[must_use]
     pub fn stop(mut self) -> ExitStatus {

@@ -65,6 +65,10 @@ pub struct Receiver {
     pub addr: SocketAddr,
     spans: Arc<Mutex<Vec<Received>>>,
     requests: Arc<Mutex<u64>>,
+    /// When set, two requests in three are answered 503 (and not recorded): a collector that
+    /// keeps exports in flight through the agent's retries.
+    flaky: Arc<std::sync::atomic::AtomicBool>,
+    arrivals: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Receiver {
@@ -73,7 +77,13 @@ impl Receiver {
     pub fn start(rt: &tokio::runtime::Runtime) -> Self {
         let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).expect("bind receiver");
         let addr = listener.local_addr().expect("addr");
-        let receiver = Self { addr, spans: Arc::default(), requests: Arc::default() };
+        let receiver = Self {
+            addr,
+            spans: Arc::default(),
+            requests: Arc::default(),
+            flaky: Arc::default(),
+            arrivals: Arc::default(),
+        };
         let r = receiver.clone();
         rt.spawn(async move {
             loop {
@@ -93,6 +103,12 @@ impl Receiver {
         receiver
     }
 
+    /// From now on, answers two requests in three with 503 Service Unavailable without recording
+    /// them (the agent retries 503 with backoff, so every export takes at most three attempts).
+    pub fn refuse_two_in_three(&self) {
+        self.flaky.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// The base URL for `OTEL_EXPORTER_OTLP_ENDPOINT`.
     #[must_use]
     pub fn endpoint(&self) -> String {
@@ -110,6 +126,13 @@ impl Receiver {
             return bad("content-type must be application/x-protobuf".into());
         }
         let Ok(body) = req.into_body().collect().await else { return bad("body".into()) };
+        let arrival = self.arrivals.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if self.flaky.load(std::sync::atomic::Ordering::Relaxed) && arrival % 3 != 2 {
+            return Response::builder()
+                .status(StatusCode::SERVICE_UNAVAILABLE)
+                .body(Full::new(Bytes::new()))
+                .expect("response");
+        }
         let decoded = match ExportTraceServiceRequest::decode(body.to_bytes()) {
             Ok(d) => d,
             Err(e) => return bad(format!("decode: {e}")),

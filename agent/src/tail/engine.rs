@@ -109,6 +109,8 @@ pub struct Engine<S> {
     ready: VecDeque<Export>,
     counts: Counts,
     error_log: Option<std::time::Instant>,
+    /// Decisions written since the store was last made durable.
+    unflushed_decisions: bool,
 }
 
 impl<S: TailStore> Engine<S> {
@@ -141,6 +143,7 @@ impl<S: TailStore> Engine<S> {
             ready: VecDeque::new(),
             counts: Counts::default(),
             error_log: None,
+            unflushed_decisions: false,
         };
         engine.rearm(recovered)?;
         engine.tick(now);
@@ -309,6 +312,7 @@ impl<S: TailStore> Engine<S> {
             if keep { (Outcome::Kept { threshold }, "kept") } else { (Outcome::Dropped, "dropped") };
         let key = (verdict.policy.unwrap_or("none").to_owned(), label);
         let seq = self.store.decide(&trace, &p.spans, outcome)?;
+        self.unflushed_decisions = true;
         *self.counts.decisions.entry(key).or_default() += 1;
         self.remember(trace, Cached { partition: p.spans.partition, seq, kept: keep, threshold });
         if keep {
@@ -355,10 +359,18 @@ impl<S: TailStore> Engine<S> {
         }
     }
 
-    /// Closes the current export batch (if it holds anything).
+    /// Closes the current export batch (if it holds anything). The decisions behind it are made
+    /// durable first: a kept trace must never reach the exporter while a crash could still undo its
+    /// decision, or it would be decided, and exported, twice.
     pub fn flush_export(&mut self) {
         if self.out_spans == 0 && self.out_deliveries.is_empty() {
             return;
+        }
+        if self.unflushed_decisions {
+            match self.store.flush() {
+                Ok(()) => self.unflushed_decisions = false,
+                Err(e) => self.store_error(&e),
+            }
         }
         let resource_spans = std::mem::take(&mut self.out)
             .into_iter()
@@ -457,6 +469,7 @@ impl<S: TailStore> Engine<S> {
     /// Publishes gauges and counters.
     pub fn publish(&self, m: &Metrics) {
         metrics::set(&m.tail_traces_pending, self.pending.len() as u64);
+        metrics::set(&m.tail_outbox_traces, self.partitions.values().map(|s| s.outbox as u64).sum());
         metrics::set(&m.tail_spans_buffered, self.pending.values().map(|p| p.span_count).sum());
         metrics::set(&m.tail_buffered_bytes, self.buffered_bytes());
         metrics::set(&m.tail_disk_bytes, self.store.disk_bytes());

@@ -1,0 +1,250 @@
+//! Tail sampling end to end: a real `HAProxy`, the real agent with its sled store, an OTLP receiver.
+//! Every test here needs root (see `require_root`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tracetap_tests::agent::Agent;
+use tracetap_tests::client::Conn;
+use tracetap_tests::otlp::Received;
+use tracetap_tests::{Stack, require_root, wait_for};
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().fold(String::new(), |mut s, b| {
+        let _ = std::fmt::Write::write_fmt(&mut s, format_args!("{b:02x}"));
+        s
+    })
+}
+
+/// A random trace id (hex) and the `traceparent` (sampled) that carries it.
+fn new_trace(rng: &mut fastrand::Rng) -> (String, String) {
+    let trace = format!("{:032x}", rng.u128(1..));
+    let parent = format!("{:016x}", rng.u64(1..));
+    (format!("00-{trace}-{parent}-01"), trace)
+}
+
+/// Consistent-sampling randomness of a trace id: its lowest 56 bits.
+fn randomness(trace_hex: &str) -> u64 {
+    u64::from_str_radix(&trace_hex[18..], 16).expect("hex")
+}
+
+/// Spans received, by trace id (hex).
+fn by_trace(spans: &[Received]) -> BTreeMap<String, Vec<&Received>> {
+    let mut map: BTreeMap<String, Vec<&Received>> = BTreeMap::new();
+    for s in spans {
+        map.entry(hex(&s.span.trace_id)).or_default().push(s);
+    }
+    map
+}
+
+fn tail_env(dir: &Path, extra: &[(&'static str, &str)]) -> Vec<(&'static str, String)> {
+    let mut env = vec![
+        ("TRACETAP_TAIL_ENABLED", "true".to_owned()),
+        ("TRACETAP_STATE_DIR", dir.display().to_string()),
+        ("TRACETAP_TAIL_GRACE", "300ms".to_owned()),
+        ("TRACETAP_TAIL_DECISION_WAIT", "3s".to_owned()),
+    ];
+    env.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
+    env
+}
+
+/// Sends `GET path` with a new sampled traceparent on `conn`; returns the trace id.
+fn traced_get(conn: &mut Conn, path: &str, rng: &mut fastrand::Rng) -> String {
+    let (tp, trace) = new_trace(rng);
+    let resp = conn.get(path, &[("traceparent", &tp)]).expect("request");
+    assert!(resp.status == 200 || resp.status == 500, "{path}: {}", resp.status);
+    trace
+}
+
+#[test]
+fn keeps_every_error_and_slow_trace_and_one_percent_of_the_rest() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("state dir");
+    let env = tail_env(dir.path(), &[("TRACETAP_TAIL_LATENCY_MS", "200"), ("TRACETAP_TAIL_RATIO", "0.01")]);
+    let s = Stack::start("", &env);
+    let mut rng = fastrand::Rng::with_seed(7);
+
+    let slow: Vec<String> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..10u64)
+            .map(|w| {
+                let front = s.front;
+                scope.spawn(move || {
+                    let mut rng = fastrand::Rng::with_seed(100 + w);
+                    let mut conn = Conn::connect(front).expect("connect");
+                    (0..2).map(|_| traced_get(&mut conn, "/slow/300", &mut rng)).collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        workers.into_iter().flat_map(|w| w.join().expect("slow worker")).collect()
+    });
+    let mut conn = Conn::connect(s.front).expect("connect");
+    let errors: Vec<String> = (0..50).map(|_| traced_get(&mut conn, "/status/500", &mut rng)).collect();
+    let plain: Vec<String> = (0..2000).map(|i| traced_get(&mut conn, &format!("/plain/{i}"), &mut rng)).collect();
+
+    // What consistent sampling at 1% must keep of the plain traces: randomness >= threshold.
+    let threshold = ((1.0 - 0.01) * (1u64 << 56) as f64).round() as u64;
+    let lucky: BTreeSet<&String> = plain.iter().filter(|t| randomness(t) >= threshold).collect();
+
+    let settled = wait_for(Duration::from_secs(30), || {
+        let pending = s.agent.metric("tracetap_tail_traces_pending");
+        let kept = s.agent.metric("tracetap_spans_exported_total");
+        (pending == 0 && kept as usize >= 2 * (slow.len() + errors.len() + lucky.len())).then_some(())
+    });
+    assert!(settled.is_some(), "tail decisions did not settle; agent log:\n{}", s.agent.log());
+    let spans = s.receiver.spans();
+    let traces = by_trace(&spans);
+    let exported_plain: BTreeSet<&String> = plain.iter().filter(|t| traces.contains_key(*t)).collect();
+    println!(
+        "[tail] sent {} error, {} slow, {} plain traces; exported {} error, {} slow, {} plain ({:.2}% of plain; {} expected by consistent sampling); spans received {}",
+        errors.len(),
+        slow.len(),
+        plain.len(),
+        errors.iter().filter(|t| traces.contains_key(*t)).count(),
+        slow.iter().filter(|t| traces.contains_key(*t)).count(),
+        exported_plain.len(),
+        100.0 * exported_plain.len() as f64 / plain.len() as f64,
+        lucky.len(),
+        spans.len(),
+    );
+    for t in errors.iter().chain(&slow) {
+        let got = traces.get(t).map_or(0, Vec::len);
+        assert_eq!(got, 2, "trace {t} (error or slow) must be exported with its SERVER and CLIENT span");
+    }
+    assert_eq!(exported_plain, lucky, "the plain traces kept are exactly those consistent sampling at 1% keeps");
+    for t in &lucky {
+        for span in &traces[*t] {
+            assert!(span.span.trace_state.starts_with("ot=th:fd70a3d70a3d7"), "raised threshold: {:?}", span.span.trace_state);
+        }
+    }
+    for t in &errors {
+        assert!(!traces[t][0].span.trace_state.contains("th:"), "kept by keep_errors: the head's threshold stays");
+    }
+    let decisions = |policy: &str, outcome: &str| {
+        s.agent.metric(&format!("tracetap_tail_decisions_total{{policy=\"{policy}\",outcome=\"{outcome}\"}}"))
+    };
+    assert_eq!(decisions("keep_errors", "kept"), errors.len() as u64);
+    assert_eq!(decisions("latency", "kept"), slow.len() as u64);
+    assert_eq!(decisions("probabilistic", "kept"), lucky.len() as u64);
+    assert_eq!(decisions("none", "dropped"), (plain.len() - lucky.len()) as u64);
+}
+
+/// What the store held at a crash, read by `tail-store-dump` (a separate process).
+#[derive(Default)]
+struct Dump {
+    /// Traces pending or kept-but-not-exported, with their stored span count.
+    waiting: BTreeMap<String, usize>,
+    outbox: BTreeSet<String>,
+}
+
+fn dump(dir: &Path) -> Dump {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tail-store-dump")).arg(dir).output().expect("run tail-store-dump");
+    assert!(out.status.success(), "the store does not reopen after kill -9: {}", String::from_utf8_lossy(&out.stderr));
+    let mut d = Dump::default();
+    for line in String::from_utf8(out.stdout).expect("utf-8").lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        match fields[..] {
+            ["pending", trace, n] => {
+                d.waiting.insert(trace.to_owned(), n.parse().expect("count"));
+            }
+            ["outbox", trace, n] => {
+                d.waiting.insert(trace.to_owned(), n.parse().expect("count"));
+                d.outbox.insert(trace.to_owned());
+            }
+            _ => {}
+        }
+    }
+    d
+}
+
+#[test]
+fn survives_kill_9_twenty_times_under_load() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("state dir");
+    // Keep everything, so that every trace that reached the store must come out.
+    let env = tail_env(dir.path(), &[("TRACETAP_TAIL_KEEP_ERRORS", "false"), ("TRACETAP_TAIL_RATIO", "1.0")]);
+    let mut s = Stack::start("", &env);
+    // A collector that refuses two exports in three keeps kept traces in flight (in the outbox)
+    // for a few hundred ms each, so that kills land between decision and delivery.
+    s.receiver.refuse_two_in_three();
+    let mut agent_env = vec![
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", s.receiver.endpoint()),
+        ("TRACETAP_TARGET_COMM", s.haproxy.comm.clone()),
+    ];
+    agent_env.extend(env.iter().cloned());
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(Mutex::new(Vec::<String>::new()));
+    let load: Vec<_> = (0..4u64)
+        .map(|w| {
+            let (front, stop, sent) = (s.front, Arc::clone(&stop), Arc::clone(&sent));
+            std::thread::spawn(move || {
+                let mut rng = fastrand::Rng::with_seed(w);
+                let mut conn = Conn::connect(front).expect("connect");
+                while !stop.load(Relaxed) {
+                    let trace = traced_get(&mut conn, "/crash", &mut rng);
+                    sent.lock().expect("sent").push(trace);
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            })
+        })
+        .collect();
+
+    let mut must_export: BTreeMap<String, usize> = BTreeMap::new();
+    let mut ever_in_outbox: BTreeSet<String> = BTreeSet::new();
+    let mut rng = fastrand::Rng::with_seed(42);
+    let kills = 20;
+    for _ in 0..kills {
+        std::thread::sleep(Duration::from_millis(rng.u64(300..1500)));
+        s.agent.kill();
+        let d = dump(dir.path());
+        for (trace, n) in d.waiting {
+            let seen = must_export.entry(trace).or_default();
+            *seen = (*seen).max(n);
+        }
+        ever_in_outbox.extend(d.outbox);
+        s.agent = Agent::start(&agent_env);
+        assert!(s.agent.log().contains("tail store open"), "store reopened: {}", s.agent.log());
+    }
+    stop.store(true, Relaxed);
+    for worker in load {
+        worker.join().expect("load worker");
+    }
+    let drained = wait_for(Duration::from_secs(30), || {
+        let settled = s.agent.metric("tracetap_tail_traces_pending") == 0 && s.agent.metric("tracetap_tail_outbox_traces") == 0;
+        settled.then_some(())
+    });
+    assert!(drained.is_some(), "pending traces never drained; agent log:\n{}", s.agent.log());
+    std::thread::sleep(Duration::from_millis(500));
+
+    let spans = s.receiver.spans();
+    let traces = by_trace(&spans);
+    let mut deliveries: BTreeMap<Vec<u8>, usize> = BTreeMap::new();
+    for span in &spans {
+        *deliveries.entry(span.span.span_id.clone()).or_default() += 1;
+    }
+    let duplicated: BTreeSet<String> =
+        spans.iter().filter(|x| deliveries[&x.span.span_id] > 1).map(|x| hex(&x.span.trace_id)).collect();
+    let sent = sent.lock().expect("sent").len();
+    println!(
+        "[tail crash] {kills} kill -9 under load: {sent} requests sent, {} traces exported, {} traces found in the store at a crash (all must be exported; {} of them kept but not yet delivered), {} traces exported more than once (all were in the outbox at a crash: at-least-once export)",
+        traces.len(),
+        must_export.len(),
+        ever_in_outbox.len(),
+        duplicated.len(),
+    );
+    for (trace, stored) in &must_export {
+        let distinct: BTreeSet<&Vec<u8>> = traces.get(trace).into_iter().flatten().map(|x| &x.span.span_id).collect();
+        assert!(distinct.len() >= *stored, "trace {trace}: {stored} spans were in the store at a crash, {} exported", distinct.len());
+    }
+    for trace in &duplicated {
+        assert!(ever_in_outbox.contains(trace), "trace {trace} was exported twice without being in the outbox at a crash: decided twice");
+    }
+    assert!(!must_export.is_empty(), "no crash caught a trace in the store: the test proved nothing");
+}
