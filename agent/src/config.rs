@@ -130,20 +130,36 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
         "`true` enables the kernel's BPF run-time statistics (about 20 ns per probe run) and exports them in /metrics",
     ),
     ("TRACETAP_LOG", "info", "log filter (tracing-subscriber EnvFilter syntax), logs go to stderr"),
-    ("TRACETAP_TAIL_ENABLED", "false", "`true` buffers kept spans in the tail store until the tail policies decide their trace"),
+    (
+        "TRACETAP_TAIL_ENABLED",
+        "false",
+        "`true` buffers kept spans in the tail store until the tail policies decide their trace",
+    ),
     ("TRACETAP_STATE_DIR", "/var/lib/tracetap", "directory of the tail store (kept across restarts)"),
     ("TRACETAP_TAIL_GRACE", "2s", "wait after a trace's root span ended before deciding it (`ms`, `s` or `m`)"),
     ("TRACETAP_TAIL_DECISION_WAIT", "30s", "longest wait from a trace's first span to its decision"),
     ("TRACETAP_TAIL_KEEP_ERRORS", "true", "keep every trace with a span in error (policy `keep_errors`)"),
     ("TRACETAP_TAIL_LATENCY_MS", "(unset)", "keep every trace at least this long, in ms (policy `latency`)"),
-    ("TRACETAP_TAIL_RATIO", "0.0", "keep this share of the other traces, consistently by trace id (policy `probabilistic`)"),
-    ("TRACETAP_TAIL_MAX_SPANS_PER_SEC", "(unset)", "also keep traces while at most this many spans per second are kept so (policy `rate_limiting`)"),
+    (
+        "TRACETAP_TAIL_RATIO",
+        "0.0",
+        "keep this share of the other traces, consistently by trace id (policy `probabilistic`)",
+    ),
+    (
+        "TRACETAP_TAIL_MAX_SPANS_PER_SEC",
+        "(unset)",
+        "also keep traces while at most this many spans per second are kept so (policy `rate_limiting`)",
+    ),
     (
         "TRACETAP_TAIL_POLICY_FILE",
         "(unset)",
         "YAML or JSON policy file in the Collector's `tail_sampling` shape; replaces the four variables above",
     ),
-    ("TRACETAP_TAIL_MAX_DISK_BYTES", "1073741824", "bytes of buffered spans; past it the oldest traces are decided early"),
+    (
+        "TRACETAP_TAIL_MAX_DISK_BYTES",
+        "1073741824",
+        "bytes of buffered spans; past it the oldest traces are decided early",
+    ),
     ("TRACETAP_TAIL_DECISION_CACHE", "100000", "decisions remembered (on disk too) so that late spans follow them"),
 ];
 
@@ -202,6 +218,10 @@ impl<F: Fn(&str) -> Option<String>> Source<F> {
     }
 }
 
+/// The variables that build tail policies without a policy file.
+const ENV_POLICY_VARS: [&str; 4] =
+    ["TRACETAP_TAIL_KEEP_ERRORS", "TRACETAP_TAIL_LATENCY_MS", "TRACETAP_TAIL_RATIO", "TRACETAP_TAIL_MAX_SPANS_PER_SEC"];
+
 /// The tail sampling settings (only read when `TRACETAP_TAIL_ENABLED=true`).
 fn parse_tail(src: &Source<impl Fn(&str) -> Option<String>>) -> Result<TailConfig, ConfigError> {
     let state_dir = src.get("TRACETAP_STATE_DIR").map_or_else(|| "/var/lib/tracetap".into(), |d| d.trim().into());
@@ -222,12 +242,6 @@ fn parse_tail(src: &Source<impl Fn(&str) -> Option<String>>) -> Result<TailConfi
     if decision_cache == 0 {
         return Err(err("TRACETAP_TAIL_DECISION_CACHE", "0", "a positive whole number"));
     }
-    const ENV_POLICY_VARS: [&str; 4] = [
-        "TRACETAP_TAIL_KEEP_ERRORS",
-        "TRACETAP_TAIL_LATENCY_MS",
-        "TRACETAP_TAIL_RATIO",
-        "TRACETAP_TAIL_MAX_SPANS_PER_SEC",
-    ];
     let policies = if let Some(file) = src.get("TRACETAP_TAIL_POLICY_FILE") {
         if let Some(var) = ENV_POLICY_VARS.iter().find(|v| src.get(v).is_some()) {
             return Err(err(
@@ -585,7 +599,10 @@ mod tests {
             (&[on, ("TRACETAP_TAIL_DECISION_WAIT", "1s")], "TRACETAP_TAIL_DECISION_WAIT"),
             (&[on, ("TRACETAP_TAIL_RATIO", "2")], "TRACETAP_TAIL_RATIO"),
             (&[on, ("TRACETAP_TAIL_KEEP_ERRORS", "false")], "TRACETAP_TAIL_KEEP_ERRORS"),
-            (&[on, ("TRACETAP_TAIL_POLICY_FILE", "/p.yaml"), ("TRACETAP_TAIL_RATIO", "0.1")], "TRACETAP_TAIL_POLICY_FILE"),
+            (
+                &[on, ("TRACETAP_TAIL_POLICY_FILE", "/p.yaml"), ("TRACETAP_TAIL_RATIO", "0.1")],
+                "TRACETAP_TAIL_POLICY_FILE",
+            ),
             (&[on, ("TRACETAP_TAIL_MAX_DISK_BYTES", "10")], "TRACETAP_TAIL_MAX_DISK_BYTES"),
         ];
         for (vars, var) in cases {

@@ -20,8 +20,8 @@ use prost::Message as _;
 use tokio::sync::mpsc;
 
 use crate::config::{Compression, Config, Endpoint, Sink};
-use crate::tail::engine::Delivery;
 use crate::metrics::{self, Metrics};
+use crate::tail::engine::Delivery;
 
 /// Most attempts for one export request.
 const MAX_ATTEMPTS: u32 = 5;

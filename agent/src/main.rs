@@ -91,8 +91,9 @@ fn start_tail(
         decision_cache: tail.decision_cache,
         export_batch_spans: config.max_export_batch_size,
     };
-    let engine = Engine::open(store, PolicySet::new(policies), limits, export::resource_attributes(config), tail::unix_now_ns())
-        .context("recovering the tail store")?;
+    let engine =
+        Engine::open(store, PolicySet::new(policies), limits, export::resource_attributes(config), tail::unix_now_ns())
+            .context("recovering the tail store")?;
     tracing::info!(pending = engine.pending_traces(), dir = %tail.state_dir.display(), "tail store open");
     let (queue, input) =
         tail::queue((config.max_queue_size / config.max_export_batch_size).max(2), Arc::clone(metrics));

@@ -27,7 +27,10 @@ fn main() {
     let spans: u64 = env_or("TRACETAP_BENCH_SPANS", 1_000_000);
     let rounds: u64 = env_or("TRACETAP_BENCH_ROUNDS", 2);
     println!("tail store: {spans} spans of {SPAN_BYTES} bytes, 2 spans per trace, {rounds} rounds");
-    println!("{:<7} {:>9} {:>15} {:>9} {:>9} {:>12}", "store", "cpu s", "spans/s/core", "rss MiB", "hwm MiB", "disk B/span");
+    println!(
+        "{:<7} {:>9} {:>15} {:>9} {:>9} {:>12}",
+        "store", "cpu s", "spans/s/core", "rss MiB", "hwm MiB", "disk B/span"
+    );
     let mut cpu = [0.0f64; 2];
     for _ in 0..rounds {
         for (i, store) in ["memory", "sled"].into_iter().enumerate() {
@@ -81,8 +84,11 @@ fn fill(store: &mut impl TailStore, spans: u64) -> (f64, u64) {
         let now = 1_700_000_000_000_000_000 + t * 20_000;
         span[..16].copy_from_slice(&trace);
         let seq = store.append(partition, &trace, &[&span, &span]).expect("append");
-        let pending =
-            PendingTrace { first_seen_unix_ns: now, root_ended_unix_ns: Some(now), spans: SpanRange::one(partition, seq) };
+        let pending = PendingTrace {
+            first_seen_unix_ns: now,
+            root_ended_unix_ns: Some(now),
+            spans: SpanRange::one(partition, seq),
+        };
         store.put_pending(&trace, &pending).expect("put");
     }
     store.flush().expect("flush");

@@ -85,7 +85,9 @@ pub struct PendingTrace {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
     /// Exported with this consistent-sampling rejection threshold (56 bits) in its `tracestate`.
-    Kept { threshold: u64 },
+    Kept {
+        threshold: u64,
+    },
     Dropped,
 }
 

@@ -180,8 +180,10 @@ fn encode_append(trace: &TraceId, spans: &[&[u8]]) -> Vec<u8> {
 fn decode_spans(mut v: &[u8], out: &mut Vec<Vec<u8>>) -> Result<(), StoreError> {
     let corrupt = |v: &[u8]| StoreError::Corrupt { what: "span record", len: v.len() };
     while !v.is_empty() {
-        let len =
-            v.get(..4).map(|l| u32::from_be_bytes(l.try_into().expect("4 bytes")) as usize).ok_or_else(|| corrupt(v))?;
+        let len = v
+            .get(..4)
+            .map(|l| u32::from_be_bytes(l.try_into().expect("4 bytes")) as usize)
+            .ok_or_else(|| corrupt(v))?;
         let span = v.get(4..4 + len).ok_or_else(|| corrupt(v))?;
         out.push(span.to_vec());
         v = &v[4 + len..];
@@ -255,7 +257,7 @@ impl TailStore for SledStore {
 
     fn recover(&self) -> Result<Recovered, StoreError> {
         let mut out = Recovered::default();
-        for entry in self.state.iter() {
+        for entry in &self.state {
             let (k, v) = entry?;
             let (partition, trace) = decode_state_key(&k)?;
             match decode_state(partition, &v)? {

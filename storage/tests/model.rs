@@ -60,7 +60,8 @@ impl<S: TailStore> Subject<S> {
             Op::Append { trace, partition, spans } => {
                 let spans: Vec<&[u8]> = spans.iter().map(Vec::as_slice).collect();
                 let seq = store.append(*partition, &id(*trace), &spans).unwrap();
-                let grown = self.appends.get(&(*trace, *partition)).map_or(SpanRange::one(*partition, seq), |r| r.with(seq));
+                let grown =
+                    self.appends.get(&(*trace, *partition)).map_or(SpanRange::one(*partition, seq), |r| r.with(seq));
                 self.appends.insert((*trace, *partition), grown);
             }
             Op::PutPending { trace, partition, first_seen, root_ended } => {
@@ -99,7 +100,11 @@ impl<S: TailStore> Subject<S> {
                 .map(|(t, p)| (*t, p.first_seen_unix_ns, p.root_ended_unix_ns, p.spans.partition, spans(t, &p.spans)))
                 .collect(),
             decisions: r.decisions.iter().map(|d| (d.trace, d.partition, d.outcome)).collect(),
-            outbox: r.outbox.iter().map(|o| (o.trace, o.spans.partition, o.threshold, spans(&o.trace, &o.spans))).collect(),
+            outbox: r
+                .outbox
+                .iter()
+                .map(|o| (o.trace, o.spans.partition, o.threshold, spans(&o.trace, &o.spans)))
+                .collect(),
             partitions: r.partitions,
             appended: self.appends.iter().map(|(&(t, p), range)| (t, p, spans(&id(t), range))).collect(),
         }

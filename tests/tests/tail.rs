@@ -118,7 +118,11 @@ fn keeps_every_error_and_slow_trace_and_one_percent_of_the_rest() {
     assert_eq!(exported_plain, lucky, "the plain traces kept are exactly those consistent sampling at 1% keeps");
     for t in &lucky {
         for span in &traces[*t] {
-            assert!(span.span.trace_state.starts_with("ot=th:fd70a3d70a3d7"), "raised threshold: {:?}", span.span.trace_state);
+            assert!(
+                span.span.trace_state.starts_with("ot=th:fd70a3d70a3d7"),
+                "raised threshold: {:?}",
+                span.span.trace_state
+            );
         }
     }
     for t in &errors {
@@ -142,7 +146,10 @@ struct Dump {
 }
 
 fn dump(dir: &Path) -> Dump {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tail-store-dump")).arg(dir).output().expect("run tail-store-dump");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tail-store-dump"))
+        .arg(dir)
+        .output()
+        .expect("run tail-store-dump");
     assert!(out.status.success(), "the store does not reopen after kill -9: {}", String::from_utf8_lossy(&out.stderr));
     let mut d = Dump::default();
     for line in String::from_utf8(out.stdout).expect("utf-8").lines() {
@@ -173,10 +180,8 @@ fn survives_kill_9_twenty_times_under_load() {
     // A collector that refuses two exports in three keeps kept traces in flight (in the outbox)
     // for a few hundred ms each, so that kills land between decision and delivery.
     s.receiver.refuse_two_in_three();
-    let mut agent_env = vec![
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", s.receiver.endpoint()),
-        ("TRACETAP_TARGET_COMM", s.haproxy.comm.clone()),
-    ];
+    let mut agent_env =
+        vec![("OTEL_EXPORTER_OTLP_ENDPOINT", s.receiver.endpoint()), ("TRACETAP_TARGET_COMM", s.haproxy.comm.clone())];
     agent_env.extend(env.iter().cloned());
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -217,7 +222,8 @@ fn survives_kill_9_twenty_times_under_load() {
         worker.join().expect("load worker");
     }
     let drained = wait_for(Duration::from_secs(30), || {
-        let settled = s.agent.metric("tracetap_tail_traces_pending") == 0 && s.agent.metric("tracetap_tail_outbox_traces") == 0;
+        let settled =
+            s.agent.metric("tracetap_tail_traces_pending") == 0 && s.agent.metric("tracetap_tail_outbox_traces") == 0;
         settled.then_some(())
     });
     assert!(drained.is_some(), "pending traces never drained; agent log:\n{}", s.agent.log());
@@ -241,10 +247,17 @@ fn survives_kill_9_twenty_times_under_load() {
     );
     for (trace, stored) in &must_export {
         let distinct: BTreeSet<&Vec<u8>> = traces.get(trace).into_iter().flatten().map(|x| &x.span.span_id).collect();
-        assert!(distinct.len() >= *stored, "trace {trace}: {stored} spans were in the store at a crash, {} exported", distinct.len());
+        assert!(
+            distinct.len() >= *stored,
+            "trace {trace}: {stored} spans were in the store at a crash, {} exported",
+            distinct.len()
+        );
     }
     for trace in &duplicated {
-        assert!(ever_in_outbox.contains(trace), "trace {trace} was exported twice without being in the outbox at a crash: decided twice");
+        assert!(
+            ever_in_outbox.contains(trace),
+            "trace {trace} was exported twice without being in the outbox at a crash: decided twice"
+        );
     }
     assert!(!must_export.is_empty(), "no crash caught a trace in the store: the test proved nothing");
 }

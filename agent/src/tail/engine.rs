@@ -145,12 +145,12 @@ impl<S: TailStore> Engine<S> {
             error_log: None,
             unflushed_decisions: false,
         };
-        engine.rearm(recovered)?;
+        engine.rearm(&recovered)?;
         engine.tick(now);
         Ok(engine)
     }
 
-    fn rearm(&mut self, recovered: Recovered) -> Result<(), StoreError> {
+    fn rearm(&mut self, recovered: &Recovered) -> Result<(), StoreError> {
         for partition in &recovered.partitions {
             self.partitions.entry(*partition).or_default();
         }
@@ -218,7 +218,13 @@ impl<S: TailStore> Engine<S> {
         }
     }
 
-    fn add_fragment(&mut self, trace: TraceId, spans: &[Vec<u8>], root_ended: Option<u64>, now: u64) -> Result<(), StoreError> {
+    fn add_fragment(
+        &mut self,
+        trace: TraceId,
+        spans: &[Vec<u8>],
+        root_ended: Option<u64>,
+        now: u64,
+    ) -> Result<(), StoreError> {
         if let Some(cached) = self.cache.get(&trace).copied() {
             if cached.kept {
                 self.counts.late_kept += spans.len() as u64;
@@ -230,26 +236,24 @@ impl<S: TailStore> Engine<S> {
         }
         let views: Vec<&[u8]> = spans.iter().map(Vec::as_slice).collect();
         let bytes: u64 = spans.iter().map(|s| s.len() as u64).sum();
-        let pending = match self.pending.get(&trace).copied() {
-            Some(mut p) => {
-                let seq = self.store.append(p.spans.partition, &trace, &views)?;
-                p.spans = p.spans.with(seq);
-                p.span_count += spans.len() as u64;
-                if root_ended.is_some() {
-                    p.root_ended = root_ended.max(p.root_ended);
-                    self.deadlines.push(Reverse((p.deadline(&self.limits), trace)));
-                }
-                self.pending.insert(trace, p);
-                p
+        let pending = if let Some(mut p) = self.pending.get(&trace).copied() {
+            let seq = self.store.append(p.spans.partition, &trace, &views)?;
+            p.spans = p.spans.with(seq);
+            p.span_count += spans.len() as u64;
+            if root_ended.is_some() {
+                p.root_ended = root_ended.max(p.root_ended);
+                self.deadlines.push(Reverse((p.deadline(&self.limits), trace)));
             }
-            None => {
-                let partition = now / PARTITION_NS;
-                let seq = self.store.append(partition, &trace, &views)?;
-                let p = Pending { first_seen: now, root_ended, spans: SpanRange::one(partition, seq), span_count: spans.len() as u64 };
-                self.partitions.entry(partition).or_default().pending += 1;
-                self.track(trace, p);
-                p
-            }
+            self.pending.insert(trace, p);
+            p
+        } else {
+            let partition = now / PARTITION_NS;
+            let seq = self.store.append(partition, &trace, &views)?;
+            let spans = SpanRange::one(partition, seq);
+            let p = Pending { first_seen: now, root_ended, spans, span_count: views.len() as u64 };
+            self.partitions.entry(partition).or_default().pending += 1;
+            self.track(trace, p);
+            p
         };
         self.partitions.entry(pending.spans.partition).or_default().bytes += bytes;
         let record = PendingTrace {
@@ -308,8 +312,7 @@ impl<S: TailStore> Engine<S> {
             .unwrap_or_else(|| randomness(&trace));
         let verdict = self.policies.evaluate(&TraceData { spans: &spans, randomness, now_second: now / 1_000_000_000 });
         let (keep, threshold) = (verdict.keep, verdict.min_threshold);
-        let (outcome, label) =
-            if keep { (Outcome::Kept { threshold }, "kept") } else { (Outcome::Dropped, "dropped") };
+        let (outcome, label) = if keep { (Outcome::Kept { threshold }, "kept") } else { (Outcome::Dropped, "dropped") };
         let key = (verdict.policy.unwrap_or("none").to_owned(), label);
         let seq = self.store.decide(&trace, &p.spans, outcome)?;
         self.unflushed_decisions = true;
@@ -346,7 +349,9 @@ impl<S: TailStore> Engine<S> {
     /// Adds stored spans (pid + `Span`) to the export batch, raising their threshold if needed.
     fn queue_kept(&mut self, stored: &[Vec<u8>], min_threshold: u64) {
         for bytes in stored {
-            let Some(pid) = bytes.get(..4).map(|p| u32::from_be_bytes(p.try_into().expect("4 bytes"))) else { continue };
+            let Some(pid) = bytes.get(..4).map(|p| u32::from_be_bytes(p.try_into().expect("4 bytes"))) else {
+                continue;
+            };
             let Ok(mut span) = Span::decode(&bytes[4..]) else { continue };
             if min_threshold > 0 {
                 let head = parse_ot_tracestate(&span.trace_state).threshold.unwrap_or(0);
@@ -493,7 +498,10 @@ impl<S: TailStore> Engine<S> {
     }
 }
 
-fn publish_decisions(target: &Mutex<BTreeMap<(String, &'static str), u64>>, counts: &BTreeMap<(String, &'static str), u64>) {
+fn publish_decisions(
+    target: &Mutex<BTreeMap<(String, &'static str), u64>>,
+    counts: &BTreeMap<(String, &'static str), u64>,
+) {
     if let Ok(mut t) = target.lock()
         && *t != *counts
     {
@@ -502,9 +510,11 @@ fn publish_decisions(target: &Mutex<BTreeMap<(String, &'static str), u64>>, coun
 }
 
 fn process_pid(resource: &Resource) -> Option<u32> {
-    resource.attributes.iter().find(|kv| kv.key == "process.pid").and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
-        any_value::Value::IntValue(pid) => u32::try_from(*pid).ok(),
-        _ => None,
+    resource.attributes.iter().find(|kv| kv.key == "process.pid").and_then(|kv| {
+        match kv.value.as_ref()?.value.as_ref()? {
+            any_value::Value::IntValue(pid) => u32::try_from(*pid).ok(),
+            _ => None,
+        }
     })
 }
 
@@ -520,7 +530,13 @@ mod tests {
     const T0: u64 = 1_800_000_000 * S;
 
     fn limits() -> Limits {
-        Limits { grace_ns: 2 * S, decision_wait_ns: 30 * S, max_disk_bytes: 1 << 30, decision_cache: 1000, export_batch_spans: 512 }
+        Limits {
+            grace_ns: 2 * S,
+            decision_wait_ns: 30 * S,
+            max_disk_bytes: 1 << 30,
+            decision_cache: 1000,
+            export_batch_spans: 512,
+        }
     }
 
     fn policies() -> PolicySet {
@@ -660,7 +676,9 @@ mod tests {
 
     #[test]
     fn past_the_disk_bound_the_oldest_traces_are_decided_early() {
-        let mut e = Engine::open(MemoryStore::new(), policies(), Limits { max_disk_bytes: 1, ..limits() }, Vec::new(), T0).unwrap();
+        let mut e =
+            Engine::open(MemoryStore::new(), policies(), Limits { max_disk_bytes: 1, ..limits() }, Vec::new(), T0)
+                .unwrap();
         e.ingest(exchange(trace(1, false), T0, true), T0);
         e.ingest(exchange(trace(2, false), T0 + 6 * S, true), T0 + 6 * S);
         e.tick(T0 + 6 * S);
@@ -670,7 +688,9 @@ mod tests {
 
     #[test]
     fn the_decision_cache_is_bounded_on_disk_too() {
-        let mut e = Engine::open(MemoryStore::new(), policies(), Limits { decision_cache: 2, ..limits() }, Vec::new(), T0).unwrap();
+        let mut e =
+            Engine::open(MemoryStore::new(), policies(), Limits { decision_cache: 2, ..limits() }, Vec::new(), T0)
+                .unwrap();
         for n in 1..=5 {
             e.ingest(exchange(trace(n, false), T0, false), T0);
         }

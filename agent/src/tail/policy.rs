@@ -16,19 +16,40 @@ pub enum Policy {
     AlwaysSample,
     /// Trace duration (earliest start to latest end) at least `threshold_ms`, and below
     /// `upper_threshold_ms` when set.
-    Latency { threshold_ms: u64, upper_threshold_ms: Option<u64> },
+    Latency {
+        threshold_ms: u64,
+        upper_threshold_ms: Option<u64>,
+    },
     /// Some span has one of these status codes.
-    StatusCode { codes: Vec<StatusCode> },
+    StatusCode {
+        codes: Vec<StatusCode>,
+    },
     /// Some span has a string attribute `key` with one of `values` (or, inverted, no span does).
-    StringAttribute { key: String, values: Vec<String>, invert: bool },
+    StringAttribute {
+        key: String,
+        values: Vec<String>,
+        invert: bool,
+    },
     /// Some span has an integer attribute `key` within `min..=max` (or, inverted, no span does).
-    NumericAttribute { key: String, min: i64, max: i64, invert: bool },
+    NumericAttribute {
+        key: String,
+        min: i64,
+        max: i64,
+        invert: bool,
+    },
     /// Consistent probability sampling at this rejection threshold (56 bits).
-    Probabilistic { threshold: u64 },
+    Probabilistic {
+        threshold: u64,
+    },
     /// Keeps traces while the spans kept by this policy in the current second stay within the rate.
-    RateLimiting { spans_per_second: u64 },
+    RateLimiting {
+        spans_per_second: u64,
+    },
     /// The trace has `min..=max` spans.
-    SpanCount { min: u64, max: u64 },
+    SpanCount {
+        min: u64,
+        max: u64,
+    },
     /// Every sub-policy samples.
     And(Vec<Policy>),
     /// Every sub-policy samples: then the trace is dropped, whatever the other policies say.
@@ -111,7 +132,9 @@ impl PolicySet {
             }
             match sample(&named.policy, trace, window) {
                 Sample::No => {}
-                Sample::Yes { threshold: 0 } => return Verdict { keep: true, policy: Some(&named.name), min_threshold: 0 },
+                Sample::Yes { threshold: 0 } => {
+                    return Verdict { keep: true, policy: Some(&named.name), min_threshold: 0 };
+                }
                 Sample::Yes { threshold } => {
                     if kept_by_ratio.is_none_or(|(_, t)| threshold < t) {
                         kept_by_ratio = Some((&named.name, threshold));
@@ -142,15 +165,16 @@ fn sample(policy: &Policy, trace: &TraceData<'_>, window: &mut RateWindow) -> Sa
         })),
         Policy::StringAttribute { key, values, invert } => {
             let found = trace.spans.iter().any(|s| {
-                attribute(s, key).is_some_and(|v| {
-                    matches!(v, any_value::Value::StringValue(text) if values.iter().any(|w| w == text))
-                })
+                attribute(s, key).is_some_and(
+                    |v| matches!(v, any_value::Value::StringValue(text) if values.iter().any(|w| w == text)),
+                )
             });
             yes(found != *invert)
         }
         Policy::NumericAttribute { key, min, max, invert } => {
             let found = trace.spans.iter().any(|s| {
-                attribute(s, key).is_some_and(|v| matches!(v, any_value::Value::IntValue(i) if (*min..=*max).contains(i)))
+                attribute(s, key)
+                    .is_some_and(|v| matches!(v, any_value::Value::IntValue(i) if (*min..=*max).contains(i)))
             });
             yes(found != *invert)
         }
@@ -207,7 +231,11 @@ mod tests {
             status: Some(Status { code: code as i32, message: String::new() }),
             attributes: attrs
                 .into_iter()
-                .map(|(k, v)| KeyValue { key: k.into(), value: Some(AnyValue { value: Some(v) }), ..KeyValue::default() })
+                .map(|(k, v)| KeyValue {
+                    key: k.into(),
+                    value: Some(AnyValue { value: Some(v) }),
+                    ..KeyValue::default()
+                })
                 .collect(),
             ..Span::default()
         }
@@ -274,7 +302,8 @@ mod tests {
 
     #[test]
     fn latency_upper_bound_and_inverted_string_match() {
-        let mut set = PolicySet::new(vec![named("mid", Policy::Latency { threshold_ms: 10, upper_threshold_ms: Some(20) })]);
+        let mut set =
+            PolicySet::new(vec![named("mid", Policy::Latency { threshold_ms: 10, upper_threshold_ms: Some(20) })]);
         assert!(set.evaluate(&data(&[span(0, 15, StatusCode::Unset, vec![])], 0)).keep);
         assert!(!set.evaluate(&data(&[span(0, 25, StatusCode::Unset, vec![])], 0)).keep);
         let mut not_get = PolicySet::new(vec![named(

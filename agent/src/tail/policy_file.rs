@@ -118,8 +118,7 @@ struct Drop {
 }
 
 /// The policy types this file accepts.
-pub const TYPES: &str =
-    "always_sample, latency, status_code, string_attribute, numeric_attribute, probabilistic, rate_limiting, span_count, and, drop";
+pub const TYPES: &str = "always_sample, latency, status_code, string_attribute, numeric_attribute, probabilistic, rate_limiting, span_count, and, drop";
 
 /// Parses and validates a policy file's text.
 pub fn parse(text: &str) -> Result<Vec<NamedPolicy>, PolicyFileError> {
@@ -162,7 +161,8 @@ fn validate(raw: Raw, top_level: bool) -> Result<Policy, PolicyFileError> {
     if let Some(other) = present.iter().find(|f| **f != raw.kind) {
         return Err(invalid(name, other, format!("settings for `{other}` on a policy of type `{}`", raw.kind)));
     }
-    let missing = || invalid(name, &raw.kind, format!("a policy of type `{}` needs its `{}` settings", raw.kind, raw.kind));
+    let missing =
+        || invalid(name, &raw.kind, format!("a policy of type `{}` needs its `{}` settings", raw.kind, raw.kind));
     Ok(match raw.kind.as_str() {
         "always_sample" => Policy::AlwaysSample,
         "latency" => {
@@ -184,7 +184,9 @@ fn validate(raw: Raw, top_level: bool) -> Result<Policy, PolicyFileError> {
                     "ERROR" => Ok(StatusCode::Error),
                     "OK" => Ok(StatusCode::Ok),
                     "UNSET" => Ok(StatusCode::Unset),
-                    other => Err(invalid(name, "status_code.status_codes", format!("`{other}` is not ERROR, OK or UNSET"))),
+                    other => {
+                        Err(invalid(name, "status_code.status_codes", format!("`{other}` is not ERROR, OK or UNSET")))
+                    }
                 })
                 .collect::<Result<_, _>>()?;
             Policy::StatusCode { codes }
@@ -192,7 +194,11 @@ fn validate(raw: Raw, top_level: bool) -> Result<Policy, PolicyFileError> {
         "string_attribute" => {
             let s = raw.string_attribute.ok_or_else(missing)?;
             if s.enabled_regex_matching {
-                return Err(invalid(name, "string_attribute.enabled_regex_matching", "regular expressions are not supported; list exact values"));
+                return Err(invalid(
+                    name,
+                    "string_attribute.enabled_regex_matching",
+                    "regular expressions are not supported; list exact values",
+                ));
             }
             if s.key.is_empty() || s.values.is_empty() {
                 return Err(invalid(name, "string_attribute", "needs a key and at least one value"));
@@ -203,7 +209,11 @@ fn validate(raw: Raw, top_level: bool) -> Result<Policy, PolicyFileError> {
             let n = raw.numeric_attribute.ok_or_else(missing)?;
             let (min, max) = (n.min_value.unwrap_or(i64::MIN), n.max_value.unwrap_or(i64::MAX));
             if n.key.is_empty() || min > max || (n.min_value.is_none() && n.max_value.is_none()) {
-                return Err(invalid(name, "numeric_attribute", "needs a key and min_value and/or max_value with min <= max"));
+                return Err(invalid(
+                    name,
+                    "numeric_attribute",
+                    "needs a key and min_value and/or max_value with min <= max",
+                ));
             }
             Policy::NumericAttribute { key: n.key, min, max, invert: n.invert_match }
         }
@@ -300,14 +310,32 @@ policies:
     #[test]
     fn errors_name_the_policy_and_the_field() {
         let cases = [
-            ("policies: [{name: a, type: latency}]", "policy \"a\": latency: a policy of type `latency` needs its `latency` settings"),
-            ("policies: [{name: b, type: latency, latency: {threshold_ms: 5, upper_threshold_ms: 5}}]", "policy \"b\": latency.upper_threshold_ms"),
-            ("policies: [{name: c, type: status_code, status_code: {status_codes: [BAD]}}]", "`BAD` is not ERROR, OK or UNSET"),
-            ("policies: [{name: d, type: probabilistic, probabilistic: {sampling_percentage: 101}}]", "probabilistic.sampling_percentage"),
+            (
+                "policies: [{name: a, type: latency}]",
+                "policy \"a\": latency: a policy of type `latency` needs its `latency` settings",
+            ),
+            (
+                "policies: [{name: b, type: latency, latency: {threshold_ms: 5, upper_threshold_ms: 5}}]",
+                "policy \"b\": latency.upper_threshold_ms",
+            ),
+            (
+                "policies: [{name: c, type: status_code, status_code: {status_codes: [BAD]}}]",
+                "`BAD` is not ERROR, OK or UNSET",
+            ),
+            (
+                "policies: [{name: d, type: probabilistic, probabilistic: {sampling_percentage: 101}}]",
+                "probabilistic.sampling_percentage",
+            ),
             ("policies: [{name: e, type: nope}]", "policy \"e\": type: `nope` is not one of"),
-            ("policies: [{name: f, type: always_sample, latency: {threshold_ms: 1}}]", "policy \"f\": latency: settings for `latency`"),
+            (
+                "policies: [{name: f, type: always_sample, latency: {threshold_ms: 1}}]",
+                "policy \"f\": latency: settings for `latency`",
+            ),
             ("policies: [{name: g, type: always_sample}, {name: g, type: always_sample}]", "policy \"g\": name"),
-            ("policies: [{name: h, type: rate_limiting, rate_limiting: {spans_per_second: 0}}]", "rate_limiting.spans_per_second"),
+            (
+                "policies: [{name: h, type: rate_limiting, rate_limiting: {spans_per_second: 0}}]",
+                "rate_limiting.spans_per_second",
+            ),
         ];
         for (text, want) in cases {
             let e = parse(text).unwrap_err().to_string();

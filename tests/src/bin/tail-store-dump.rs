@@ -8,7 +8,10 @@ use std::path::PathBuf;
 use tracetap_storage::{Outcome, SledOptions, SledStore, TailStore};
 
 fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    bytes.iter().fold(String::with_capacity(2 * bytes.len()), |mut s, b| {
+        let _ = std::fmt::Write::write_fmt(&mut s, format_args!("{b:02x}"));
+        s
+    })
 }
 
 fn main() {
