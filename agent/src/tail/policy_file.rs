@@ -142,8 +142,8 @@ fn invalid(policy: &str, field: &str, problem: impl Into<String>) -> PolicyFileE
     PolicyFileError::Invalid { policy: policy.to_owned(), field: field.to_owned(), problem: problem.into() }
 }
 
-fn validate(raw: Raw, top_level: bool) -> Result<Policy, PolicyFileError> {
-    let name = raw.name.as_str();
+/// Fails when a policy carries settings for another type than its own.
+fn check_settings_match(raw: &Raw) -> Result<(), PolicyFileError> {
     let present: Vec<&str> = [
         ("latency", raw.latency.is_some()),
         ("status_code", raw.status_code.is_some()),
@@ -158,9 +158,17 @@ fn validate(raw: Raw, top_level: bool) -> Result<Policy, PolicyFileError> {
     .into_iter()
     .filter_map(|(field, set)| set.then_some(field))
     .collect();
-    if let Some(other) = present.iter().find(|f| **f != raw.kind) {
-        return Err(invalid(name, other, format!("settings for `{other}` on a policy of type `{}`", raw.kind)));
+    match present.iter().find(|f| **f != raw.kind) {
+        Some(other) => {
+            Err(invalid(&raw.name, other, format!("settings for `{other}` on a policy of type `{}`", raw.kind)))
+        }
+        None => Ok(()),
     }
+}
+
+fn validate(raw: Raw, top_level: bool) -> Result<Policy, PolicyFileError> {
+    check_settings_match(&raw)?;
+    let name = raw.name.as_str();
     let missing =
         || invalid(name, &raw.kind, format!("a policy of type `{}` needs its `{}` settings", raw.kind, raw.kind));
     Ok(match raw.kind.as_str() {
