@@ -74,7 +74,8 @@ metrics! {
     tail_late_spans_kept: "counter", "tracetap_tail_late_spans_kept_total", "Spans that arrived after their trace was kept; exported";
     tail_late_spans_dropped: "counter", "tracetap_tail_late_spans_dropped_total", "Spans that arrived after their trace was dropped; not exported";
     tail_early_decisions: "counter", "tracetap_tail_early_decisions_total", "Traces decided before their time because the buffer reached TRACETAP_TAIL_MAX_DISK_BYTES";
-    tail_store_errors: "counter", "tracetap_tail_store_errors_total", "Tail store operations that failed (their spans are lost)";
+    tail_store_errors: "counter", "tracetap_tail_store_errors_total", "Tail store operations that failed";
+    tail_spans_lost: "counter", "tracetap_tail_spans_lost_total", "Spans lost because the tail store failed to take them";
     tail_traces_pending: "gauge", "tracetap_tail_traces_pending", "Traces waiting for a tail decision";
     tail_outbox_traces: "gauge", "tracetap_tail_outbox_traces", "Kept traces whose export is not yet reported done (exported again after a crash)";
     tail_spans_buffered: "gauge", "tracetap_tail_spans_buffered", "Spans of traces waiting for a tail decision";

@@ -4,19 +4,20 @@
 //! RSS at the end, and the CPU ratio sled / memory measured in the same run.
 //!
 //! `cargo bench -p tracetap-storage --bench store` (`TRACETAP_BENCH_SPANS`, default 1 000 000;
-//! `TRACETAP_BENCH_ROUNDS`, default 2). The workload is the agent's: per trace, one append of its
-//! SERVER and CLIENT spans (360 bytes each, about what the agent encodes), traces arriving
-//! at 50 000 per simulated second, one partition per second.
+//! `TRACETAP_BENCH_ROUNDS`, default 2). The workload is the agent's: traces of a SERVER and a
+//! CLIENT span (360 bytes each, about what the agent encodes) appended 256 at a time (one batch of
+//! the capture thread), arriving at 50 000 per simulated second, one partition per second.
 
 use std::path::Path;
 use std::process::Command;
-use std::time::Instant;
 
-use tracetap_storage::{MemoryStore, PendingTrace, SledOptions, SledStore, SpanRange, TailStore};
+use tracetap_storage::{Fragment, MemoryStore, SledOptions, SledStore, TailStore};
 
 const SPAN_BYTES: usize = 360;
 const TRACES_PER_PARTITION: u64 = 50_000;
 const CHILD_VAR: &str = "TRACETAP_BENCH_CHILD";
+/// Traces per append: what one batch from the agent's capture thread holds (512 spans).
+const TRACES_PER_APPEND: usize = 256;
 
 fn main() {
     if let Ok(spec) = std::env::var(CHILD_VAR) {
@@ -74,25 +75,31 @@ fn fill(store: &mut impl TailStore, spans: u64) -> (f64, u64) {
     for (i, b) in span.iter_mut().enumerate() {
         *b = (i * 31 % 251) as u8;
     }
+    let span_refs: [&[u8]; 2] = [&span, &span];
     let cpu_before = cpu_seconds();
-    let started = Instant::now();
+    let mut batch: Vec<Fragment<'_>> = Vec::with_capacity(TRACES_PER_APPEND);
+    let mut batch_partition = 0;
     for t in 0..spans / 2 {
         let mut trace = [0u8; 16];
         trace[..8].copy_from_slice(&t.wrapping_mul(0x9e37_79b9_7f4a_7c15).to_be_bytes());
         trace[8..].copy_from_slice(&t.to_be_bytes());
         let partition = t / TRACES_PER_PARTITION;
+        if partition != batch_partition && !batch.is_empty() {
+            store.append(batch_partition, &batch).expect("append");
+            batch.clear();
+        }
+        batch_partition = partition;
         let now = 1_700_000_000_000_000_000 + t * 20_000;
-        span[..16].copy_from_slice(&trace);
-        let seq = store.append(partition, &trace, &[&span, &span]).expect("append");
-        let pending = PendingTrace {
-            first_seen_unix_ns: now,
-            root_ended_unix_ns: Some(now),
-            spans: SpanRange::one(partition, seq),
-        };
-        store.put_pending(&trace, &pending).expect("put");
+        batch.push(Fragment { trace, first_seen_unix_ns: now, root_ended_unix_ns: Some(now), spans: &span_refs });
+        if batch.len() == TRACES_PER_APPEND {
+            store.append(partition, &batch).expect("append");
+            batch.clear();
+        }
+    }
+    if !batch.is_empty() {
+        store.append(batch_partition, &batch).expect("append");
     }
     store.flush().expect("flush");
-    let _ = started.elapsed();
     (cpu_seconds() - cpu_before, store.disk_bytes())
 }
 

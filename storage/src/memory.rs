@@ -5,22 +5,26 @@
 use std::collections::BTreeMap;
 
 use crate::{
-    DecisionRecord, OutboxEntry, Outcome, Partition, PendingTrace, Recovered, SpanRange, StoreError, TailStore, TraceId,
+    DecisionRecord, Fragment, OutboxEntry, Outcome, Partition, PendingTrace, Recovered, SpanRange, StoreError,
+    TailStore, TraceId,
 };
 
-/// A trace's one state record (see the crate note).
+/// A decided trace's record (see the crate note).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum State {
-    Pending(PendingTrace),
-    Decided { seq: u64, outcome: Outcome, spans: SpanRange, exported: bool },
+struct Decided {
+    seq: u64,
+    outcome: Outcome,
+    spans: SpanRange,
+    exported: bool,
 }
 
-type Appends = BTreeMap<u64, (TraceId, Vec<Vec<u8>>)>;
+/// A stored fragment: trace, first seen, root ended, spans.
+type StoredFragment = (TraceId, u64, Option<u64>, Vec<Vec<u8>>);
 
 #[derive(Debug, Default, Clone)]
 pub struct MemoryStore {
-    states: BTreeMap<(Partition, TraceId), State>,
-    partitions: BTreeMap<Partition, Appends>,
+    decided: BTreeMap<(Partition, TraceId), Decided>,
+    partitions: BTreeMap<Partition, BTreeMap<u64, Vec<StoredFragment>>>,
     next_append: u64,
     next_decision: u64,
     bytes: u64,
@@ -34,53 +38,58 @@ impl MemoryStore {
 }
 
 impl TailStore for MemoryStore {
-    fn append(&mut self, partition: Partition, trace: &TraceId, spans: &[&[u8]]) -> Result<u64, StoreError> {
+    fn append(&mut self, partition: Partition, fragments: &[Fragment<'_>]) -> Result<Vec<u64>, StoreError> {
         self.next_append += 1;
-        self.bytes += spans.iter().map(|s| s.len() as u64).sum::<u64>();
-        let spans = spans.iter().map(|s| s.to_vec()).collect();
-        self.partitions.entry(partition).or_default().insert(self.next_append, (*trace, spans));
-        Ok(self.next_append)
-    }
-
-    fn put_pending(&mut self, trace: &TraceId, pending: &PendingTrace) -> Result<(), StoreError> {
-        self.states.insert((pending.spans.partition, *trace), State::Pending(*pending));
-        Ok(())
+        let stored = fragments
+            .iter()
+            .map(|f| {
+                self.bytes += f.spans.iter().map(|s| s.len() as u64).sum::<u64>();
+                (f.trace, f.first_seen_unix_ns, f.root_ended_unix_ns, f.spans.iter().map(|s| s.to_vec()).collect())
+            })
+            .collect();
+        self.partitions.entry(partition).or_default().insert(self.next_append, stored);
+        Ok(vec![self.next_append; fragments.len()])
     }
 
     fn spans(&self, trace: &TraceId, range: &SpanRange) -> Result<Vec<Vec<u8>>, StoreError> {
         let Some(appends) = self.partitions.get(&range.partition) else { return Ok(Vec::new()) };
         Ok(appends
             .range(range.first..=range.last.max(range.first))
-            .filter(|(_, (t, _))| t == trace)
-            .flat_map(|(_, (_, spans))| spans.iter().cloned())
+            .flat_map(|(_, fragments)| fragments)
+            .filter(|(t, ..)| t == trace)
+            .flat_map(|(.., spans)| spans.iter().cloned())
             .collect())
     }
 
     fn decide(&mut self, trace: &TraceId, spans: &SpanRange, outcome: Outcome) -> Result<u64, StoreError> {
         self.next_decision += 1;
-        let state = State::Decided { seq: self.next_decision, outcome, spans: *spans, exported: false };
-        self.states.insert((spans.partition, *trace), state);
+        let record = Decided { seq: self.next_decision, outcome, spans: *spans, exported: false };
+        self.decided.insert((spans.partition, *trace), record);
         Ok(self.next_decision)
     }
 
     fn exported(&mut self, trace: &TraceId, partition: Partition) -> Result<(), StoreError> {
-        if let Some(State::Decided { exported, .. }) = self.states.get_mut(&(partition, *trace)) {
-            *exported = true;
+        if let Some(d) = self.decided.get_mut(&(partition, *trace)) {
+            d.exported = true;
         }
         Ok(())
     }
 
     fn forget_decision(&mut self, trace: &TraceId, partition: Partition, seq: u64) -> Result<(), StoreError> {
         let key = (partition, *trace);
-        if matches!(self.states.get(&key), Some(State::Decided { seq: s, .. }) if *s == seq) {
-            self.states.remove(&key);
+        if self.decided.get(&key).is_some_and(|d| d.seq == seq) {
+            assert!(
+                !self.partitions.contains_key(&partition),
+                "a decision was forgotten while its partition {partition} still holds the trace: it would turn pending again"
+            );
+            self.decided.remove(&key);
         }
         Ok(())
     }
 
     fn drop_partition(&mut self, partition: Partition) -> Result<(), StoreError> {
         if let Some(appends) = self.partitions.remove(&partition) {
-            let freed: usize = appends.values().flat_map(|(_, spans)| spans).map(Vec::len).sum();
+            let freed: usize = appends.values().flatten().flat_map(|(.., spans)| spans).map(Vec::len).sum();
             self.bytes -= freed as u64;
         }
         Ok(())
@@ -88,15 +97,29 @@ impl TailStore for MemoryStore {
 
     fn recover(&self) -> Result<Recovered, StoreError> {
         let mut out = Recovered { partitions: self.partitions.keys().copied().collect(), ..Recovered::default() };
-        for (&(partition, trace), state) in &self.states {
-            match *state {
-                State::Pending(p) => out.pending.push((trace, p)),
-                State::Decided { seq, outcome, spans, exported } => {
-                    out.decisions.push(DecisionRecord { seq, trace, partition, outcome });
-                    if let (Outcome::Kept { threshold }, false) = (outcome, exported) {
-                        out.outbox.push(OutboxEntry { trace, spans, threshold });
+        let mut pending: BTreeMap<(Partition, TraceId), PendingTrace> = BTreeMap::new();
+        for (&partition, appends) in &self.partitions {
+            for (&seq, fragments) in appends {
+                for &(trace, first_seen, root_ended, _) in fragments {
+                    if self.decided.contains_key(&(partition, trace)) {
+                        continue;
                     }
+                    let merged = PendingTrace::merge(
+                        pending.get(&(partition, trace)).copied(),
+                        partition,
+                        seq,
+                        first_seen,
+                        root_ended,
+                    );
+                    pending.insert((partition, trace), merged);
                 }
+            }
+        }
+        out.pending = pending.into_iter().map(|((_, trace), p)| (trace, p)).collect();
+        for (&(partition, trace), d) in &self.decided {
+            out.decisions.push(DecisionRecord { seq: d.seq, trace, partition, outcome: d.outcome });
+            if let (Outcome::Kept { threshold }, false) = (d.outcome, d.exported) {
+                out.outbox.push(OutboxEntry { trace, spans: d.spans, threshold });
             }
         }
         out.decisions.sort_by_key(|d| d.seq);

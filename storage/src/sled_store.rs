@@ -5,19 +5,23 @@
 //! spans were appended but not flushed when the agent died is therefore lost whole or in part, never
 //! decided twice: its decision is a single write of its record on the `state` tree.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use crate::{
-    DecisionRecord, OutboxEntry, Outcome, Partition, PendingTrace, Recovered, SpanRange, StoreError, TailStore, TraceId,
+    DecisionRecord, Fragment, OutboxEntry, Outcome, Partition, PendingTrace, Recovered, SpanRange, StoreError,
+    TailStore, TraceId,
 };
 
 const STATE_TREE: &str = "state";
 const SPANS_TREE_PREFIX: &str = "spans/";
-const PENDING: u8 = b'P';
 const DECIDED: u8 = b'D';
-const PENDING_LEN: usize = 33;
 const DECIDED_LEN: usize = 35;
+/// Bytes of fragments grouped into one sled value. Bigger groups cost fewer inserts, but sled
+/// writes a node over 128 KiB (a quarter of its 512 KiB segment) as a separate blob file.
+pub const GROUP_BYTES: usize = 32 * 1024;
+/// Trace id, first seen, root ended, span count.
+const FRAGMENT_HEADER: usize = 16 + 8 + 8 + 4;
 const DROPPED: u8 = 0;
 const KEPT: u8 = 1;
 
@@ -115,16 +119,6 @@ fn decode_state_key(k: &[u8]) -> Result<(Partition, TraceId), StoreError> {
     Ok((u64_at(k, 0), k[8..].try_into().expect("16 bytes")))
 }
 
-fn encode_pending(p: &PendingTrace) -> [u8; PENDING_LEN] {
-    let mut v = [PENDING; PENDING_LEN];
-    v[1..9].copy_from_slice(&p.first_seen_unix_ns.to_be_bytes());
-    // 0 means "not ended": a root span cannot end at the epoch.
-    v[9..17].copy_from_slice(&p.root_ended_unix_ns.unwrap_or(0).to_be_bytes());
-    v[17..25].copy_from_slice(&p.spans.first.to_be_bytes());
-    v[25..].copy_from_slice(&p.spans.last.to_be_bytes());
-    v
-}
-
 /// A decision record: tag, seq, outcome, threshold, span range, exported.
 fn encode_decided(seq: u64, outcome: Outcome, spans: &SpanRange, exported: bool) -> [u8; DECIDED_LEN] {
     let mut v = [DECIDED; DECIDED_LEN];
@@ -141,87 +135,120 @@ fn encode_decided(seq: u64, outcome: Outcome, spans: &SpanRange, exported: bool)
     v
 }
 
-enum State {
-    Pending(PendingTrace),
-    Decided { seq: u64, outcome: Outcome, spans: SpanRange, exported: bool },
+/// A decision record, decoded.
+struct Decided {
+    seq: u64,
+    outcome: Outcome,
+    spans: SpanRange,
+    exported: bool,
 }
 
-fn decode_state(partition: Partition, v: &[u8]) -> Result<State, StoreError> {
+fn decode_decided(partition: Partition, v: &[u8]) -> Result<Decided, StoreError> {
     match (v.first(), v.len()) {
-        (Some(&PENDING), PENDING_LEN) => {
-            let ended = u64_at(v, 9);
-            Ok(State::Pending(PendingTrace {
-                first_seen_unix_ns: u64_at(v, 1),
-                root_ended_unix_ns: (ended != 0).then_some(ended),
-                spans: SpanRange { partition, first: u64_at(v, 17), last: u64_at(v, 25) },
-            }))
-        }
-        (Some(&DECIDED), DECIDED_LEN) if v[9] <= KEPT && v[34] <= 1 => Ok(State::Decided {
+        (Some(&DECIDED), DECIDED_LEN) if v[9] <= KEPT && v[34] <= 1 => Ok(Decided {
             seq: u64_at(v, 1),
             outcome: if v[9] == KEPT { Outcome::Kept { threshold: u64_at(v, 10) } } else { Outcome::Dropped },
             spans: SpanRange { partition, first: u64_at(v, 18), last: u64_at(v, 26) },
             exported: v[34] == 1,
         }),
-        _ => Err(StoreError::Corrupt { what: "trace state", len: v.len() }),
+        _ => Err(StoreError::Corrupt { what: "decision record", len: v.len() }),
     }
 }
 
-/// One append: the trace id, then each span prefixed with its length (u32, big endian).
-fn encode_append(trace: &TraceId, spans: &[&[u8]]) -> Vec<u8> {
-    let mut v = Vec::with_capacity(16 + spans.iter().map(|s| 4 + s.len()).sum::<usize>());
-    v.extend_from_slice(trace);
-    for span in spans {
-        v.extend_from_slice(&(span.len() as u32).to_be_bytes());
-        v.extend_from_slice(span);
+fn encode_fragment(f: &Fragment<'_>, out: &mut Vec<u8>) {
+    out.extend_from_slice(&f.trace);
+    out.extend_from_slice(&f.first_seen_unix_ns.to_be_bytes());
+    // 0 means "not ended": a root span cannot end at the epoch.
+    out.extend_from_slice(&f.root_ended_unix_ns.unwrap_or(0).to_be_bytes());
+    out.extend_from_slice(&(f.spans.len() as u32).to_be_bytes());
+    for span in f.spans {
+        out.extend_from_slice(&(span.len() as u32).to_be_bytes());
+        out.extend_from_slice(span);
     }
-    v
 }
 
-fn decode_spans(mut v: &[u8], out: &mut Vec<Vec<u8>>) -> Result<(), StoreError> {
-    let corrupt = |v: &[u8]| StoreError::Corrupt { what: "span record", len: v.len() };
+/// A fragment read back: trace, first seen, root ended, and its spans' bytes.
+struct StoredFragment<'v> {
+    trace: TraceId,
+    first_seen: u64,
+    root_ended: Option<u64>,
+    spans: Vec<&'v [u8]>,
+}
+
+/// Splits a group value into its fragments.
+fn decode_group(mut v: &[u8]) -> Result<Vec<StoredFragment<'_>>, StoreError> {
+    let corrupt = |v: &[u8]| StoreError::Corrupt { what: "span group", len: v.len() };
+    let mut out = Vec::new();
     while !v.is_empty() {
-        let len = v
-            .get(..4)
-            .map(|l| u32::from_be_bytes(l.try_into().expect("4 bytes")) as usize)
-            .ok_or_else(|| corrupt(v))?;
-        let span = v.get(4..4 + len).ok_or_else(|| corrupt(v))?;
-        out.push(span.to_vec());
-        v = &v[4 + len..];
+        let header = v.get(..FRAGMENT_HEADER).ok_or_else(|| corrupt(v))?;
+        let ended = u64_at(header, 24);
+        let count = u32::from_be_bytes(header[32..36].try_into().expect("4 bytes"));
+        let mut fragment = StoredFragment {
+            trace: header[..16].try_into().expect("16 bytes"),
+            first_seen: u64_at(header, 16),
+            root_ended: (ended != 0).then_some(ended),
+            spans: Vec::with_capacity(count.min(1024) as usize),
+        };
+        v = &v[FRAGMENT_HEADER..];
+        for _ in 0..count {
+            let len = v
+                .get(..4)
+                .map(|l| u32::from_be_bytes(l.try_into().expect("4 bytes")) as usize)
+                .ok_or_else(|| corrupt(v))?;
+            fragment.spans.push(v.get(4..4 + len).ok_or_else(|| corrupt(v))?);
+            v = &v[4 + len..];
+        }
+        out.push(fragment);
     }
-    Ok(())
+    Ok(out)
 }
 
 impl SledStore {
-    fn state_of(&self, partition: Partition, trace: &TraceId) -> Result<Option<State>, StoreError> {
-        self.state.get(state_key(partition, trace))?.map(|v| decode_state(partition, &v)).transpose()
+    fn decision_of(&self, partition: Partition, trace: &TraceId) -> Result<Option<Decided>, StoreError> {
+        self.state.get(state_key(partition, trace))?.map(|v| decode_decided(partition, &v)).transpose()
+    }
+
+    fn existing_partition(&self, partition: Partition) -> Result<Option<sled::Tree>, StoreError> {
+        if let Some(t) = self.partitions.get(&partition) {
+            return Ok(Some(t.clone()));
+        }
+        let name = partition_name(partition);
+        if self.db.tree_names().iter().any(|n| n.as_ref() == name.as_bytes()) {
+            return Ok(Some(self.db.open_tree(name)?));
+        }
+        Ok(None)
     }
 }
 
 impl TailStore for SledStore {
-    fn append(&mut self, partition: Partition, trace: &TraceId, spans: &[&[u8]]) -> Result<u64, StoreError> {
-        let seq = self.appends.next(&self.db)?;
-        self.partition_tree(partition)?.insert(seq.to_be_bytes(), encode_append(trace, spans))?;
-        Ok(seq)
-    }
-
-    fn put_pending(&mut self, trace: &TraceId, pending: &PendingTrace) -> Result<(), StoreError> {
-        self.state.insert(state_key(pending.spans.partition, trace), &encode_pending(pending)[..])?;
-        Ok(())
+    fn append(&mut self, partition: Partition, fragments: &[Fragment<'_>]) -> Result<Vec<u64>, StoreError> {
+        let mut seqs = Vec::with_capacity(fragments.len());
+        let mut group = Vec::with_capacity(GROUP_BYTES + 4096);
+        let mut seq = self.appends.next(&self.db)?;
+        for (i, fragment) in fragments.iter().enumerate() {
+            encode_fragment(fragment, &mut group);
+            seqs.push(seq);
+            if group.len() >= GROUP_BYTES || i + 1 == fragments.len() {
+                self.partition_tree(partition)?.insert(seq.to_be_bytes(), std::mem::take(&mut group))?;
+                if i + 1 < fragments.len() {
+                    seq = self.appends.next(&self.db)?;
+                    group = Vec::with_capacity(GROUP_BYTES + 4096);
+                }
+            }
+        }
+        Ok(seqs)
     }
 
     fn spans(&self, trace: &TraceId, range: &SpanRange) -> Result<Vec<Vec<u8>>, StoreError> {
-        let name = partition_name(range.partition);
-        let tree = match self.partitions.get(&range.partition) {
-            Some(t) => t.clone(),
-            None if self.db.tree_names().iter().any(|n| n.as_ref() == name.as_bytes()) => self.db.open_tree(name)?,
-            None => return Ok(Vec::new()),
-        };
+        let Some(tree) = self.existing_partition(range.partition)? else { return Ok(Vec::new()) };
         let mut out = Vec::new();
         let (first, last) = (range.first.to_be_bytes(), range.last.max(range.first).to_be_bytes());
         for value in tree.range(first..=last).values() {
             let value = value?;
-            if value.get(..16) == Some(&trace[..]) {
-                decode_spans(&value[16..], &mut out)?;
+            for fragment in decode_group(&value)? {
+                if fragment.trace == *trace {
+                    out.extend(fragment.spans.iter().map(|s| s.to_vec()));
+                }
             }
         }
         Ok(out)
@@ -234,14 +261,14 @@ impl TailStore for SledStore {
     }
 
     fn exported(&mut self, trace: &TraceId, partition: Partition) -> Result<(), StoreError> {
-        if let Some(State::Decided { seq, outcome, spans, exported: false }) = self.state_of(partition, trace)? {
+        if let Some(Decided { seq, outcome, spans, exported: false }) = self.decision_of(partition, trace)? {
             self.state.insert(state_key(partition, trace), &encode_decided(seq, outcome, &spans, true)[..])?;
         }
         Ok(())
     }
 
     fn forget_decision(&mut self, trace: &TraceId, partition: Partition, seq: u64) -> Result<(), StoreError> {
-        if let Some(State::Decided { seq: current, .. }) = self.state_of(partition, trace)?
+        if let Some(Decided { seq: current, .. }) = self.decision_of(partition, trace)?
             && current == seq
         {
             self.state.remove(state_key(partition, trace))?;
@@ -257,17 +284,15 @@ impl TailStore for SledStore {
 
     fn recover(&self) -> Result<Recovered, StoreError> {
         let mut out = Recovered::default();
+        let mut decided = std::collections::HashSet::new();
         for entry in &self.state {
             let (k, v) = entry?;
             let (partition, trace) = decode_state_key(&k)?;
-            match decode_state(partition, &v)? {
-                State::Pending(p) => out.pending.push((trace, p)),
-                State::Decided { seq, outcome, spans, exported } => {
-                    out.decisions.push(DecisionRecord { seq, trace, partition, outcome });
-                    if let (Outcome::Kept { threshold }, false) = (outcome, exported) {
-                        out.outbox.push(OutboxEntry { trace, spans, threshold });
-                    }
-                }
+            let d = decode_decided(partition, &v)?;
+            decided.insert((partition, trace));
+            out.decisions.push(DecisionRecord { seq: d.seq, trace, partition, outcome: d.outcome });
+            if let (Outcome::Kept { threshold }, false) = (d.outcome, d.exported) {
+                out.outbox.push(OutboxEntry { trace, spans: d.spans, threshold });
             }
         }
         out.decisions.sort_by_key(|d| d.seq);
@@ -280,6 +305,26 @@ impl TailStore for SledStore {
             out.partitions.push(partition);
         }
         out.partitions.sort_unstable();
+        let mut pending: BTreeMap<(Partition, TraceId), PendingTrace> = BTreeMap::new();
+        for &partition in &out.partitions {
+            let tree = self.db.open_tree(partition_name(partition))?;
+            for entry in &tree {
+                let (k, v) = entry?;
+                let key: [u8; 8] =
+                    k.as_ref().try_into().map_err(|_| StoreError::Corrupt { what: "append key", len: k.len() })?;
+                let seq = u64::from_be_bytes(key);
+                for f in decode_group(&v)? {
+                    if decided.contains(&(partition, f.trace)) {
+                        continue;
+                    }
+                    let at = (partition, f.trace);
+                    let merged =
+                        PendingTrace::merge(pending.get(&at).copied(), partition, seq, f.first_seen, f.root_ended);
+                    pending.insert(at, merged);
+                }
+            }
+        }
+        out.pending = pending.into_iter().map(|((_, trace), p)| (trace, p)).collect();
         Ok(out)
     }
 
@@ -301,68 +346,93 @@ mod tests {
         SledStore::open(dir, SledOptions::default()).unwrap()
     }
 
+    fn fragment<'a>(trace: u8, first_seen: u64, root_ended: Option<u64>, spans: &'a [&'a [u8]]) -> Fragment<'a> {
+        Fragment { trace: [trace; 16], first_seen_unix_ns: first_seen, root_ended_unix_ns: root_ended, spans }
+    }
+
     #[test]
     fn reopens_what_was_written() {
         let dir = tempfile::tempdir().unwrap();
-        let (pending, kept, seq) = {
+        let (kept, seq) = {
             let mut s = open(dir.path());
-            let a = s.append(3, &[1; 16], &[b"a", b"b"]).unwrap();
-            let c = s.append(3, &[2; 16], &[b"c"]).unwrap();
-            let d = s.append(3, &[1; 16], &[b"d"]).unwrap();
-            let pending = PendingTrace {
-                first_seen_unix_ns: 5,
-                root_ended_unix_ns: Some(9),
-                spans: SpanRange::one(3, a).with(d),
-            };
-            s.put_pending(&[1; 16], &pending).unwrap();
-            let kept = SpanRange::one(3, c);
-            s.put_pending(&[2; 16], &PendingTrace { root_ended_unix_ns: None, spans: kept, ..pending }).unwrap();
+            s.append(3, &[fragment(1, 5, None, &[b"a", b"b"]), fragment(2, 6, Some(7), &[b"c"])]).unwrap();
+            let later = s.append(3, &[fragment(1, 8, Some(9), &[b"d"])]).unwrap();
+            assert_eq!(later.len(), 1);
+            let recovered = s.recover().unwrap();
+            let kept = recovered.pending.iter().find(|(t, _)| *t == [2; 16]).unwrap().1.spans;
             let seq = s.decide(&[2; 16], &kept, Outcome::Kept { threshold: 7 }).unwrap();
             s.flush().unwrap();
-            (pending, kept, seq)
+            (kept, seq)
         };
         let s = open(dir.path());
         let r = s.recover().unwrap();
-        assert_eq!(r.pending, vec![([1; 16], pending)]);
+        assert_eq!(r.pending.len(), 1);
+        let (trace, pending) = r.pending[0];
+        assert_eq!(trace, [1; 16]);
+        assert_eq!((pending.first_seen_unix_ns, pending.root_ended_unix_ns), (5, Some(9)), "fragments merged");
         let decision = DecisionRecord { seq, trace: [2; 16], partition: 3, outcome: Outcome::Kept { threshold: 7 } };
         assert_eq!(r.decisions, vec![decision]);
         assert_eq!(r.outbox, vec![OutboxEntry { trace: [2; 16], spans: kept, threshold: 7 }]);
         assert_eq!(r.partitions, vec![3]);
         let want: Vec<Vec<u8>> = vec![b"a".to_vec(), b"b".to_vec(), b"d".to_vec()];
         assert_eq!(s.spans(&[1; 16], &pending.spans).unwrap(), want);
+        assert_eq!(s.spans(&[2; 16], &kept).unwrap(), vec![b"c".to_vec()]);
+    }
+
+    #[test]
+    fn big_appends_are_split_into_groups() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = open(dir.path());
+        let span = vec![7u8; 10_000];
+        let spans: [&[u8]; 1] = [&span];
+        let fragments: Vec<Fragment<'_>> = (0..10).map(|t| fragment(t, 1, None, &spans)).collect();
+        let seqs = s.append(0, &fragments).unwrap();
+        assert!(seqs.windows(2).all(|w| w[0] <= w[1]));
+        assert!(seqs.first() < seqs.last(), "100 kB of fragments span several groups: {seqs:?}");
+        for (t, seq) in seqs.iter().enumerate() {
+            assert_eq!(s.spans(&[t as u8; 16], &SpanRange::one(0, *seq)).unwrap(), vec![span.clone()]);
+        }
     }
 
     #[test]
     fn sequences_grow_across_restarts() {
         let dir = tempfile::tempdir().unwrap();
-        let range = SpanRange::one(0, 0);
+        let range = SpanRange::one(0, 1);
         let first = open(dir.path()).decide(&[1; 16], &range, Outcome::Dropped).unwrap();
         let second = open(dir.path()).decide(&[1; 16], &range, Outcome::Dropped).unwrap();
         assert!(second > first);
-        let a = open(dir.path()).append(0, &[1; 16], &[b"x"]).unwrap();
-        let b = open(dir.path()).append(0, &[1; 16], &[b"x"]).unwrap();
-        assert!(b > a);
+        let a = open(dir.path()).append(0, &[fragment(1, 1, None, &[b"x"])]).unwrap();
+        let b = open(dir.path()).append(0, &[fragment(1, 1, None, &[b"x"])]).unwrap();
+        assert!(b[0] > a[0] && a[0] > 0);
     }
 
     #[test]
     fn dropped_partition_is_gone() {
         let dir = tempfile::tempdir().unwrap();
         let mut s = open(dir.path());
-        let x = s.append(1, &[1; 16], &[b"x"]).unwrap();
-        let y = s.append(2, &[1; 16], &[b"y"]).unwrap();
+        let x = s.append(1, &[fragment(1, 1, None, &[b"x"])]).unwrap()[0];
+        let y = s.append(2, &[fragment(1, 1, None, &[b"y"])]).unwrap()[0];
         s.drop_partition(1).unwrap();
-        assert_eq!(s.recover().unwrap().partitions, vec![2]);
+        let r = s.recover().unwrap();
+        assert_eq!(r.partitions, vec![2]);
+        assert_eq!(r.pending.len(), 1, "a trace's fragments in a dropped partition are gone");
         assert!(s.spans(&[1; 16], &SpanRange::one(1, x)).unwrap().is_empty());
         assert_eq!(s.spans(&[1; 16], &SpanRange::one(2, y)).unwrap(), vec![b"y".to_vec()]);
     }
 
     #[test]
-    fn corrupt_state_is_an_error_not_a_panic() {
+    fn corrupt_records_are_errors_not_panics() {
         let dir = tempfile::tempdir().unwrap();
         {
             let s = open(dir.path());
-            s.state.insert(state_key(0, &[1; 16]), &[PENDING, 2, 3]).unwrap();
+            s.state.insert(state_key(0, &[1; 16]), &[DECIDED, 2, 3]).unwrap();
         }
-        assert!(matches!(open(dir.path()).recover(), Err(StoreError::Corrupt { what: "trace state", len: 3 })));
+        assert!(matches!(open(dir.path()).recover(), Err(StoreError::Corrupt { what: "decision record", len: 3 })));
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let mut s = open(dir.path());
+            s.partition_tree(4).unwrap().insert(1u64.to_be_bytes(), &[1u8; 20][..]).unwrap();
+        }
+        assert!(matches!(open(dir.path()).recover(), Err(StoreError::Corrupt { what: "span group", .. })));
     }
 }

@@ -5,19 +5,20 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 use tracetap_storage::{
-    MemoryStore, Outcome, Partition, PendingTrace, SledOptions, SledStore, SpanRange, TailStore, TraceId,
+    Fragment, MemoryStore, Outcome, Partition, SledOptions, SledStore, SpanRange, TailStore, TraceId,
 };
 
 const TRACES: u8 = 4;
 const PARTITIONS: u64 = 3;
 
+type FragmentSpec = (u8, u64, Option<u64>, Vec<Vec<u8>>);
+
 #[derive(Clone, Debug)]
 enum Op {
-    Append { trace: u8, partition: u64, spans: Vec<Vec<u8>> },
-    PutPending { trace: u8, partition: u64, first_seen: u64, root_ended: Option<u64> },
+    Append { partition: u64, fragments: Vec<FragmentSpec> },
     Decide { trace: u8, partition: u64, kept: Option<u64> },
     Exported { trace: u8, partition: u64 },
-    ForgetOldestDecision,
+    ForgetOldestDecisionOfADroppedPartition,
     DropPartition { partition: u64 },
     Reopen,
 }
@@ -26,14 +27,14 @@ fn op() -> impl Strategy<Value = Op> {
     let trace = 0..TRACES;
     let partition = 0..PARTITIONS;
     let spans = proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 1..4);
+    let fragment = (trace.clone(), 1..1_000u64, proptest::option::of(1..1_000u64), spans);
     prop_oneof![
-        3 => (trace.clone(), partition.clone(), spans).prop_map(|(trace, partition, spans)| Op::Append { trace, partition, spans }),
-        2 => (trace.clone(), partition.clone(), 1..1_000u64, proptest::option::of(1..1_000u64))
-            .prop_map(|(trace, partition, first_seen, root_ended)| Op::PutPending { trace, partition, first_seen, root_ended }),
+        4 => (partition.clone(), proptest::collection::vec(fragment, 1..4))
+            .prop_map(|(partition, fragments)| Op::Append { partition, fragments }),
         2 => (trace.clone(), partition.clone(), proptest::option::of(0..(1u64 << 56)))
             .prop_map(|(trace, partition, kept)| Op::Decide { trace, partition, kept }),
         1 => (trace, partition.clone()).prop_map(|(trace, partition)| Op::Exported { trace, partition }),
-        1 => Just(Op::ForgetOldestDecision),
+        1 => Just(Op::ForgetOldestDecisionOfADroppedPartition),
         1 => partition.prop_map(|partition| Op::DropPartition { partition }),
         1 => Just(Op::Reopen),
     ]
@@ -57,20 +58,26 @@ impl<S: TailStore> Subject<S> {
     fn apply(&mut self, op: &Op) {
         let store = &mut self.store;
         match op {
-            Op::Append { trace, partition, spans } => {
-                let spans: Vec<&[u8]> = spans.iter().map(Vec::as_slice).collect();
-                let seq = store.append(*partition, &id(*trace), &spans).unwrap();
-                let grown =
-                    self.appends.get(&(*trace, *partition)).map_or(SpanRange::one(*partition, seq), |r| r.with(seq));
-                self.appends.insert((*trace, *partition), grown);
-            }
-            Op::PutPending { trace, partition, first_seen, root_ended } => {
-                let pending = PendingTrace {
-                    first_seen_unix_ns: *first_seen,
-                    root_ended_unix_ns: *root_ended,
-                    spans: self.range(*trace, *partition),
-                };
-                self.store.put_pending(&id(*trace), &pending).unwrap();
+            Op::Append { partition, fragments } => {
+                let spans: Vec<Vec<&[u8]>> =
+                    fragments.iter().map(|f| f.3.iter().map(Vec::as_slice).collect()).collect();
+                let frags: Vec<Fragment<'_>> = fragments
+                    .iter()
+                    .zip(&spans)
+                    .map(|(f, spans)| Fragment {
+                        trace: id(f.0),
+                        first_seen_unix_ns: f.1,
+                        root_ended_unix_ns: f.2,
+                        spans,
+                    })
+                    .collect();
+                let seqs = store.append(*partition, &frags).unwrap();
+                assert_eq!(seqs.len(), fragments.len());
+                for (f, seq) in fragments.iter().zip(seqs) {
+                    let grown =
+                        self.appends.get(&(f.0, *partition)).map_or(SpanRange::one(*partition, seq), |r| r.with(seq));
+                    self.appends.insert((f.0, *partition), grown);
+                }
             }
             Op::Decide { trace, partition, kept } => {
                 let outcome = kept.map_or(Outcome::Dropped, |threshold| Outcome::Kept { threshold });
@@ -78,8 +85,9 @@ impl<S: TailStore> Subject<S> {
                 self.store.decide(&id(*trace), &range, outcome).unwrap();
             }
             Op::Exported { trace, partition } => store.exported(&id(*trace), *partition).unwrap(),
-            Op::ForgetOldestDecision => {
-                if let Some(oldest) = store.recover().unwrap().decisions.first() {
+            Op::ForgetOldestDecisionOfADroppedPartition => {
+                let r = store.recover().unwrap();
+                if let Some(oldest) = r.decisions.iter().find(|d| !r.partitions.contains(&d.partition)) {
                     store.forget_decision(&oldest.trace, oldest.partition, oldest.seq).unwrap();
                 }
             }

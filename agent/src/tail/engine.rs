@@ -18,7 +18,7 @@ use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
 use prost::Message as _;
 use rustc_hash::FxHashMap;
 use tracetap_proxy::trace_context::{parse_ot_tracestate, with_threshold};
-use tracetap_storage::{Outcome, Partition, PendingTrace, Recovered, SpanRange, StoreError, TailStore, TraceId};
+use tracetap_storage::{Fragment, Outcome, Partition, Recovered, SpanRange, StoreError, TailStore, TraceId};
 
 use super::policy::{PolicySet, TraceData};
 use crate::metrics::{self, Metrics};
@@ -26,6 +26,9 @@ use crate::sampling::randomness;
 
 /// Width of a partition: traces first seen within the same 5 s share one.
 const PARTITION_NS: u64 = 5_000_000_000;
+
+/// An incoming fragment: trace, stored spans (pid + `Span`), root span end if it holds the root.
+type Incoming = (TraceId, Vec<Vec<u8>>, Option<u64>);
 
 /// A kept trace handed to the exporter; reported back through [`Engine::delivered`].
 pub type Delivery = (TraceId, Partition);
@@ -87,6 +90,8 @@ struct Counts {
     late_dropped: u64,
     early: u64,
     store_errors: u64,
+    /// Spans lost because the store failed to take them.
+    spans_lost: u64,
     decisions: BTreeMap<(String, &'static str), u64>,
 }
 
@@ -111,6 +116,9 @@ pub struct Engine<S> {
     error_log: Option<std::time::Instant>,
     /// Decisions written since the store was last made durable.
     unflushed_decisions: bool,
+    /// Decisions evicted from the cache while their partition still exists: the store forgets them
+    /// when the partition is dropped (before that, forgetting would make the trace pending again).
+    deferred_forgets: BTreeMap<Partition, Vec<(TraceId, u64)>>,
 }
 
 impl<S: TailStore> Engine<S> {
@@ -144,6 +152,7 @@ impl<S: TailStore> Engine<S> {
             counts: Counts::default(),
             error_log: None,
             unflushed_decisions: false,
+            deferred_forgets: BTreeMap::new(),
         };
         engine.rearm(&recovered)?;
         engine.tick(now);
@@ -208,8 +217,25 @@ impl<S: TailStore> Engine<S> {
                 entry.0.push(bytes);
             }
         }
+        // Late fragments follow their cached decision; the others are appended, grouped by the
+        // partition of their trace (new traces: the current one).
+        let mut by_partition: BTreeMap<Partition, Vec<Incoming>> = BTreeMap::new();
         for (trace, (spans, root_ended)) in fragments {
-            if let Err(e) = self.add_fragment(trace, &spans, root_ended, now) {
+            if let Some(cached) = self.cache.get(&trace).copied() {
+                if cached.kept {
+                    self.counts.late_kept += spans.len() as u64;
+                    self.queue_kept(&spans, cached.threshold);
+                } else {
+                    self.counts.late_dropped += spans.len() as u64;
+                }
+                continue;
+            }
+            let partition = self.pending.get(&trace).map_or(now / PARTITION_NS, |p| p.spans.partition);
+            by_partition.entry(partition).or_default().push((trace, spans, root_ended));
+        }
+        for (partition, items) in by_partition {
+            if let Err(e) = self.append(partition, &items, now) {
+                self.counts.spans_lost += items.iter().map(|(_, spans, _)| spans.len() as u64).sum::<u64>();
                 self.store_error(&e);
             }
         }
@@ -218,50 +244,44 @@ impl<S: TailStore> Engine<S> {
         }
     }
 
-    fn add_fragment(
-        &mut self,
-        trace: TraceId,
-        spans: &[Vec<u8>],
-        root_ended: Option<u64>,
-        now: u64,
-    ) -> Result<(), StoreError> {
-        if let Some(cached) = self.cache.get(&trace).copied() {
-            if cached.kept {
-                self.counts.late_kept += spans.len() as u64;
-                self.queue_kept(spans, cached.threshold);
+    /// Appends fragments of one partition and tracks their traces as pending.
+    fn append(&mut self, partition: Partition, items: &[Incoming], now: u64) -> Result<(), StoreError> {
+        let views: Vec<Vec<&[u8]>> =
+            items.iter().map(|(_, spans, _)| spans.iter().map(Vec::as_slice).collect()).collect();
+        let fragments: Vec<Fragment<'_>> = items
+            .iter()
+            .zip(&views)
+            .map(|((trace, _, root_ended), spans)| Fragment {
+                trace: *trace,
+                first_seen_unix_ns: self.pending.get(trace).map_or(now, |p| p.first_seen),
+                root_ended_unix_ns: *root_ended,
+                spans,
+            })
+            .collect();
+        let seqs = self.store.append(partition, &fragments)?;
+        for ((trace, spans, root_ended), seq) in items.iter().zip(seqs) {
+            let bytes: u64 = spans.iter().map(|s| s.len() as u64).sum();
+            self.partitions.entry(partition).or_default().bytes += bytes;
+            if let Some(mut p) = self.pending.get(trace).copied() {
+                p.spans = p.spans.with(seq);
+                p.span_count += spans.len() as u64;
+                if root_ended.is_some() {
+                    p.root_ended = (*root_ended).max(p.root_ended);
+                    self.deadlines.push(Reverse((p.deadline(&self.limits), *trace)));
+                }
+                self.pending.insert(*trace, p);
             } else {
-                self.counts.late_dropped += spans.len() as u64;
+                let p = Pending {
+                    first_seen: now,
+                    root_ended: *root_ended,
+                    spans: SpanRange::one(partition, seq),
+                    span_count: spans.len() as u64,
+                };
+                self.partitions.entry(partition).or_default().pending += 1;
+                self.track(*trace, p);
             }
-            return Ok(());
         }
-        let views: Vec<&[u8]> = spans.iter().map(Vec::as_slice).collect();
-        let bytes: u64 = spans.iter().map(|s| s.len() as u64).sum();
-        let pending = if let Some(mut p) = self.pending.get(&trace).copied() {
-            let seq = self.store.append(p.spans.partition, &trace, &views)?;
-            p.spans = p.spans.with(seq);
-            p.span_count += spans.len() as u64;
-            if root_ended.is_some() {
-                p.root_ended = root_ended.max(p.root_ended);
-                self.deadlines.push(Reverse((p.deadline(&self.limits), trace)));
-            }
-            self.pending.insert(trace, p);
-            p
-        } else {
-            let partition = now / PARTITION_NS;
-            let seq = self.store.append(partition, &trace, &views)?;
-            let spans = SpanRange::one(partition, seq);
-            let p = Pending { first_seen: now, root_ended, spans, span_count: views.len() as u64 };
-            self.partitions.entry(partition).or_default().pending += 1;
-            self.track(trace, p);
-            p
-        };
-        self.partitions.entry(pending.spans.partition).or_default().bytes += bytes;
-        let record = PendingTrace {
-            first_seen_unix_ns: pending.first_seen,
-            root_ended_unix_ns: pending.root_ended,
-            spans: pending.spans,
-        };
-        self.store.put_pending(&trace, &record)
+        Ok(())
     }
 
     /// Decides the traces that are due, decides the oldest early when the buffer is over its
@@ -340,7 +360,9 @@ impl<S: TailStore> Engine<S> {
                 continue;
             }
             self.cache.remove(&old);
-            if let Err(e) = self.store.forget_decision(&old, entry.partition, seq) {
+            if self.partitions.contains_key(&entry.partition) {
+                self.deferred_forgets.entry(entry.partition).or_default().push((old, seq));
+            } else if let Err(e) = self.store.forget_decision(&old, entry.partition, seq) {
                 self.store_error(&e);
             }
         }
@@ -430,6 +452,11 @@ impl<S: TailStore> Engine<S> {
             match self.store.drop_partition(partition) {
                 Ok(()) => {
                     self.partitions.remove(&partition);
+                    for (trace, seq) in self.deferred_forgets.remove(&partition).unwrap_or_default() {
+                        if let Err(e) = self.store.forget_decision(&trace, partition, seq) {
+                            self.store_error(&e);
+                        }
+                    }
                 }
                 Err(e) => self.store_error(&e),
             }
@@ -482,6 +509,7 @@ impl<S: TailStore> Engine<S> {
         metrics::set(&m.tail_late_spans_dropped, self.counts.late_dropped);
         metrics::set(&m.tail_early_decisions, self.counts.early);
         metrics::set(&m.tail_store_errors, self.counts.store_errors);
+        metrics::set(&m.tail_spans_lost, self.counts.spans_lost);
         publish_decisions(&m.tail_decisions, &self.counts.decisions);
     }
 
@@ -687,7 +715,7 @@ mod tests {
     }
 
     #[test]
-    fn the_decision_cache_is_bounded_on_disk_too() {
+    fn the_decision_cache_is_bounded_on_disk_once_partitions_are_gone() {
         let mut e =
             Engine::open(MemoryStore::new(), policies(), Limits { decision_cache: 2, ..limits() }, Vec::new(), T0)
                 .unwrap();
@@ -696,6 +724,13 @@ mod tests {
         }
         e.tick(T0 + 3 * S);
         assert_eq!(e.cache.len(), 2);
-        assert_eq!(e.into_store().recover().unwrap().decisions.len(), 2);
+        let on_disk = |e: Engine<MemoryStore>| {
+            let n = e.store.recover().unwrap().decisions.len();
+            (n, e)
+        };
+        let (n, mut e) = on_disk(e);
+        assert_eq!(n, 5, "forgetting waits until the partition is dropped, or the traces would turn pending again");
+        e.tick(T0 + 6 * S);
+        assert_eq!(on_disk(e).0, 2);
     }
 }
