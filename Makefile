@@ -42,11 +42,14 @@ demo: setup
 
 # End-to-end overhead: HAProxy req/s without the agent, with it at ratio 1.0 and at ratio 0.0
 # (BENCH_SECONDS per run, BENCH_REPEAT runs per mode); prints a markdown table for
-# docs/PERFORMANCE.md. Then the criterion micro-benchmarks of span encoding.
+# docs/PERFORMANCE.md. Then the criterion micro-benchmarks of span encoding, the tail store (sled
+# against an in-memory store) and the tail engine (CPU per span, RSS with 5 million spans buffered).
 bench: setup
 	cargo build --release -p tracetap -p tracetap-tests --bin tracetap --bin otlp-discard
 	python3 scripts/bench_overhead.py
 	cargo bench -p tracetap --bench encode
+	cargo bench -p tracetap-storage --bench store
+	cargo bench -p tracetap --bench tail
 
 # 5 minutes of mixed traffic; prints the agent's RSS after the first minute and at the end.
 SOAK_SECONDS ?= 300

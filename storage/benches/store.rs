@@ -8,7 +8,10 @@
 //! CLIENT span (360 bytes each, about what the agent encodes) appended 256 at a time (one batch of
 //! the capture thread), arriving at 50 000 per simulated second, one partition per second.
 
-use std::path::Path;
+#[path = "support/proc_stats.rs"]
+mod proc_stats;
+
+use proc_stats::{cpu_seconds, dir_bytes, status_kib};
 use std::process::Command;
 
 use tracetap_storage::{Fragment, MemoryStore, SledOptions, SledStore, TailStore};
@@ -101,35 +104,4 @@ fn fill(store: &mut impl TailStore, spans: u64) -> (f64, u64) {
     }
     store.flush().expect("flush");
     (cpu_seconds() - cpu_before, store.disk_bytes())
-}
-
-/// User + system CPU of the whole process (all threads), from /proc/self/stat.
-fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
-    let after_comm = &stat[stat.rfind(')').expect("comm") + 2..];
-    let fields: Vec<&str> = after_comm.split_whitespace().collect();
-    // Fields 14 and 15 of stat(5) (utime, stime), counted from after the comm field (3rd = index 0).
-    let ticks: u64 = fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
-    ticks as f64 / 100.0
-}
-
-fn status_kib(field: &str) -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .expect("status field")
-}
-
-fn dir_bytes(dir: &Path) -> u64 {
-    std::fs::read_dir(dir)
-        .expect("store dir")
-        .flatten()
-        .map(|e| {
-            let meta = e.metadata().expect("metadata");
-            if meta.is_dir() { dir_bytes(&e.path()) } else { meta.len() }
-        })
-        .sum()
 }

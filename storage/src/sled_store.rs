@@ -435,4 +435,32 @@ mod tests {
         }
         assert!(matches!(open(dir.path()).recover(), Err(StoreError::Corrupt { what: "span group", .. })));
     }
+
+    proptest::proptest! {
+        /// Bytes read back from disk are hostile: any value decodes to fragments or an error.
+        #[test]
+        fn any_group_value_decodes_or_errs(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200)) {
+            let _ = decode_group(&bytes);
+            let _ = decode_decided(0, &bytes);
+        }
+
+        /// What `encode_fragment` writes, `decode_group` reads back.
+        #[test]
+        fn fragments_round_trip(
+            spans in proptest::collection::vec(proptest::collection::vec(proptest::prelude::any::<u8>(), 0..50), 0..5),
+            first_seen in 1..u64::MAX,
+            root_ended in proptest::option::of(1..u64::MAX),
+        ) {
+            let views: Vec<&[u8]> = spans.iter().map(Vec::as_slice).collect();
+            let mut value = Vec::new();
+            let f = fragment(9, first_seen, root_ended, &views);
+            encode_fragment(&f, &mut value);
+            encode_fragment(&f, &mut value);
+            let back = decode_group(&value).unwrap();
+            proptest::prop_assert_eq!(back.len(), 2);
+            proptest::prop_assert_eq!(back[1].trace, [9; 16]);
+            proptest::prop_assert_eq!((back[1].first_seen, back[1].root_ended), (first_seen, root_ended));
+            proptest::prop_assert_eq!(&back[1].spans, &views);
+        }
+    }
 }
