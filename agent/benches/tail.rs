@@ -17,7 +17,6 @@ use std::path::Path;
 use proc_stats::{cpu_seconds, dir_bytes, status_kib};
 use std::process::Command;
 
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
 use prost::Message as _;
 use tracetap::encode::{Attr, BatchEncoder, SpanView, Value};
@@ -170,9 +169,8 @@ fn run<S: TailStore>(mode: &str, name: &str, store: S, spans: u64, dir: Option<&
             let before = cpu_seconds();
             let mut exported = 0;
             for (b, bytes) in prepared.iter().enumerate() {
-                let request = ExportTraceServiceRequest::decode(&bytes[..]).expect("decodes");
                 let now = T0 + b as u64 * EXCHANGES_PER_BATCH * 10_000;
-                engine.ingest(request, now);
+                engine.ingest(bytes, now).expect("parses");
                 engine.tick(now);
                 while let Some(out) = engine.take_export() {
                     exported += out.spans;
@@ -198,9 +196,8 @@ fn run<S: TailStore>(mode: &str, name: &str, store: S, spans: u64, dir: Option<&
         "rss" => {
             for b in 0..batches {
                 let bytes = encoded_batch(&mut encoder, b * EXCHANGES_PER_BATCH);
-                let request = ExportTraceServiceRequest::decode(&bytes[..]).expect("decodes");
                 // One instant: nothing comes due, everything stays buffered.
-                engine.ingest(request, T0);
+                engine.ingest(&bytes, T0).expect("parses");
             }
             engine.close();
             let total = batches * 2 * EXCHANGES_PER_BATCH;

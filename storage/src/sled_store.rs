@@ -167,40 +167,64 @@ fn encode_fragment(f: &Fragment<'_>, out: &mut Vec<u8>) {
     }
 }
 
-/// A fragment read back: trace, first seen, root ended, and its spans' bytes.
+/// A fragment read back: trace, first seen, root ended, and its spans, still length-prefixed.
 struct StoredFragment<'v> {
     trace: TraceId,
     first_seen: u64,
     root_ended: Option<u64>,
-    spans: Vec<&'v [u8]>,
+    count: u32,
+    spans: &'v [u8],
 }
 
-/// Splits a group value into its fragments.
-fn decode_group(mut v: &[u8]) -> Result<Vec<StoredFragment<'_>>, StoreError> {
-    let corrupt = |v: &[u8]| StoreError::Corrupt { what: "span group", len: v.len() };
-    let mut out = Vec::new();
-    while !v.is_empty() {
-        let header = v.get(..FRAGMENT_HEADER).ok_or_else(|| corrupt(v))?;
-        let ended = u64_at(header, 24);
+impl<'v> StoredFragment<'v> {
+    /// The spans' bytes (the group was checked when it was split).
+    fn spans(&self) -> impl Iterator<Item = &'v [u8]> {
+        let mut rest = self.spans;
+        (0..self.count).map(move |_| {
+            let len = u32::from_be_bytes(rest[..4].try_into().expect("4 bytes")) as usize;
+            let span = &rest[4..4 + len];
+            rest = &rest[4 + len..];
+            span
+        })
+    }
+}
+
+/// Splits a group value into its fragments, checking every length; allocates nothing.
+fn fragments(mut v: &[u8]) -> impl Iterator<Item = Result<StoredFragment<'_>, StoreError>> {
+    std::iter::from_fn(move || {
+        if v.is_empty() {
+            return None;
+        }
+        let corrupt = StoreError::Corrupt { what: "span group", len: v.len() };
+        let Some(header) = v.get(..FRAGMENT_HEADER) else {
+            v = &[];
+            return Some(Err(corrupt));
+        };
         let count = u32::from_be_bytes(header[32..36].try_into().expect("4 bytes"));
-        let mut fragment = StoredFragment {
+        let mut end = FRAGMENT_HEADER;
+        for _ in 0..count {
+            let Some(len) = v.get(end..end + 4).map(|l| u32::from_be_bytes(l.try_into().expect("4 bytes")) as usize)
+            else {
+                v = &[];
+                return Some(Err(corrupt));
+            };
+            end += 4 + len;
+            if end > v.len() {
+                v = &[];
+                return Some(Err(corrupt));
+            }
+        }
+        let ended = u64_at(header, 24);
+        let fragment = StoredFragment {
             trace: header[..16].try_into().expect("16 bytes"),
             first_seen: u64_at(header, 16),
             root_ended: (ended != 0).then_some(ended),
-            spans: Vec::with_capacity(count.min(1024) as usize),
+            count,
+            spans: &v[FRAGMENT_HEADER..end],
         };
-        v = &v[FRAGMENT_HEADER..];
-        for _ in 0..count {
-            let len = v
-                .get(..4)
-                .map(|l| u32::from_be_bytes(l.try_into().expect("4 bytes")) as usize)
-                .ok_or_else(|| corrupt(v))?;
-            fragment.spans.push(v.get(4..4 + len).ok_or_else(|| corrupt(v))?);
-            v = &v[4 + len..];
-        }
-        out.push(fragment);
-    }
-    Ok(out)
+        v = &v[end..];
+        Some(Ok(fragment))
+    })
 }
 
 impl SledStore {
@@ -245,9 +269,10 @@ impl TailStore for SledStore {
         let (first, last) = (range.first.to_be_bytes(), range.last.max(range.first).to_be_bytes());
         for value in tree.range(first..=last).values() {
             let value = value?;
-            for fragment in decode_group(&value)? {
+            for fragment in fragments(&value) {
+                let fragment = fragment?;
                 if fragment.trace == *trace {
-                    out.extend(fragment.spans.iter().map(|s| s.to_vec()));
+                    out.extend(fragment.spans().map(<[u8]>::to_vec));
                 }
             }
         }
@@ -313,7 +338,8 @@ impl TailStore for SledStore {
                 let key: [u8; 8] =
                     k.as_ref().try_into().map_err(|_| StoreError::Corrupt { what: "append key", len: k.len() })?;
                 let seq = u64::from_be_bytes(key);
-                for f in decode_group(&v)? {
+                for f in fragments(&v) {
+                    let f = f?;
                     if decided.contains(&(partition, f.trace)) {
                         continue;
                     }
@@ -440,11 +466,11 @@ mod tests {
         /// Bytes read back from disk are hostile: any value decodes to fragments or an error.
         #[test]
         fn any_group_value_decodes_or_errs(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200)) {
-            let _ = decode_group(&bytes);
+            let _ = fragments(&bytes).map(|f| f.map(|f| f.spans().count())).collect::<Vec<_>>();
             let _ = decode_decided(0, &bytes);
         }
 
-        /// What `encode_fragment` writes, `decode_group` reads back.
+        /// What `encode_fragment` writes, `fragments` reads back.
         #[test]
         fn fragments_round_trip(
             spans in proptest::collection::vec(proptest::collection::vec(proptest::prelude::any::<u8>(), 0..50), 0..5),
@@ -456,11 +482,11 @@ mod tests {
             let f = fragment(9, first_seen, root_ended, &views);
             encode_fragment(&f, &mut value);
             encode_fragment(&f, &mut value);
-            let back = decode_group(&value).unwrap();
+            let back: Vec<StoredFragment<'_>> = fragments(&value).collect::<Result<_, _>>().unwrap();
             proptest::prop_assert_eq!(back.len(), 2);
             proptest::prop_assert_eq!(back[1].trace, [9; 16]);
             proptest::prop_assert_eq!((back[1].first_seen, back[1].root_ended), (first_seen, root_ended));
-            proptest::prop_assert_eq!(&back[1].spans, &views);
+            proptest::prop_assert_eq!(&back[1].spans().collect::<Vec<_>>(), &views);
         }
     }
 }

@@ -7,7 +7,7 @@
 //! then the OTLP `Span` message.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::sync::Mutex;
 
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
@@ -20,7 +20,8 @@ use rustc_hash::FxHashMap;
 use tracetap_proxy::trace_context::{parse_ot_tracestate, with_threshold};
 use tracetap_storage::{Fragment, Outcome, Partition, Recovered, SpanRange, StoreError, TailStore, TraceId};
 
-use super::policy::{PolicySet, TraceData};
+use super::policy::{PolicySet, SpanFacts, TraceData};
+use super::wire::{self, WireError};
 use crate::metrics::{self, Metrics};
 use crate::sampling::randomness;
 
@@ -101,7 +102,6 @@ pub struct Engine<S> {
     policies: PolicySet,
     limits: Limits,
     pending: FxHashMap<TraceId, Pending>,
-    by_age: BTreeSet<(u64, TraceId)>,
     deadlines: BinaryHeap<Reverse<(u64, TraceId)>>,
     partitions: BTreeMap<Partition, PartitionState>,
     cache: FxHashMap<TraceId, Cached>,
@@ -138,7 +138,6 @@ impl<S: TailStore> Engine<S> {
             policies,
             limits,
             pending: FxHashMap::default(),
-            by_age: BTreeSet::new(),
             deadlines: BinaryHeap::new(),
             partitions: BTreeMap::new(),
             cache: FxHashMap::default(),
@@ -196,27 +195,23 @@ impl<S: TailStore> Engine<S> {
 
     fn track(&mut self, trace: TraceId, pending: Pending) {
         self.deadlines.push(Reverse((pending.deadline(&self.limits), trace)));
-        self.by_age.insert((pending.first_seen, trace));
         self.pending.insert(trace, pending);
     }
 
     /// Takes in a batch of kept spans from the capture thread.
-    pub fn ingest(&mut self, request: ExportTraceServiceRequest, now: u64) {
+    pub fn ingest(&mut self, request: &[u8], now: u64) -> Result<(), WireError> {
         let mut fragments: FxHashMap<TraceId, (Vec<Vec<u8>>, Option<u64>)> = FxHashMap::default();
-        for rs in request.resource_spans {
-            let pid = rs.resource.as_ref().and_then(process_pid).unwrap_or(0);
-            for span in rs.scope_spans.into_iter().flat_map(|ss| ss.spans) {
-                let Ok(trace) = TraceId::try_from(&span.trace_id[..]) else { continue };
-                let entry = fragments.entry(trace).or_default();
-                if span.kind == SpanKind::Server as i32 {
-                    entry.1 = Some(entry.1.unwrap_or(0).max(span.end_time_unix_nano));
-                }
-                let mut bytes = Vec::with_capacity(4 + span.encoded_len());
-                bytes.extend_from_slice(&pid.to_be_bytes());
-                span.encode(&mut bytes).expect("a Vec grows as needed");
-                entry.0.push(bytes);
+        wire::request_spans(request, |pid, span| {
+            let Ok(trace) = TraceId::try_from(span.trace_id) else { return };
+            let entry = fragments.entry(trace).or_default();
+            if span.kind == SpanKind::Server as i32 {
+                entry.1 = Some(entry.1.unwrap_or(0).max(span.end_unix_ns));
             }
-        }
+            let mut bytes = Vec::with_capacity(4 + span.bytes.len());
+            bytes.extend_from_slice(&pid.to_be_bytes());
+            bytes.extend_from_slice(span.bytes);
+            entry.0.push(bytes);
+        })?;
         // Late fragments follow their cached decision; the others are appended, grouped by the
         // partition of their trace (new traces: the current one).
         let mut by_partition: BTreeMap<Partition, Vec<Incoming>> = BTreeMap::new();
@@ -242,6 +237,7 @@ impl<S: TailStore> Engine<S> {
         if self.out_spans as usize >= self.limits.export_batch_spans {
             self.flush_export();
         }
+        Ok(())
     }
 
     /// Appends fragments of one partition and tracks their traces as pending.
@@ -284,7 +280,7 @@ impl<S: TailStore> Engine<S> {
         Ok(())
     }
 
-    /// Decides the traces that are due, decides the oldest early when the buffer is over its
+    /// Decides the traces that are due, decides the soonest due early when the buffer is over its
     /// bound, and drops partitions with nothing left to decide or export.
     pub fn tick(&mut self, now: u64) {
         while let Some(Reverse((deadline, trace))) = self.deadlines.peek().copied() {
@@ -298,9 +294,10 @@ impl<S: TailStore> Engine<S> {
             }
         }
         let mut excess = self.buffered_bytes().saturating_sub(self.limits.max_disk_bytes);
+        // Over the bound: the traces due soonest (the oldest, mostly) are decided now.
         while excess > 0 {
-            let Some(&(_, trace)) = self.by_age.first() else { break };
-            let partition = self.pending.get(&trace).map_or(0, |p| p.spans.partition);
+            let Some(Reverse((_, trace))) = self.deadlines.pop() else { break };
+            let Some(partition) = self.pending.get(&trace).map(|p| p.spans.partition) else { continue };
             self.counts.early += 1;
             self.decide_logged(trace, now);
             // A partition frees its bytes once its last trace is decided.
@@ -320,17 +317,32 @@ impl<S: TailStore> Engine<S> {
 
     fn decide(&mut self, trace: TraceId, now: u64) -> Result<(), StoreError> {
         let Some(p) = self.pending.remove(&trace) else { return Ok(()) };
-        self.by_age.remove(&(p.first_seen, trace));
         if let Some(state) = self.partitions.get_mut(&p.spans.partition) {
             state.pending -= 1;
         }
         let stored = self.store.spans(&trace, &p.spans)?;
-        let spans: Vec<Span> = stored.iter().filter_map(|b| b.get(4..)).filter_map(|b| Span::decode(b).ok()).collect();
-        let randomness = spans
+        let fields: Vec<wire::SpanFields<'_>> =
+            stored.iter().filter_map(|b| b.get(4..)).filter_map(|b| wire::span(b).ok()).collect();
+        let randomness = fields
             .iter()
-            .find_map(|s| parse_ot_tracestate(&s.trace_state).randomness)
+            .find_map(|s| parse_ot_tracestate(s.trace_state).randomness)
             .unwrap_or_else(|| randomness(&trace));
-        let verdict = self.policies.evaluate(&TraceData { spans: &spans, randomness, now_second: now / 1_000_000_000 });
+        let with_attributes = self.policies.needs_attributes();
+        let facts: Vec<SpanFacts> = fields
+            .iter()
+            .map(|f| SpanFacts {
+                start_unix_ns: f.start_unix_ns,
+                end_unix_ns: f.end_unix_ns,
+                status: f.status,
+                attributes: if with_attributes {
+                    Span::decode(f.bytes).map(|s| s.attributes).unwrap_or_default()
+                } else {
+                    Vec::new()
+                },
+            })
+            .collect();
+        drop(fields);
+        let verdict = self.policies.evaluate(&TraceData { spans: &facts, randomness, now_second: now / 1_000_000_000 });
         let (keep, threshold) = (verdict.keep, verdict.min_threshold);
         let (outcome, label) = if keep { (Outcome::Kept { threshold }, "kept") } else { (Outcome::Dropped, "dropped") };
         let key = (verdict.policy.unwrap_or("none").to_owned(), label);
@@ -513,6 +525,11 @@ impl<S: TailStore> Engine<S> {
         publish_decisions(&m.tail_decisions, &self.counts.decisions);
     }
 
+    /// Counts spans lost before they reached the store (a batch that did not parse).
+    pub fn count_lost(&mut self, spans: u64) {
+        self.counts.spans_lost += spans;
+    }
+
     /// Traces waiting for a decision.
     #[must_use]
     pub fn pending_traces(&self) -> usize {
@@ -535,15 +552,6 @@ fn publish_decisions(
     {
         t.clone_from(counts);
     }
-}
-
-fn process_pid(resource: &Resource) -> Option<u32> {
-    resource.attributes.iter().find(|kv| kv.key == "process.pid").and_then(|kv| {
-        match kv.value.as_ref()?.value.as_ref()? {
-            any_value::Value::IntValue(pid) => u32::try_from(*pid).ok(),
-            _ => None,
-        }
-    })
 }
 
 #[cfg(test)]
@@ -620,7 +628,8 @@ mod tests {
         while let Some(out) = engine.take_export() {
             engine.delivered(&out.deliveries);
             for rs in out.request.resource_spans {
-                assert!(process_pid(rs.resource.as_ref().unwrap()) == Some(42));
+                let pid = &rs.resource.as_ref().unwrap().attributes.last().unwrap().value;
+                assert_eq!(pid.as_ref().unwrap().value, Some(any_value::Value::IntValue(42)));
                 spans.extend(rs.scope_spans.into_iter().flat_map(|ss| ss.spans));
             }
         }
@@ -634,9 +643,9 @@ mod tests {
     #[test]
     fn decides_after_the_grace_keeps_errors_and_the_lucky_half() {
         let mut e = open(MemoryStore::new(), T0);
-        e.ingest(exchange(trace(1, false), T0, true), T0);
-        e.ingest(exchange(trace(2, false), T0, false), T0);
-        e.ingest(exchange(trace(3, true), T0, false), T0);
+        e.ingest(&exchange(trace(1, false), T0, true).encode_to_vec(), T0).unwrap();
+        e.ingest(&exchange(trace(2, false), T0, false).encode_to_vec(), T0).unwrap();
+        e.ingest(&exchange(trace(3, true), T0, false).encode_to_vec(), T0).unwrap();
         e.tick(T0 + S);
         assert_eq!(e.pending_traces(), 3, "grace not over");
         assert!(exported(&mut e).is_empty());
@@ -657,7 +666,7 @@ mod tests {
     #[test]
     fn a_trace_without_a_root_waits_for_the_decision_wait() {
         let mut e = open(MemoryStore::new(), T0);
-        e.ingest(request(vec![span(trace(1, false), 2, SpanKind::Client, T0, true)]), T0);
+        e.ingest(&request(vec![span(trace(1, false), 2, SpanKind::Client, T0, true)]).encode_to_vec(), T0).unwrap();
         e.tick(T0 + 29 * S);
         assert_eq!(e.pending_traces(), 1);
         e.tick(T0 + 30 * S);
@@ -667,12 +676,14 @@ mod tests {
     #[test]
     fn late_spans_follow_the_decision() {
         let mut e = open(MemoryStore::new(), T0);
-        e.ingest(exchange(trace(1, false), T0, true), T0);
-        e.ingest(exchange(trace(2, false), T0, false), T0);
+        e.ingest(&exchange(trace(1, false), T0, true).encode_to_vec(), T0).unwrap();
+        e.ingest(&exchange(trace(2, false), T0, false).encode_to_vec(), T0).unwrap();
         e.tick(T0 + 3 * S);
         assert_eq!(exported(&mut e).len(), 2);
-        e.ingest(request(vec![span(trace(1, false), 9, SpanKind::Client, T0, false)]), T0 + 4 * S);
-        e.ingest(request(vec![span(trace(2, false), 9, SpanKind::Client, T0, false)]), T0 + 4 * S);
+        e.ingest(&request(vec![span(trace(1, false), 9, SpanKind::Client, T0, false)]).encode_to_vec(), T0 + 4 * S)
+            .unwrap();
+        e.ingest(&request(vec![span(trace(2, false), 9, SpanKind::Client, T0, false)]).encode_to_vec(), T0 + 4 * S)
+            .unwrap();
         e.flush_export();
         let late = exported(&mut e);
         assert_eq!(late.len(), 1);
@@ -683,10 +694,10 @@ mod tests {
     #[test]
     fn a_restart_rearms_pending_traces_and_re_exports_the_outbox() {
         let mut e = open(MemoryStore::new(), T0);
-        e.ingest(exchange(trace(1, false), T0, true), T0);
+        e.ingest(&exchange(trace(1, false), T0, true).encode_to_vec(), T0).unwrap();
         e.tick(T0 + 2 * S);
         let _undelivered = e.take_export().unwrap();
-        e.ingest(exchange(trace(2, false), T0 + S, true), T0 + S);
+        e.ingest(&exchange(trace(2, false), T0 + S, true).encode_to_vec(), T0 + S).unwrap();
         let store = e.into_store();
         // Down for a minute: trace 2 is overdue and decided at once; trace 1 is exported again
         // because its export was never reported done.
@@ -707,8 +718,8 @@ mod tests {
         let mut e =
             Engine::open(MemoryStore::new(), policies(), Limits { max_disk_bytes: 1, ..limits() }, Vec::new(), T0)
                 .unwrap();
-        e.ingest(exchange(trace(1, false), T0, true), T0);
-        e.ingest(exchange(trace(2, false), T0 + 6 * S, true), T0 + 6 * S);
+        e.ingest(&exchange(trace(1, false), T0, true).encode_to_vec(), T0).unwrap();
+        e.ingest(&exchange(trace(2, false), T0 + 6 * S, true).encode_to_vec(), T0 + 6 * S).unwrap();
         e.tick(T0 + 6 * S);
         assert!(e.counts.early >= 1);
         assert_eq!(exported(&mut e).len(), 2 * (2 - e.pending_traces()));
@@ -720,7 +731,7 @@ mod tests {
             Engine::open(MemoryStore::new(), policies(), Limits { decision_cache: 2, ..limits() }, Vec::new(), T0)
                 .unwrap();
         for n in 1..=5 {
-            e.ingest(exchange(trace(n, false), T0, false), T0);
+            e.ingest(&exchange(trace(n, false), T0, false).encode_to_vec(), T0).unwrap();
         }
         e.tick(T0 + 3 * S);
         assert_eq!(e.cache.len(), 2);

@@ -7,8 +7,8 @@
 //! its rejection threshold raised to the tail ratio's: the tail stage may only raise the threshold,
 //! and counts stay extrapolatable. A trace kept by any other policy keeps the head's threshold.
 
-use opentelemetry_proto::tonic::common::v1::any_value;
-use opentelemetry_proto::tonic::trace::v1::{Span, status::StatusCode};
+use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value};
+use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
 
 /// A validated policy.
 #[derive(Debug, Clone, PartialEq)]
@@ -62,10 +62,21 @@ pub struct NamedPolicy {
     pub policy: Policy,
 }
 
+/// What the policies read of a span.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SpanFacts {
+    pub start_unix_ns: u64,
+    pub end_unix_ns: u64,
+    /// `Status.code`: 0 unset, 1 ok, 2 error.
+    pub status: i32,
+    /// Decoded only when some policy reads attributes ([`PolicySet::needs_attributes`]).
+    pub attributes: Vec<KeyValue>,
+}
+
 /// What the policies see of a trace.
 #[derive(Debug)]
 pub struct TraceData<'a> {
-    pub spans: &'a [Span],
+    pub spans: &'a [SpanFacts],
     /// Consistent-sampling randomness (56 bits): the `rv` of the tracestate or the trace id's
     /// lowest 56 bits.
     pub randomness: u64,
@@ -116,6 +127,19 @@ impl PolicySet {
         &self.policies
     }
 
+    /// True when some policy reads span attributes (the others need no full decoding).
+    #[must_use]
+    pub fn needs_attributes(&self) -> bool {
+        fn reads(p: &Policy) -> bool {
+            match p {
+                Policy::StringAttribute { .. } | Policy::NumericAttribute { .. } => true,
+                Policy::And(subs) | Policy::Drop(subs) => subs.iter().any(reads),
+                _ => false,
+            }
+        }
+        self.policies.iter().any(|p| reads(&p.policy))
+    }
+
     /// Decides a trace.
     pub fn evaluate(&mut self, trace: &TraceData<'_>) -> Verdict<'_> {
         for (named, window) in self.policies.iter().zip(&mut self.windows) {
@@ -154,15 +178,12 @@ fn sample(policy: &Policy, trace: &TraceData<'_>, window: &mut RateWindow) -> Sa
     match policy {
         Policy::AlwaysSample => yes(true),
         Policy::Latency { threshold_ms, upper_threshold_ms } => {
-            let start = trace.spans.iter().map(|s| s.start_time_unix_nano).min().unwrap_or(0);
-            let end = trace.spans.iter().map(|s| s.end_time_unix_nano).max().unwrap_or(0);
+            let start = trace.spans.iter().map(|s| s.start_unix_ns).min().unwrap_or(0);
+            let end = trace.spans.iter().map(|s| s.end_unix_ns).max().unwrap_or(0);
             let ms = end.saturating_sub(start) / 1_000_000;
             yes(ms >= *threshold_ms && upper_threshold_ms.is_none_or(|upper| ms < upper))
         }
-        Policy::StatusCode { codes } => yes(trace.spans.iter().any(|s| {
-            let code = s.status.as_ref().map_or(StatusCode::Unset as i32, |st| st.code);
-            codes.iter().any(|c| *c as i32 == code)
-        })),
+        Policy::StatusCode { codes } => yes(trace.spans.iter().any(|s| codes.iter().any(|c| *c as i32 == s.status))),
         Policy::StringAttribute { key, values, invert } => {
             let found = trace.spans.iter().any(|s| {
                 attribute(s, key).is_some_and(
@@ -213,22 +234,21 @@ fn sample(policy: &Policy, trace: &TraceData<'_>, window: &mut RateWindow) -> Sa
     }
 }
 
-fn attribute<'s>(span: &'s Span, key: &str) -> Option<&'s any_value::Value> {
+fn attribute<'s>(span: &'s SpanFacts, key: &str) -> Option<&'s any_value::Value> {
     span.attributes.iter().find(|kv| kv.key == key).and_then(|kv| kv.value.as_ref()).and_then(|v| v.value.as_ref())
 }
 
 #[cfg(test)]
 mod tests {
-    use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue};
-    use opentelemetry_proto::tonic::trace::v1::Status;
+    use opentelemetry_proto::tonic::common::v1::AnyValue;
 
     use super::*;
 
-    fn span(start_ms: u64, end_ms: u64, code: StatusCode, attrs: Vec<(&str, any_value::Value)>) -> Span {
-        Span {
-            start_time_unix_nano: start_ms * 1_000_000,
-            end_time_unix_nano: end_ms * 1_000_000,
-            status: Some(Status { code: code as i32, message: String::new() }),
+    fn span(start_ms: u64, end_ms: u64, code: StatusCode, attrs: Vec<(&str, any_value::Value)>) -> SpanFacts {
+        SpanFacts {
+            start_unix_ns: start_ms * 1_000_000,
+            end_unix_ns: end_ms * 1_000_000,
+            status: code as i32,
             attributes: attrs
                 .into_iter()
                 .map(|(k, v)| KeyValue {
@@ -237,7 +257,6 @@ mod tests {
                     ..KeyValue::default()
                 })
                 .collect(),
-            ..Span::default()
         }
     }
 
@@ -245,7 +264,7 @@ mod tests {
         NamedPolicy { name: name.into(), policy }
     }
 
-    fn data(spans: &[Span], randomness: u64) -> TraceData<'_> {
+    fn data(spans: &[SpanFacts], randomness: u64) -> TraceData<'_> {
         TraceData { spans, randomness, now_second: 1 }
     }
 

@@ -1,0 +1,236 @@
+//! Reading the few fields the tail stage needs straight from OTLP protobuf bytes, without building
+//! prost messages: the tail thread sees every kept span twice (when it is stored and when its trace
+//! is decided), and decoding whole `Span`s (a `String` per attribute) cost more than the store.
+//!
+//! The input comes from the agent's own encoder or from the store on disk; both are treated as
+//! hostile: malformed bytes are an error, never a panic (property-tested below against prost).
+
+use prost::bytes::Buf as _;
+use prost::encoding::{WireType, decode_key, decode_varint};
+
+/// Bytes that are not the OTLP message they should be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("malformed OTLP protobuf")]
+pub struct WireError;
+
+/// One field of a message.
+enum Field<'a> {
+    Varint(u64),
+    Fixed64(u64),
+    Bytes(&'a [u8]),
+    Other,
+}
+
+/// Calls `f` for every field of the message in `buf`, in order.
+fn for_each_field<'a>(
+    mut buf: &'a [u8],
+    mut f: impl FnMut(u32, Field<'a>) -> Result<(), WireError>,
+) -> Result<(), WireError> {
+    while !buf.is_empty() {
+        let (tag, wire_type) = decode_key(&mut buf).map_err(|_| WireError)?;
+        let field = match wire_type {
+            WireType::Varint => Field::Varint(decode_varint(&mut buf).map_err(|_| WireError)?),
+            WireType::SixtyFourBit => {
+                let bytes: [u8; 8] = buf.get(..8).ok_or(WireError)?.try_into().expect("8 bytes");
+                buf.advance(8);
+                Field::Fixed64(u64::from_le_bytes(bytes))
+            }
+            WireType::ThirtyTwoBit => {
+                buf.get(..4).ok_or(WireError)?;
+                buf.advance(4);
+                Field::Other
+            }
+            WireType::LengthDelimited => {
+                let len = usize::try_from(decode_varint(&mut buf).map_err(|_| WireError)?).map_err(|_| WireError)?;
+                let bytes = buf.get(..len).ok_or(WireError)?;
+                buf.advance(len);
+                Field::Bytes(bytes)
+            }
+            WireType::StartGroup | WireType::EndGroup => return Err(WireError),
+        };
+        f(tag, field)?;
+    }
+    Ok(())
+}
+
+/// What the tail stage reads of a span.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SpanFields<'a> {
+    /// The whole encoded `Span` message.
+    pub bytes: &'a [u8],
+    pub trace_id: &'a [u8],
+    pub trace_state: &'a str,
+    pub kind: i32,
+    pub start_unix_ns: u64,
+    pub end_unix_ns: u64,
+    /// `Status.code` (0 unset, 1 ok, 2 error).
+    pub status: i32,
+}
+
+/// Reads a `Span` message.
+pub fn span(bytes: &[u8]) -> Result<SpanFields<'_>, WireError> {
+    let mut out = SpanFields { bytes, ..SpanFields::default() };
+    for_each_field(bytes, |tag, field| {
+        match (tag, field) {
+            (1, Field::Bytes(b)) => out.trace_id = b,
+            (3, Field::Bytes(b)) => out.trace_state = std::str::from_utf8(b).map_err(|_| WireError)?,
+            (6, Field::Varint(v)) => out.kind = v as i32,
+            (7, Field::Fixed64(v)) => out.start_unix_ns = v,
+            (8, Field::Fixed64(v)) => out.end_unix_ns = v,
+            (15, Field::Bytes(status)) => {
+                for_each_field(status, |tag, field| {
+                    if let (3, Field::Varint(code)) = (tag, field) {
+                        out.status = code as i32;
+                    }
+                    Ok(())
+                })?;
+            }
+            _ => {}
+        }
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// Calls `f(pid, span)` for every span of an `ExportTraceServiceRequest`, with the `process.pid`
+/// of its resource (0 when absent).
+pub fn request_spans<'a>(request: &'a [u8], mut f: impl FnMut(u32, SpanFields<'a>)) -> Result<(), WireError> {
+    for_each_field(request, |tag, field| {
+        let (1, Field::Bytes(resource_spans)) = (tag, field) else { return Ok(()) };
+        let mut pid = 0;
+        let mut scopes: Vec<&'a [u8]> = Vec::new();
+        for_each_field(resource_spans, |tag, field| {
+            match (tag, field) {
+                (1, Field::Bytes(resource)) => pid = process_pid(resource)?,
+                (2, Field::Bytes(scope_spans)) => scopes.push(scope_spans),
+                _ => {}
+            }
+            Ok(())
+        })?;
+        for scope_spans in scopes {
+            for_each_field(scope_spans, |tag, field| {
+                if let (2, Field::Bytes(bytes)) = (tag, field) {
+                    f(pid, span(bytes)?);
+                }
+                Ok(())
+            })?;
+        }
+        Ok(())
+    })
+}
+
+/// The `process.pid` attribute of a `Resource` (an int value), or 0.
+fn process_pid(resource: &[u8]) -> Result<u32, WireError> {
+    let mut pid = 0;
+    for_each_field(resource, |tag, field| {
+        let (1, Field::Bytes(key_value)) = (tag, field) else { return Ok(()) };
+        let (mut key, mut value) = (&[][..], None);
+        for_each_field(key_value, |tag, field| {
+            match (tag, field) {
+                (1, Field::Bytes(k)) => key = k,
+                (2, Field::Bytes(any)) => {
+                    for_each_field(any, |tag, field| {
+                        if let (3, Field::Varint(v)) = (tag, field) {
+                            value = Some(v);
+                        }
+                        Ok(())
+                    })?;
+                }
+                _ => {}
+            }
+            Ok(())
+        })?;
+        if key == b"process.pid" {
+            pid = value.and_then(|v| u32::try_from(v).ok()).unwrap_or(0);
+        }
+        Ok(())
+    })?;
+    Ok(pid)
+}
+
+#[cfg(test)]
+mod tests {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
+    use opentelemetry_proto::tonic::resource::v1::Resource;
+    use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, Status};
+    use proptest::prelude::*;
+    use prost::Message as _;
+
+    use super::*;
+
+    fn arb_span() -> impl Strategy<Value = Span> {
+        (
+            any::<[u8; 16]>(),
+            "[a-z=:;,]{0,20}",
+            0..6i32,
+            any::<u64>(),
+            any::<u64>(),
+            0..3i32,
+            proptest::collection::vec(("[a-z.]{1,10}", "[ -~]{0,20}"), 0..5),
+        )
+            .prop_map(|(trace, trace_state, kind, start, end, code, attrs)| Span {
+                trace_id: trace.to_vec(),
+                span_id: vec![1; 8],
+                trace_state,
+                kind,
+                start_time_unix_nano: start,
+                end_time_unix_nano: end,
+                status: Some(Status { code, message: String::new() }),
+                attributes: attrs
+                    .into_iter()
+                    .map(|(k, v)| KeyValue {
+                        key: k,
+                        value: Some(AnyValue { value: Some(any_value::Value::StringValue(v)) }),
+                        ..KeyValue::default()
+                    })
+                    .collect(),
+                ..Span::default()
+            })
+    }
+
+    fn request(pid: i64, spans: Vec<Span>) -> ExportTraceServiceRequest {
+        let pid_attr = KeyValue {
+            key: "process.pid".into(),
+            value: Some(AnyValue { value: Some(any_value::Value::IntValue(pid)) }),
+            ..KeyValue::default()
+        };
+        let other = KeyValue {
+            key: "service.name".into(),
+            value: Some(AnyValue { value: Some(any_value::Value::StringValue("x".into())) }),
+            ..KeyValue::default()
+        };
+        ExportTraceServiceRequest {
+            resource_spans: vec![ResourceSpans {
+                resource: Some(Resource { attributes: vec![other, pid_attr], ..Resource::default() }),
+                scope_spans: vec![ScopeSpans { spans, ..ScopeSpans::default() }],
+                ..ResourceSpans::default()
+            }],
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn reads_what_prost_writes(spans in proptest::collection::vec(arb_span(), 0..5), pid in 0..100_000i64) {
+            let bytes = request(pid, spans.clone()).encode_to_vec();
+            let mut seen = Vec::new();
+            request_spans(&bytes, |p, s| seen.push((p, s))).unwrap();
+            prop_assert_eq!(seen.len(), spans.len());
+            for ((p, got), want) in seen.iter().zip(&spans) {
+                prop_assert_eq!(i64::from(*p), pid);
+                prop_assert_eq!(got.trace_id, &want.trace_id[..]);
+                prop_assert_eq!(got.trace_state, want.trace_state.as_str());
+                prop_assert_eq!(got.kind, want.kind);
+                prop_assert_eq!((got.start_unix_ns, got.end_unix_ns), (want.start_time_unix_nano, want.end_time_unix_nano));
+                prop_assert_eq!(got.status, want.status.as_ref().unwrap().code);
+                prop_assert_eq!(&Span::decode(got.bytes).unwrap(), want, "the raw bytes are the span");
+            }
+        }
+
+        #[test]
+        fn any_bytes_read_or_err(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let _ = request_spans(&bytes, |_, _| {});
+            let _ = span(&bytes);
+        }
+    }
+}
