@@ -45,17 +45,48 @@ pub struct Limits {
 }
 
 #[derive(Debug, Clone, Copy)]
+/// A pending trace. The engine holds one per pending trace (millions at the buffer's bound), so it
+/// is packed into 40 bytes: `root_ended` 0 means not yet, the partition fits 32 bits (5 s
+/// partitions of Unix time: 680 years), the span count too.
 struct Pending {
     first_seen: u64,
-    root_ended: Option<u64>,
-    spans: SpanRange,
-    span_count: u64,
+    root_ended: u64,
+    first: u64,
+    last: u64,
+    partition: u32,
+    span_count: u32,
 }
 
 impl Pending {
+    fn new(first_seen: u64, root_ended: Option<u64>, spans: SpanRange, span_count: usize) -> Self {
+        Self {
+            first_seen,
+            root_ended: root_ended.unwrap_or(0),
+            first: spans.first,
+            last: spans.last,
+            partition: spans.partition as u32,
+            span_count: span_count as u32,
+        }
+    }
+
+    fn spans(&self) -> SpanRange {
+        SpanRange { partition: Partition::from(self.partition), first: self.first, last: self.last }
+    }
+
+    fn root_ended(&self) -> Option<u64> {
+        (self.root_ended != 0).then_some(self.root_ended)
+    }
+
+    fn add(&mut self, seq: u64, spans: usize, root_ended: Option<u64>) {
+        self.first = self.first.min(seq);
+        self.last = self.last.max(seq);
+        self.span_count = self.span_count.saturating_add(spans as u32);
+        self.root_ended = self.root_ended.max(root_ended.unwrap_or(0));
+    }
+
     fn deadline(&self, limits: &Limits) -> u64 {
         let by_wait = self.first_seen.saturating_add(limits.decision_wait_ns);
-        self.root_ended.map_or(by_wait, |ended| by_wait.min(ended.saturating_add(limits.grace_ns)))
+        self.root_ended().map_or(by_wait, |ended| by_wait.min(ended.saturating_add(limits.grace_ns)))
     }
 }
 
@@ -167,12 +198,7 @@ impl<S: TailStore> Engine<S> {
             let state = self.partitions.entry(p.spans.partition).or_default();
             state.pending += 1;
             state.bytes += spans.iter().map(|s| s.len() as u64).sum::<u64>();
-            let pending = Pending {
-                first_seen: p.first_seen_unix_ns,
-                root_ended: p.root_ended_unix_ns,
-                spans: p.spans,
-                span_count: spans.len() as u64,
-            };
+            let pending = Pending::new(p.first_seen_unix_ns, p.root_ended_unix_ns, p.spans, spans.len());
             self.track(*trace, pending);
         }
         for d in &recovered.decisions {
@@ -225,7 +251,7 @@ impl<S: TailStore> Engine<S> {
                 }
                 continue;
             }
-            let partition = self.pending.get(&trace).map_or(now / PARTITION_NS, |p| p.spans.partition);
+            let partition = self.pending.get(&trace).map_or(now / PARTITION_NS, |p| p.spans().partition);
             by_partition.entry(partition).or_default().push((trace, spans, root_ended));
         }
         for (partition, items) in by_partition {
@@ -259,20 +285,13 @@ impl<S: TailStore> Engine<S> {
             let bytes: u64 = spans.iter().map(|s| s.len() as u64).sum();
             self.partitions.entry(partition).or_default().bytes += bytes;
             if let Some(mut p) = self.pending.get(trace).copied() {
-                p.spans = p.spans.with(seq);
-                p.span_count += spans.len() as u64;
+                p.add(seq, spans.len(), *root_ended);
                 if root_ended.is_some() {
-                    p.root_ended = (*root_ended).max(p.root_ended);
                     self.deadlines.push(Reverse((p.deadline(&self.limits), *trace)));
                 }
                 self.pending.insert(*trace, p);
             } else {
-                let p = Pending {
-                    first_seen: now,
-                    root_ended: *root_ended,
-                    spans: SpanRange::one(partition, seq),
-                    span_count: spans.len() as u64,
-                };
+                let p = Pending::new(now, *root_ended, SpanRange::one(partition, seq), spans.len());
                 self.partitions.entry(partition).or_default().pending += 1;
                 self.track(*trace, p);
             }
@@ -297,7 +316,7 @@ impl<S: TailStore> Engine<S> {
         // Over the bound: the traces due soonest (the oldest, mostly) are decided now.
         while excess > 0 {
             let Some(Reverse((_, trace))) = self.deadlines.pop() else { break };
-            let Some(partition) = self.pending.get(&trace).map(|p| p.spans.partition) else { continue };
+            let Some(partition) = self.pending.get(&trace).map(|p| p.spans().partition) else { continue };
             self.counts.early += 1;
             self.decide_logged(trace, now);
             // A partition frees its bytes once its last trace is decided.
@@ -317,10 +336,11 @@ impl<S: TailStore> Engine<S> {
 
     fn decide(&mut self, trace: TraceId, now: u64) -> Result<(), StoreError> {
         let Some(p) = self.pending.remove(&trace) else { return Ok(()) };
-        if let Some(state) = self.partitions.get_mut(&p.spans.partition) {
+        let range = p.spans();
+        if let Some(state) = self.partitions.get_mut(&range.partition) {
             state.pending -= 1;
         }
-        let stored = self.store.spans(&trace, &p.spans)?;
+        let stored = self.store.spans(&trace, &range)?;
         let fields: Vec<wire::SpanFields<'_>> =
             stored.iter().filter_map(|b| b.get(4..)).filter_map(|b| wire::span(b).ok()).collect();
         let randomness = fields
@@ -346,14 +366,14 @@ impl<S: TailStore> Engine<S> {
         let (keep, threshold) = (verdict.keep, verdict.min_threshold);
         let (outcome, label) = if keep { (Outcome::Kept { threshold }, "kept") } else { (Outcome::Dropped, "dropped") };
         let key = (verdict.policy.unwrap_or("none").to_owned(), label);
-        let seq = self.store.decide(&trace, &p.spans, outcome)?;
+        let seq = self.store.decide(&trace, &range, outcome)?;
         self.unflushed_decisions = true;
         *self.counts.decisions.entry(key).or_default() += 1;
-        self.remember(trace, Cached { partition: p.spans.partition, seq, kept: keep, threshold });
+        self.remember(trace, Cached { partition: range.partition, seq, kept: keep, threshold });
         if keep {
-            self.partitions.entry(p.spans.partition).or_default().outbox += 1;
+            self.partitions.entry(range.partition).or_default().outbox += 1;
             self.queue_kept(&stored, threshold);
-            self.out_deliveries.push((trace, p.spans.partition));
+            self.out_deliveries.push((trace, range.partition));
             self.out_traces += 1;
             if self.out_spans as usize >= self.limits.export_batch_spans {
                 self.flush_export();
@@ -514,7 +534,7 @@ impl<S: TailStore> Engine<S> {
     pub fn publish(&self, m: &Metrics) {
         metrics::set(&m.tail_traces_pending, self.pending.len() as u64);
         metrics::set(&m.tail_outbox_traces, self.partitions.values().map(|s| s.outbox as u64).sum());
-        metrics::set(&m.tail_spans_buffered, self.pending.values().map(|p| p.span_count).sum());
+        metrics::set(&m.tail_spans_buffered, self.pending.values().map(|p| u64::from(p.span_count)).sum());
         metrics::set(&m.tail_buffered_bytes, self.buffered_bytes());
         metrics::set(&m.tail_disk_bytes, self.store.disk_bytes());
         metrics::set(&m.tail_late_spans_kept, self.counts.late_kept);
