@@ -3,8 +3,9 @@
 //! kept ones), over the sled store and over the in-memory store, each in a fresh child process.
 //!
 //! - `cpu`: `TRACETAP_BENCH_SPANS` (default 1 000 000) spans in batches of 256 SERVER+CLIENT
-//!   exchanges, encoded beforehand by the agent's own encoder; then every trace is decided (keep
-//!   errors + 1%, none are errors). Reports CPU per span of the whole process (sled's threads
+//!   exchanges, encoded beforehand by the agent's own encoder, arriving at 100 000 exchanges per
+//!   simulated second, with a tick (decisions, partition drops) every simulated 100 ms as the tail
+//!   thread does; every trace is decided (keep errors + 1%, none are errors). Reports CPU per span of the whole process (sled's threads
 //!   included), and the ratio sled / memory.
 //! - `rss`: `TRACETAP_BENCH_RSS_SPANS` (default 5 000 000) spans buffered and not yet decided;
 //!   reports the process RSS and the bytes on disk (the sled store only).
@@ -29,6 +30,7 @@ const EXCHANGES_PER_BATCH: u64 = 256;
 const CHILD_VAR: &str = "TRACETAP_BENCH_CHILD";
 const S: u64 = 1_000_000_000;
 const T0: u64 = 1_800_000_000 * S;
+const TICK_NS: u64 = 100_000_000;
 
 fn main() {
     if let Ok(spec) = std::env::var(CHILD_VAR) {
@@ -168,9 +170,15 @@ fn run<S: TailStore>(mode: &str, name: &str, store: S, spans: u64, dir: Option<&
                 (0..batches).map(|b| encoded_batch(&mut encoder, b * EXCHANGES_PER_BATCH)).collect();
             let before = cpu_seconds();
             let mut exported = 0;
+            let mut last_tick = T0;
             for (b, bytes) in prepared.iter().enumerate() {
                 let now = T0 + b as u64 * EXCHANGES_PER_BATCH * 10_000;
                 engine.ingest(bytes, now).expect("parses");
+                // The tail thread ticks every 100 ms (of simulated time here: 100 000 exchanges/s).
+                if now - last_tick < TICK_NS {
+                    continue;
+                }
+                last_tick = now;
                 engine.tick(now);
                 while let Some(out) = engine.take_export() {
                     exported += out.spans;

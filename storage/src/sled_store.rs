@@ -17,8 +17,11 @@ const STATE_TREE: &str = "state";
 const SPANS_TREE_PREFIX: &str = "spans/";
 const DECIDED: u8 = b'D';
 const DECIDED_LEN: usize = 35;
-/// Bytes of fragments grouped into one sled value. Bigger groups cost fewer inserts, but sled
-/// writes a node over 128 KiB (a quarter of its 512 KiB segment) as a separate blob file.
+/// Bytes of fragments grouped into one sled value. Bigger groups cost fewer inserts. sled writes
+/// a node over 128 KiB (a quarter of its 512 KiB segment) as a separate blob file, which a full
+/// leaf (16 values) of these groups is; smaller groups avoid the blobs but measured worse at scale
+/// (6 KiB groups: 600 000 spans/s per core for 1 million spans, 157 000 and a 2 GiB peak RSS for 5
+/// million), so the blobs stay.
 pub const GROUP_BYTES: usize = 32 * 1024;
 /// Trace id, first seen, root ended, span count.
 const FRAGMENT_HEADER: usize = 16 + 8 + 8 + 4;
