@@ -53,6 +53,16 @@ impl Batcher {
         }
     }
 
+    /// Sets the resource attributes of one traced process (see [`BatchEncoder::set_process_attributes`]).
+    pub fn set_process_attributes(&mut self, pid: u32, attributes: Vec<(String, String)>) {
+        self.encoder.set_process_attributes(pid, attributes);
+    }
+
+    /// Forgets a process that exited.
+    pub fn forget_process(&mut self, pid: u32) {
+        self.encoder.forget_process(pid);
+    }
+
     /// Adds a kept exchange; returns how many spans it will make.
     pub fn add(&mut self, exchange: ServerExchange, decision: Decision, names: Option<Arc<ProxyNames>>) -> usize {
         let spans = 1 + exchange.clients.len();

@@ -82,6 +82,8 @@ pub struct Config {
     pub log_filter: String,
     /// Tail sampling, when `TRACETAP_TAIL_ENABLED=true`.
     pub tail: Option<TailConfig>,
+    /// `NODE_NAME` (the DaemonSet sets it from the downward API): `k8s.node.name`.
+    pub node_name: Option<String>,
 }
 
 /// Every variable the agent reads, with its default and meaning. The README's table is this list.
@@ -130,6 +132,11 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
         "`true` enables the kernel's BPF run-time statistics (about 20 ns per probe run) and exports them in /metrics",
     ),
     ("TRACETAP_LOG", "info", "log filter (tracing-subscriber EnvFilter syntax), logs go to stderr"),
+    (
+        "NODE_NAME",
+        "(unset)",
+        "the Kubernetes node's name (the DaemonSet sets it from the downward API): `k8s.node.name`",
+    ),
     (
         "TRACETAP_TAIL_ENABLED",
         "false",
@@ -398,6 +405,7 @@ impl Config {
             probe_stats,
             log_filter,
             tail,
+            node_name: src.get("NODE_NAME").map(|n| n.trim().to_owned()),
         })
     }
 }

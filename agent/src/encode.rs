@@ -232,6 +232,8 @@ pub struct BatchEncoder {
     buf: Vec<u8>,
     /// `service.name`, `host.name`, `OTEL_RESOURCE_ATTRIBUTES`; `process.pid` is added per process.
     resource: Vec<(String, String)>,
+    /// Attributes of one process's resource (its container and pod), after the shared ones.
+    processes: rustc_hash::FxHashMap<u32, Vec<(String, String)>>,
     scope_name: &'static str,
     scope_version: &'static str,
 }
@@ -242,14 +244,31 @@ impl BatchEncoder {
         Self {
             buf: Vec::with_capacity(64 * 1024),
             resource,
+            processes: rustc_hash::FxHashMap::default(),
             scope_name: "tracetap",
             scope_version: env!("CARGO_PKG_VERSION"),
         }
     }
 
+    /// Sets the attributes only `pid`'s resource carries (`container.id`, `k8s.pod.uid`, ...).
+    pub fn set_process_attributes(&mut self, pid: u32, attributes: Vec<(String, String)>) {
+        if attributes.is_empty() {
+            self.processes.remove(&pid);
+        } else {
+            self.processes.insert(pid, attributes);
+        }
+    }
+
+    /// Forgets a process that exited.
+    pub fn forget_process(&mut self, pid: u32) {
+        self.processes.remove(&pid);
+    }
+
     fn resource_attrs(&self, pid: &str) -> impl Iterator<Item = Attr<'_>> + Clone {
+        let own = pid.parse::<u32>().ok().and_then(|p| self.processes.get(&p)).map_or(&[][..], Vec::as_slice);
         self.resource
             .iter()
+            .chain(own)
             .map(|(k, v)| Attr { key: k, value: Value::Str(v) })
             .chain(std::iter::once(Attr { key: "process.pid", value: Value::Int(pid.parse().unwrap_or(0)) }))
     }
@@ -340,6 +359,13 @@ mod tests {
         assert_eq!(got, want);
         let resource = decoded.resource_spans[1].resource.as_ref().unwrap();
         assert_eq!(resource.attributes[1].key, "process.pid");
+        enc.set_process_attributes(43, vec![("container.id".into(), "abc".into())]);
+        let decoded = decode(enc.encode([(42, &spans[..1]), (43, &spans[..1])]));
+        let keys = |i: usize| -> Vec<String> {
+            decoded.resource_spans[i].resource.as_ref().unwrap().attributes.iter().map(|a| a.key.clone()).collect()
+        };
+        assert_eq!(keys(0), ["service.name", "process.pid"]);
+        assert_eq!(keys(1), ["service.name", "container.id", "process.pid"]);
         assert_eq!(decoded.resource_spans[0].scope_spans[0].scope.as_ref().unwrap().name, "tracetap");
     }
 

@@ -113,6 +113,11 @@ pub fn resource_attributes(config: &Config) -> Vec<(String, String)> {
     if !host.is_empty() && !attributes.iter().any(|(k, _)| k == "host.name") {
         attributes.push(("host.name".to_owned(), host));
     }
+    if let Some(node) = &config.node_name
+        && !attributes.iter().any(|(k, _)| k == "k8s.node.name")
+    {
+        attributes.push(("k8s.node.name".to_owned(), node.clone()));
+    }
     attributes
 }
 
@@ -285,11 +290,13 @@ mod tests {
         let vars = BTreeMap::from([
             ("OTEL_SERVICE_NAME".to_owned(), "edge".to_owned()),
             ("OTEL_RESOURCE_ATTRIBUTES".to_owned(), "service.name=ignored,env=prod".to_owned()),
+            ("NODE_NAME".to_owned(), "node-7".to_owned()),
         ]);
         let attrs = resource_attributes(&Config::from_map(&vars).unwrap());
         assert_eq!(attrs[0], ("service.name".to_owned(), "edge".to_owned()));
         assert!(attrs.contains(&("env".to_owned(), "prod".to_owned())));
         assert!(attrs.iter().any(|(k, _)| k == "host.name"));
+        assert!(attrs.contains(&("k8s.node.name".to_owned(), "node-7".to_owned())));
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! backend requests it wrote for it. Pure: no eBPF, no async runtime, no clock.
 #![forbid(unsafe_code)]
 
+pub mod cgroup;
 pub mod exchange;
 pub mod framing;
 pub mod haproxy_config;

@@ -78,9 +78,14 @@ pub fn run(mut probes: Probes, config: &Config, metrics: &Metrics, queue: Output
     let mut last_housekeeping: Option<Instant> = None;
     while !stop.load(Relaxed) {
         if last_housekeeping.is_none_or(|t| t.elapsed() >= HOUSEKEEPING) {
-            for gone in refresh_targets(&mut probes, config, &mut targets, &mut tracker, metrics) {
-                listeners.forget_process(gone);
-                names.forget_process(gone);
+            let (added, gone) = refresh_targets(&mut probes, config, &mut targets, &mut tracker, metrics);
+            for pid in added {
+                batcher.set_process_attributes(pid, discovery::process_attributes(Path::new("/proc"), pid));
+            }
+            for pid in gone {
+                listeners.forget_process(pid);
+                names.forget_process(pid);
+                batcher.forget_process(pid);
             }
             tracker.expire(loader::monotonic_ns());
             publish(&probes, &tracker, metrics);
@@ -180,10 +185,11 @@ fn refresh_targets(
     targets: &mut BTreeSet<u32>,
     tracker: &mut Tracker,
     metrics: &Metrics,
-) -> Vec<u32> {
+) -> (Vec<u32>, Vec<u32>) {
     let procs = discovery::read_processes(Path::new("/proc"));
     let now = discovery::select(&config.targets, &procs);
-    for pid in now.difference(targets) {
+    let added: Vec<u32> = now.difference(targets).copied().collect();
+    for pid in &added {
         if let Err(e) = probes.target_pids.insert(pid, 1, 0) {
             tracing::warn!(pid, error = %e, "cannot add target process to the probe filter");
         } else {
@@ -199,7 +205,7 @@ fn refresh_targets(
     *targets = now;
     metrics::set(&metrics.targets, targets.len() as u64);
     metrics.ready.store(probes.attached > 0 && !targets.is_empty(), Relaxed);
-    gone
+    (added, gone)
 }
 
 fn publish(probes: &Probes, tracker: &Tracker, metrics: &Metrics) {

@@ -138,6 +138,9 @@ pub struct Engine<S> {
     cache: FxHashMap<TraceId, Cached>,
     cache_order: VecDeque<(TraceId, u64)>,
     resource: Vec<(String, String)>,
+    /// The encoded resource each process's spans came with (its container and pod included), for
+    /// their export; a process not seen since a restart gets `resource` and its pid.
+    resources: FxHashMap<u32, Vec<u8>>,
     out: BTreeMap<u32, Vec<Span>>,
     out_spans: u64,
     out_deliveries: Vec<Delivery>,
@@ -174,6 +177,7 @@ impl<S: TailStore> Engine<S> {
             cache: FxHashMap::default(),
             cache_order: VecDeque::new(),
             resource,
+            resources: FxHashMap::default(),
             out: BTreeMap::new(),
             out_spans: 0,
             out_deliveries: Vec::new(),
@@ -227,7 +231,12 @@ impl<S: TailStore> Engine<S> {
     /// Takes in a batch of kept spans from the capture thread.
     pub fn ingest(&mut self, request: &[u8], now: u64) -> Result<(), WireError> {
         let mut fragments: FxHashMap<TraceId, (Vec<Vec<u8>>, Option<u64>)> = FxHashMap::default();
-        wire::request_spans(request, |pid, span| {
+        let resources = &mut self.resources;
+        wire::request_spans(request, |origin, span| {
+            let pid = origin.pid;
+            if resources.get(&pid).is_none_or(|r| r.as_slice() != origin.resource) {
+                resources.insert(pid, origin.resource.to_vec());
+            }
             let Ok(trace) = TraceId::try_from(span.trace_id) else { return };
             let entry = fragments.entry(trace).or_default();
             if span.kind == SpanKind::Server as i32 {
@@ -500,6 +509,9 @@ impl<S: TailStore> Engine<S> {
     }
 
     fn resource_for(&self, pid: u32) -> Resource {
+        if let Some(resource) = self.resources.get(&pid).and_then(|bytes| Resource::decode(&bytes[..]).ok()) {
+            return resource;
+        }
         let string = |v: &str| Some(AnyValue { value: Some(any_value::Value::StringValue(v.to_owned())) });
         let mut attributes: Vec<KeyValue> = self
             .resource

@@ -92,16 +92,23 @@ pub fn span(bytes: &[u8]) -> Result<SpanFields<'_>, WireError> {
     Ok(out)
 }
 
-/// Calls `f(pid, span)` for every span of an `ExportTraceServiceRequest`, with the `process.pid`
-/// of its resource (0 when absent).
-pub fn request_spans<'a>(request: &'a [u8], mut f: impl FnMut(u32, SpanFields<'a>)) -> Result<(), WireError> {
+/// Where spans come from: the `process.pid` of their resource (0 when absent) and the encoded
+/// `Resource` message itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Origin<'a> {
+    pub pid: u32,
+    pub resource: &'a [u8],
+}
+
+/// Calls `f(origin, span)` for every span of an `ExportTraceServiceRequest`.
+pub fn request_spans<'a>(request: &'a [u8], mut f: impl FnMut(Origin<'a>, SpanFields<'a>)) -> Result<(), WireError> {
     for_each_field(request, |tag, field| {
         let (1, Field::Bytes(resource_spans)) = (tag, field) else { return Ok(()) };
-        let mut pid = 0;
+        let mut origin = Origin::default();
         let mut scopes: Vec<&'a [u8]> = Vec::new();
         for_each_field(resource_spans, |tag, field| {
             match (tag, field) {
-                (1, Field::Bytes(resource)) => pid = process_pid(resource)?,
+                (1, Field::Bytes(resource)) => origin = Origin { pid: process_pid(resource)?, resource },
                 (2, Field::Bytes(scope_spans)) => scopes.push(scope_spans),
                 _ => {}
             }
@@ -110,7 +117,7 @@ pub fn request_spans<'a>(request: &'a [u8], mut f: impl FnMut(u32, SpanFields<'a
         for scope_spans in scopes {
             for_each_field(scope_spans, |tag, field| {
                 if let (2, Field::Bytes(bytes)) = (tag, field) {
-                    f(pid, span(bytes)?);
+                    f(origin, span(bytes)?);
                 }
                 Ok(())
             })?;
@@ -214,7 +221,7 @@ mod tests {
         fn reads_what_prost_writes(spans in proptest::collection::vec(arb_span(), 0..5), pid in 0..100_000i64) {
             let bytes = request(pid, spans.clone()).encode_to_vec();
             let mut seen = Vec::new();
-            request_spans(&bytes, |p, s| seen.push((p, s))).unwrap();
+            request_spans(&bytes, |o, s| seen.push((o.pid, s))).unwrap();
             prop_assert_eq!(seen.len(), spans.len());
             for ((p, got), want) in seen.iter().zip(&spans) {
                 prop_assert_eq!(i64::from(*p), pid);
