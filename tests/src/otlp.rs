@@ -20,9 +20,20 @@ pub struct Received {
     pub pid: i64,
     pub service: String,
     pub span: Span,
+    /// Every attribute of the span's resource.
+    pub resource: Vec<KeyValue>,
 }
 
 impl Received {
+    /// A string attribute of the span's resource.
+    #[must_use]
+    pub fn resource_str(&self, key: &str) -> Option<&str> {
+        match attr(&self.resource, key)? {
+            Value::StringValue(s) => Some(s),
+            _ => None,
+        }
+    }
+
     #[must_use]
     pub fn str_attr(&self, key: &str) -> Option<&str> {
         match attr(&self.span.attributes, key)? {
@@ -150,7 +161,7 @@ impl Receiver {
             };
             for ss in rs.scope_spans {
                 for span in ss.spans {
-                    spans.push(Received { pid, service: service.clone(), span });
+                    spans.push(Received { pid, service: service.clone(), span, resource: attrs.clone() });
                 }
             }
         }
