@@ -82,7 +82,7 @@ pub struct Config {
     pub log_filter: String,
     /// Tail sampling, when `TRACETAP_TAIL_ENABLED=true`.
     pub tail: Option<TailConfig>,
-    /// `NODE_NAME` (the DaemonSet sets it from the downward API): `k8s.node.name`.
+    /// `NODE_NAME` (the `DaemonSet` sets it from the downward API): `k8s.node.name`.
     pub node_name: Option<String>,
 }
 
