@@ -4,8 +4,12 @@
 SHELL := /bin/bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-APT_PACKAGES := haproxy wrk curl pkg-config llvm-22-dev libpolly-22-dev libzstd-dev
+APT_PACKAGES := haproxy wrk curl pkg-config llvm-22-dev libpolly-22-dev libzstd-dev python3-venv
 BPF_LINKER_VERSION := 0.13.0
+# Manifest validation tools (PyPI), in a virtualenv of the checkout.
+TOOLS := $(CURDIR)/.tools/venv
+KUBERNETES_VALIDATE_VERSION := 1.37.0
+CHECKOV_VERSION := 3.3.30
 
 .PHONY: setup build test lint demo fuzz soak bench clean
 
@@ -22,6 +26,12 @@ setup:
 		LLVM_PREFIX=/usr/lib/llvm-22 LLVM_SYS_221_PREFIX=/usr/lib/llvm-22 \
 			cargo install bpf-linker --locked --version $(BPF_LINKER_VERSION) --no-default-features --features llvm-22; \
 	fi
+	@if ! $(TOOLS)/bin/pip freeze 2>/dev/null | grep -qx "checkov==$(CHECKOV_VERSION)" \
+		|| ! $(TOOLS)/bin/pip freeze 2>/dev/null | grep -qx "kubernetes-validate==$(KUBERNETES_VALIDATE_VERSION)"; then \
+		echo "installing kubernetes-validate $(KUBERNETES_VALIDATE_VERSION) and checkov $(CHECKOV_VERSION) into .tools/venv"; \
+		python3 -m venv $(TOOLS) && $(TOOLS)/bin/pip install -q \
+			kubernetes-validate==$(KUBERNETES_VALIDATE_VERSION) checkov==$(CHECKOV_VERSION); \
+	fi
 
 build: setup
 	cargo build
@@ -31,6 +41,7 @@ build: setup
 test: setup
 	cargo build --release -p tracetap
 	TRACETAP_BIN=$(CURDIR)/target/release/tracetap cargo test -- --show-output
+	TOOLS=$(TOOLS)/bin deploy/validate.sh
 
 lint: setup
 	cargo fmt --check
