@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use tracetap_ebpf_common::{COMM_BYTES, MAX_CAPTURE_BYTES, MIN_CAPTURE_BYTES};
 
+use crate::k8s::selector::LabelSelector;
 use crate::sampling::{Sampler, threshold_for};
 use crate::tail::policy::{NamedPolicy, Policy};
 use crate::tail::{PolicySource, TailConfig};
@@ -82,8 +83,11 @@ pub struct Config {
     pub log_filter: String,
     /// Tail sampling, when `TRACETAP_TAIL_ENABLED=true`.
     pub tail: Option<TailConfig>,
-    /// `NODE_NAME` (the `DaemonSet` sets it from the downward API): `k8s.node.name`.
+    /// `NODE_NAME` (the `DaemonSet` sets it from the downward API): `k8s.node.name`, and the node
+    /// whose pods the pod watch follows.
     pub node_name: Option<String>,
+    /// `TRACETAP_K8S_POD_SELECTOR`: trace only `HAProxy` processes in pods with matching labels.
+    pub pod_selector: Option<LabelSelector>,
 }
 
 /// Every variable the agent reads, with its default and meaning. The README's table is this list.
@@ -223,6 +227,13 @@ impl<F: Fn(&str) -> Option<String>> Source<F> {
             _ => Err(err(var, &v, expected)),
         }
     }
+}
+
+fn parse_pod_selector(src: &Source<impl Fn(&str) -> Option<String>>) -> Result<Option<LabelSelector>, ConfigError> {
+    let Some(text) = src.get("TRACETAP_K8S_POD_SELECTOR") else { return Ok(None) };
+    LabelSelector::parse(&text).map(Some).map_err(|why| {
+        err("TRACETAP_K8S_POD_SELECTOR", &text, format!("a label selector such as app=haproxy,tier in (edge): {why}"))
+    })
 }
 
 /// The variables that build tail policies without a policy file.
@@ -406,6 +417,7 @@ impl Config {
             log_filter,
             tail,
             node_name: src.get("NODE_NAME").map(|n| n.trim().to_owned()),
+            pod_selector: parse_pod_selector(&src)?,
         })
     }
 }
@@ -616,6 +628,13 @@ mod tests {
         for (vars, var) in cases {
             assert_eq!(parse(vars).unwrap_err().var, var, "{vars:?}");
         }
+    }
+
+    #[test]
+    fn pod_selector_is_parsed_and_errors_name_the_variable() {
+        assert!(parse(&[("TRACETAP_K8S_POD_SELECTOR", "app=haproxy,tier in (edge)")]).unwrap().pod_selector.is_some());
+        let e = parse(&[("TRACETAP_K8S_POD_SELECTOR", "tier in edge")]).unwrap_err();
+        assert_eq!(e.var, "TRACETAP_K8S_POD_SELECTOR");
     }
 
     #[test]

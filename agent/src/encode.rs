@@ -264,10 +264,13 @@ impl BatchEncoder {
         self.processes.remove(&pid);
     }
 
+    /// The shared attributes (those a process sets itself, such as a pod's `service.name`, give
+    /// way), the process's own, then `process.pid`.
     fn resource_attrs(&self, pid: &str) -> impl Iterator<Item = Attr<'_>> + Clone {
         let own = pid.parse::<u32>().ok().and_then(|p| self.processes.get(&p)).map_or(&[][..], Vec::as_slice);
         self.resource
             .iter()
+            .filter(move |(k, _)| !own.iter().any(|(own_key, _)| own_key == k))
             .chain(own)
             .map(|(k, v)| Attr { key: k, value: Value::Str(v) })
             .chain(std::iter::once(Attr { key: "process.pid", value: Value::Int(pid.parse().unwrap_or(0)) }))
@@ -359,13 +362,20 @@ mod tests {
         assert_eq!(got, want);
         let resource = decoded.resource_spans[1].resource.as_ref().unwrap();
         assert_eq!(resource.attributes[1].key, "process.pid");
-        enc.set_process_attributes(43, vec![("container.id".into(), "abc".into())]);
+        enc.set_process_attributes(
+            43,
+            vec![("container.id".into(), "abc".into()), ("service.name".into(), "edge".into())],
+        );
         let decoded = decode(enc.encode([(42, &spans[..1]), (43, &spans[..1])]));
         let keys = |i: usize| -> Vec<String> {
             decoded.resource_spans[i].resource.as_ref().unwrap().attributes.iter().map(|a| a.key.clone()).collect()
         };
         assert_eq!(keys(0), ["service.name", "process.pid"]);
-        assert_eq!(keys(1), ["service.name", "container.id", "process.pid"]);
+        assert_eq!(
+            keys(1),
+            ["container.id", "service.name", "process.pid"],
+            "the pod's service.name replaces the default"
+        );
         assert_eq!(decoded.resource_spans[0].scope_spans[0].scope.as_ref().unwrap().name, "tracetap");
     }
 

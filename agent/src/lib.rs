@@ -8,6 +8,7 @@ pub mod capture;
 pub mod config;
 pub mod encode;
 pub mod export;
+pub mod k8s;
 pub mod metrics;
 pub mod names;
 pub mod sampling;

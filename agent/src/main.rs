@@ -7,9 +7,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use anyhow::Context as _;
+use tracetap::capture::pods::Pods;
 use tracetap::capture::{self, Output, loader::Probes};
 use tracetap::config::{Config, Sink};
 use tracetap::export::{self, BatchQueue};
+use tracetap::k8s::{self, PodIndex};
 use tracetap::metrics::Metrics;
 use tracetap::tail::engine::{Engine, Limits};
 use tracetap::tail::policy::{NamedPolicy, PolicySet};
@@ -105,6 +107,23 @@ fn start_tail(
     Ok((Output::Tail(queue), thread))
 }
 
+/// Starts the watch of this node's pods when `NODE_NAME` is set and a cluster configuration is
+/// found; `None` (everything Kubernetes off, silently) otherwise.
+fn start_pod_watch(runtime: &tokio::runtime::Runtime, config: &Config, metrics: &Arc<Metrics>) -> Option<PodIndex> {
+    let node = config.node_name.clone()?;
+    let Some(client) = runtime.block_on(k8s::client()) else {
+        tracing::info!(node, "no Kubernetes cluster configuration: pod names off, cgroup ids only");
+        if config.pod_selector.is_some() {
+            tracing::warn!("TRACETAP_K8S_POD_SELECTOR is set but pods cannot be known: nothing will be traced");
+        }
+        return None;
+    };
+    let index = PodIndex::default();
+    runtime.spawn(k8s::watch(client, node.clone(), Arc::clone(&index), Arc::clone(metrics)));
+    tracing::info!(node, "watching this node's pods");
+    Some(index)
+}
+
 fn run(config: &Config, policies: Option<Vec<NamedPolicy>>) -> anyhow::Result<()> {
     let runtime =
         tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
@@ -128,12 +147,14 @@ fn run(config: &Config, policies: Option<Vec<NamedPolicy>>) -> anyhow::Result<()
         }
         _ => (Output::Export(queue), None),
     };
+    let pod_index = start_pod_watch(&runtime, config, &metrics);
+    let pods = Pods::new("/proc".into(), pod_index, config.pod_selector.clone(), config.service_name.clone());
     let stop = Arc::new(AtomicBool::new(false));
     let capture_thread = {
         let (config, metrics, stop) = (config.clone(), Arc::clone(&metrics), Arc::clone(&stop));
         std::thread::Builder::new()
             .name("capture".into())
-            .spawn(move || capture::run(probes, &config, &metrics, output, &stop))
+            .spawn(move || capture::run(probes, &config, &metrics, output, pods, &stop))
             .context("starting the capture thread")?
     };
 

@@ -81,6 +81,10 @@ metrics! {
     tail_spans_buffered: "gauge", "tracetap_tail_spans_buffered", "Spans of traces waiting for a tail decision";
     tail_buffered_bytes: "gauge", "tracetap_tail_buffered_bytes", "Bytes of spans held in live partitions of the tail store (what TRACETAP_TAIL_MAX_DISK_BYTES bounds)";
     tail_disk_bytes: "gauge", "tracetap_tail_disk_bytes", "Bytes the tail store occupies on disk (sled's own figure, space amplification included)";
+    k8s_api_errors: "counter", "tracetap_k8s_api_errors_total", "Failed requests of the pod watch (retried with backoff)";
+    k8s_api_up: "gauge", "tracetap_k8s_api_up", "1 while the pod watch is in sync with the API server";
+    k8s_pods: "gauge", "tracetap_k8s_pods", "Pods of this node known from the API server";
+    k8s_targets_not_selected: "gauge", "tracetap_k8s_targets_not_selected", "HAProxy processes left untraced because their pod does not match TRACETAP_K8S_POD_SELECTOR (or is not known yet)";
     targets: "gauge", "tracetap_targets", "Processes currently traced";
     connections: "gauge", "tracetap_connections", "Connections currently tracked";
     open_exchanges: "gauge", "tracetap_open_exchanges", "Frontend exchanges currently open";

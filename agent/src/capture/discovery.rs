@@ -38,22 +38,6 @@ pub fn parse_stat(pid: u32, stat: &str) -> Option<ProcInfo> {
     Some(ProcInfo { pid, ppid: parent, comm })
 }
 
-/// The resource attributes that identify where a process runs: `container.id` and `k8s.pod.uid`
-/// from its `/proc/PID/cgroup` (empty outside containers, or when the file cannot be read).
-#[must_use]
-pub fn process_attributes(proc_root: &Path, pid: u32) -> Vec<(String, String)> {
-    let Ok(text) = fs::read_to_string(proc_root.join(pid.to_string()).join("cgroup")) else { return Vec::new() };
-    let ids = tracetap_proxy::cgroup::parse(&text);
-    let mut attrs = Vec::new();
-    if let Some(id) = ids.container_id {
-        attrs.push(("container.id".to_owned(), id));
-    }
-    if let Some(uid) = ids.pod_uid {
-        attrs.push(("k8s.pod.uid".to_owned(), uid));
-    }
-    attrs
-}
-
 /// The processes to trace among `procs`.
 #[must_use]
 pub fn select(targets: &Targets, procs: &[ProcInfo]) -> BTreeSet<u32> {

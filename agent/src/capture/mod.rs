@@ -9,6 +9,7 @@
 pub mod decode;
 pub mod discovery;
 pub mod loader;
+pub mod pods;
 pub mod sockets;
 
 use std::collections::BTreeSet;
@@ -29,6 +30,7 @@ use crate::sampling::randomness;
 use crate::spans::SpanBuilder;
 use crate::tail::TailQueue;
 use loader::Probes;
+use pods::Pods;
 use sockets::ListenAddrs;
 use tracetap_proxy::Op;
 
@@ -66,7 +68,14 @@ impl Output {
 /// Runs until `stop` is set, then hands out nothing more and returns (dropping the queue sender
 /// lets the exporter, or the tail thread, flush and finish).
 #[expect(clippy::needless_pass_by_value, reason = "the queue is dropped on return, which lets the exporter finish")]
-pub fn run(mut probes: Probes, config: &Config, metrics: &Metrics, queue: Output, stop: &Arc<AtomicBool>) {
+pub fn run(
+    mut probes: Probes,
+    config: &Config,
+    metrics: &Metrics,
+    queue: Output,
+    mut pods: Pods,
+    stop: &Arc<AtomicBool>,
+) {
     let mut tracker = Tracker::new(Limits::default());
     let mut builder = SpanBuilder::new(config.sampler, loader::monotonic_to_unix_offset_ns());
     let mut targets: BTreeSet<u32> = BTreeSet::new();
@@ -78,15 +87,18 @@ pub fn run(mut probes: Probes, config: &Config, metrics: &Metrics, queue: Output
     let mut last_housekeeping: Option<Instant> = None;
     while !stop.load(Relaxed) {
         if last_housekeeping.is_none_or(|t| t.elapsed() >= HOUSEKEEPING) {
-            let (added, gone) = refresh_targets(&mut probes, config, &mut targets, &mut tracker, metrics);
-            for pid in added {
-                batcher.set_process_attributes(pid, discovery::process_attributes(Path::new("/proc"), pid));
-            }
-            for pid in gone {
+            let procs = discovery::read_processes(Path::new("/proc"));
+            let candidates = discovery::select(&config.targets, &procs);
+            pods.keep_only(&candidates);
+            let selected: BTreeSet<u32> = candidates.iter().copied().filter(|pid| pods.selected(*pid)).collect();
+            metrics::set(&metrics.k8s_targets_not_selected, (candidates.len() - selected.len()) as u64);
+            for pid in refresh_targets(&mut probes, selected, &mut targets, &mut tracker, metrics) {
                 listeners.forget_process(pid);
                 names.forget_process(pid);
                 batcher.forget_process(pid);
+                pods.forget(pid);
             }
+            pods.refresh(&targets, &mut batcher);
             tracker.expire(loader::monotonic_ns());
             publish(&probes, &tracker, metrics);
             last_housekeeping = Some(Instant::now());
@@ -179,17 +191,15 @@ fn is_tcp_mode(ev: &tracetap_proxy::SyscallEvent<'_>, names: &mut Names) -> bool
     }
 }
 
+/// Makes `now` the traced set; returns the processes no longer traced.
 fn refresh_targets(
     probes: &mut Probes,
-    config: &Config,
+    now: BTreeSet<u32>,
     targets: &mut BTreeSet<u32>,
     tracker: &mut Tracker,
     metrics: &Metrics,
-) -> (Vec<u32>, Vec<u32>) {
-    let procs = discovery::read_processes(Path::new("/proc"));
-    let now = discovery::select(&config.targets, &procs);
-    let added: Vec<u32> = now.difference(targets).copied().collect();
-    for pid in &added {
+) -> Vec<u32> {
+    for pid in now.difference(targets) {
         if let Err(e) = probes.target_pids.insert(pid, 1, 0) {
             tracing::warn!(pid, error = %e, "cannot add target process to the probe filter");
         } else {
@@ -205,7 +215,7 @@ fn refresh_targets(
     *targets = now;
     metrics::set(&metrics.targets, targets.len() as u64);
     metrics.ready.store(probes.attached > 0 && !targets.is_empty(), Relaxed);
-    (added, gone)
+    gone
 }
 
 fn publish(probes: &Probes, tracker: &Tracker, metrics: &Metrics) {
