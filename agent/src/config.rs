@@ -139,7 +139,12 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     (
         "NODE_NAME",
         "(unset)",
-        "the Kubernetes node's name (the DaemonSet sets it from the downward API): `k8s.node.name`",
+        "the Kubernetes node's name (the DaemonSet sets it from the downward API): `k8s.node.name`; with a cluster configuration, also starts the watch of this node's pods",
+    ),
+    (
+        "TRACETAP_K8S_POD_SELECTOR",
+        "(unset: every pod)",
+        "label selector (`kubectl -l` syntax); only HAProxy processes in matching pods are traced",
     ),
     (
         "TRACETAP_TAIL_ENABLED",

@@ -36,7 +36,7 @@ fn pod(name: &str, uid: &str, version: &str, tier: &str) -> serde_json::Value {
     })
 }
 
-fn event(kind: &str, object: serde_json::Value) -> String {
+fn event(kind: &str, object: &serde_json::Value) -> String {
     format!("{}\n", serde_json::json!({"type": kind, "object": object}))
 }
 
@@ -65,12 +65,12 @@ fn answer(state: &Mutex<ApiServer>, req: &Request<hyper::body::Incoming>) -> Res
     s.watches += 1;
     match s.watches {
         // A pod is added, then the watch ends.
-        1 => ok(event("ADDED", pod("edge-3", "uid-3", "101", "front"))),
+        1 => ok(event("ADDED", &pod("edge-3", "uid-3", "101", "front"))),
         // The API server fails once.
         2 => Response::builder().status(StatusCode::INTERNAL_SERVER_ERROR).body(Full::new(Bytes::from("{}"))).unwrap(),
         // Resumed: one pod changes its labels, one is deleted.
-        3 => ok(event("MODIFIED", pod("edge-1", "uid-1", "102", "back"))
-            + &event("DELETED", pod("edge-2", "uid-2", "103", "front"))),
+        3 => ok(event("MODIFIED", &pod("edge-1", "uid-1", "102", "back"))
+            + &event("DELETED", &pod("edge-2", "uid-2", "103", "front"))),
         _ => ok(String::new()),
     }
 }
