@@ -10,6 +10,7 @@ pub mod agent;
 pub mod backend;
 pub mod client;
 pub mod haproxy;
+pub mod kube_api;
 pub mod otlp;
 
 use std::net::SocketAddr;

@@ -61,8 +61,13 @@ impl Probes {
         if !Path::new("/sys/kernel/btf/vmlinux").exists() {
             return Err(LoadError::NoBtf);
         }
+        // The kernel matches the command name itself, so that a new HAProxy worker is traced from
+        // its first syscall. A pod selector needs the opposite: only the pids that discovery
+        // selected (their pod matches), so the name filter stays off and `TARGET_PIDS` decides.
         let mut comm = [0u8; COMM_BYTES];
-        if let Targets::Comm(name) = &config.targets {
+        if let Targets::Comm(name) = &config.targets
+            && config.pod_selector.is_none()
+        {
             comm[..name.len()].copy_from_slice(name.as_bytes());
         }
         let mut ebpf = EbpfLoader::new()
