@@ -35,6 +35,8 @@ AGENT = os.path.join(ROOT, "target/release/tracetap")
 DISCARD = os.path.join(ROOT, "target/release/otlp-discard")
 DURATION = int(os.environ.get("BENCH_SECONDS", "10"))
 REPEAT = int(os.environ.get("BENCH_REPEAT", "3"))
+# BENCH_TAIL=1 adds a mode with tail sampling on (head ratio 1.0, tail: errors + 1%).
+TAIL = os.environ.get("BENCH_TAIL", "0") == "1"
 CONNECTIONS = int(os.environ.get("BENCH_CONNECTIONS", "64"))
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 NCPU = os.cpu_count() or 2
@@ -129,6 +131,8 @@ backend be_origin
         wrk(front_port)  # warm-up
 
         runs = {"none": [], "ratio 1.0": [], "ratio 0.0": []}
+        if TAIL:
+            runs["tail 1%"] = []
         for rep in range(REPEAT):
             for mode in runs:
                 agent = None
@@ -141,9 +145,13 @@ backend be_origin
                         "TRACETAP_PROBE_STATS": "true",
                         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink_port}",
                         "OTEL_TRACES_SAMPLER": "traceidratio",
-                        "OTEL_TRACES_SAMPLER_ARG": "1.0" if mode == "ratio 1.0" else "0.0",
+                        "OTEL_TRACES_SAMPLER_ARG": "0.0" if mode == "ratio 0.0" else "1.0",
                         "TRACETAP_LOG": "warn",
                     }
+                    if mode == "tail 1%":
+                        # Every request recorded at the head; the tail keeps errors and 1%.
+                        env.update({"TRACETAP_TAIL_ENABLED": "true", "TRACETAP_TAIL_RATIO": "0.01",
+                                    "TRACETAP_STATE_DIR": os.path.join(work, "state")})
                     agent = subprocess.Popen(["taskset", "-c", OTHER_CPUS, AGENT], env=env)
                     deadline = time.time() + 30
                     while True:
@@ -161,7 +169,8 @@ backend be_origin
                 row = {"rps": rps, "requests": total, "errors": errors,
                        "haproxy_us": (cpu_seconds(haproxy.pid) - haproxy_cpu) * 1e6 / total}
                 if agent:
-                    time.sleep(0.5)  # let the agent drain the ring and export
+                    # Let the agent drain the ring and export (tail: decide too, after its 2 s grace).
+                    time.sleep(3.0 if mode == "tail 1%" else 0.5)
                     after_cpu, after = cpu_seconds(agent.pid), metrics(admin)
                     delta = lambda k: after.get(k, 0) - before.get(k, 0)
                     row["agent_us"] = (after_cpu - before_cpu) * 1e6 / total
@@ -169,6 +178,9 @@ backend be_origin
                     row["lost"] = delta("tracetap_events_lost_ring_full_total") + delta("tracetap_events_lost_inflight_full_total")
                     row["spans_per_req"] = delta("tracetap_spans_exported_total") / total
                     row["dropped"] = delta("tracetap_spans_dropped_queue_full_total") + delta("tracetap_spans_dropped_export_failed_total")
+                    if mode == "tail 1%":
+                        row["shed_traces"] = delta("tracetap_tail_shed_traces_total")
+                        row["pending_at_end"] = after.get("tracetap_tail_traces_pending", 0)
                     agent.send_signal(signal.SIGTERM)
                     agent.wait(timeout=30)
                 runs[mode].append(row)
