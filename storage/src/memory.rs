@@ -68,22 +68,27 @@ impl TailStore for MemoryStore {
         Ok(self.next_decision)
     }
 
-    fn exported(&mut self, trace: &TraceId, partition: Partition) -> Result<(), StoreError> {
-        if let Some(d) = self.decided.get_mut(&(partition, *trace)) {
+    fn commit(&mut self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    fn exported(&mut self, trace: &TraceId, partition: Partition, seq: u64) -> Result<(), StoreError> {
+        if let Some(d) = self.decided.get_mut(&(partition, *trace))
+            && d.seq == seq
+        {
             d.exported = true;
         }
         Ok(())
     }
 
-    fn forget_decision(&mut self, trace: &TraceId, partition: Partition, seq: u64) -> Result<(), StoreError> {
-        let key = (partition, *trace);
-        if self.decided.get(&key).is_some_and(|d| d.seq == seq) {
+    fn forget_decisions(&mut self, up_to: u64) -> Result<(), StoreError> {
+        for (&(partition, _), d) in &self.decided {
             assert!(
-                !self.partitions.contains_key(&partition),
+                d.seq > up_to || !self.partitions.contains_key(&partition),
                 "a decision was forgotten while its partition {partition} still holds the trace: it would turn pending again"
             );
-            self.decided.remove(&key);
         }
+        self.decided.retain(|_, d| d.seq > up_to);
         Ok(())
     }
 
@@ -119,14 +124,14 @@ impl TailStore for MemoryStore {
         for (&(partition, trace), d) in &self.decided {
             out.decisions.push(DecisionRecord { seq: d.seq, trace, partition, outcome: d.outcome });
             if let (Outcome::Kept { threshold }, false) = (d.outcome, d.exported) {
-                out.outbox.push(OutboxEntry { trace, spans: d.spans, threshold });
+                out.outbox.push(OutboxEntry { trace, seq: d.seq, spans: d.spans, threshold });
             }
         }
         out.decisions.sort_by_key(|d| d.seq);
         Ok(out)
     }
 
-    fn flush(&self) -> Result<(), StoreError> {
+    fn flush(&mut self) -> Result<(), StoreError> {
         Ok(())
     }
 

@@ -2,8 +2,8 @@
 //!
 //! Durability: sled writes through its own log and makes writes durable every
 //! [`SledOptions::flush_every_ms`]; after a crash it recovers a prefix of the writes. A trace whose
-//! spans were appended but not flushed when the agent died is therefore lost whole or in part, never
-//! decided twice: its decision is a single write of its record on the `state` tree.
+//! spans were appended but not flushed when the agent died is therefore lost whole or in part; a
+//! decision batch is one write, in the prefix or not.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -15,8 +15,11 @@ use crate::{
 
 const STATE_TREE: &str = "state";
 const SPANS_TREE_PREFIX: &str = "spans/";
-const DECIDED: u8 = b'D';
-const DECIDED_LEN: usize = 35;
+const DECISIONS_TREE: &str = "decisions";
+const EXPORTED: u8 = b'E';
+const EXPORTED_LEN: usize = 9;
+/// Partition, trace id, sequence, outcome, threshold, first and last append.
+const DECISION_LEN: usize = 8 + 16 + 8 + 1 + 8 + 8 + 8;
 /// Bytes of fragments grouped into one sled value. Bigger groups cost fewer inserts. sled writes
 /// a node over 128 KiB (a quarter of its 512 KiB segment) as a separate blob file, which a full
 /// leaf (16 values) of these groups is; smaller groups avoid the blobs but measured worse at scale
@@ -70,10 +73,18 @@ impl Sequence {
 #[derive(Debug)]
 pub struct SledStore {
     db: sled::Db,
+    /// Exported markers of kept traces.
     state: sled::Tree,
+    /// Decision batches: one value per commit.
+    decision_log: sled::Tree,
     partitions: HashMap<Partition, sled::Tree>,
     appends: Sequence,
     decisions: Sequence,
+    batches: Sequence,
+    /// Decisions made since the last commit.
+    uncommitted: Vec<DecisionRecord>,
+    /// Their span ranges (the log keeps them for the outbox).
+    uncommitted_spans: Vec<SpanRange>,
 }
 
 impl SledStore {
@@ -85,9 +96,21 @@ impl SledStore {
             .flush_every_ms(Some(options.flush_every_ms))
             .open()?;
         let state = db.open_tree(STATE_TREE)?;
+        let decision_log = db.open_tree(DECISIONS_TREE)?;
         let appends = Sequence::new(&db)?;
         let decisions = Sequence::new(&db)?;
-        Ok(Self { db, state, partitions: HashMap::new(), appends, decisions })
+        let batches = Sequence::new(&db)?;
+        Ok(Self {
+            db,
+            state,
+            decision_log,
+            partitions: HashMap::new(),
+            appends,
+            decisions,
+            batches,
+            uncommitted: Vec::new(),
+            uncommitted_spans: Vec::new(),
+        })
     }
 
     fn partition_tree(&mut self, partition: Partition) -> Result<&sled::Tree, StoreError> {
@@ -122,39 +145,56 @@ fn decode_state_key(k: &[u8]) -> Result<(Partition, TraceId), StoreError> {
     Ok((u64_at(k, 0), k[8..].try_into().expect("16 bytes")))
 }
 
-/// A decision record: tag, seq, outcome, threshold, span range, exported.
-fn encode_decided(seq: u64, outcome: Outcome, spans: &SpanRange, exported: bool) -> [u8; DECIDED_LEN] {
-    let mut v = [DECIDED; DECIDED_LEN];
-    v[1..9].copy_from_slice(&seq.to_be_bytes());
-    let (kind, threshold) = match outcome {
+fn encode_decision(d: &DecisionRecord, spans: &SpanRange, out: &mut Vec<u8>) {
+    out.extend_from_slice(&d.partition.to_be_bytes());
+    out.extend_from_slice(&d.trace);
+    out.extend_from_slice(&d.seq.to_be_bytes());
+    let (kind, threshold) = match d.outcome {
         Outcome::Kept { threshold } => (KEPT, threshold),
         Outcome::Dropped => (DROPPED, 0),
     };
-    v[9] = kind;
-    v[10..18].copy_from_slice(&threshold.to_be_bytes());
-    v[18..26].copy_from_slice(&spans.first.to_be_bytes());
-    v[26..34].copy_from_slice(&spans.last.to_be_bytes());
-    v[34] = u8::from(exported);
-    v
+    out.push(kind);
+    out.extend_from_slice(&threshold.to_be_bytes());
+    out.extend_from_slice(&spans.first.to_be_bytes());
+    out.extend_from_slice(&spans.last.to_be_bytes());
 }
 
-/// A decision record, decoded.
-struct Decided {
-    seq: u64,
-    outcome: Outcome,
-    spans: SpanRange,
-    exported: bool,
+/// The latest decision of each decided trace, with its span range.
+type CurrentDecisions = BTreeMap<(Partition, TraceId), (DecisionRecord, SpanRange)>;
+
+/// Decisions per value of the log: a full leaf (16 values) stays under the 128 KiB at which sled
+/// writes a node as a blob file of its own.
+const DECISIONS_PER_VALUE: usize = 120;
+
+/// Splits a decision batch into its records.
+fn decode_decisions(v: &[u8]) -> Result<Vec<(DecisionRecord, SpanRange)>, StoreError> {
+    if !v.len().is_multiple_of(DECISION_LEN) {
+        return Err(StoreError::Corrupt { what: "decision batch", len: v.len() });
+    }
+    v.chunks_exact(DECISION_LEN)
+        .map(|r| {
+            let partition = u64_at(r, 0);
+            let outcome = match r[32] {
+                KEPT => Outcome::Kept { threshold: u64_at(r, 33) },
+                DROPPED => Outcome::Dropped,
+                _ => return Err(StoreError::Corrupt { what: "decision batch", len: v.len() }),
+            };
+            let record = DecisionRecord {
+                seq: u64_at(r, 24),
+                trace: r[8..24].try_into().expect("16 bytes"),
+                partition,
+                outcome,
+            };
+            Ok((record, SpanRange { partition, first: u64_at(r, 41), last: u64_at(r, 49) }))
+        })
+        .collect()
 }
 
-fn decode_decided(partition: Partition, v: &[u8]) -> Result<Decided, StoreError> {
+/// The exported marker of a kept trace names the decision it belongs to.
+fn decode_exported(v: &[u8]) -> Result<u64, StoreError> {
     match (v.first(), v.len()) {
-        (Some(&DECIDED), DECIDED_LEN) if v[9] <= KEPT && v[34] <= 1 => Ok(Decided {
-            seq: u64_at(v, 1),
-            outcome: if v[9] == KEPT { Outcome::Kept { threshold: u64_at(v, 10) } } else { Outcome::Dropped },
-            spans: SpanRange { partition, first: u64_at(v, 18), last: u64_at(v, 26) },
-            exported: v[34] == 1,
-        }),
-        _ => Err(StoreError::Corrupt { what: "decision record", len: v.len() }),
+        (Some(&EXPORTED), EXPORTED_LEN) => Ok(u64_at(v, 1)),
+        _ => Err(StoreError::Corrupt { what: "exported marker", len: v.len() }),
     }
 }
 
@@ -231,8 +271,25 @@ fn fragments(mut v: &[u8]) -> impl Iterator<Item = Result<StoredFragment<'_>, St
 }
 
 impl SledStore {
-    fn decision_of(&self, partition: Partition, trace: &TraceId) -> Result<Option<Decided>, StoreError> {
-        self.state.get(state_key(partition, trace))?.map(|v| decode_decided(partition, &v)).transpose()
+    /// The current decision of every decided trace (the latest of each), from the log and the
+    /// uncommitted decisions.
+    fn current_decisions(&self) -> Result<CurrentDecisions, StoreError> {
+        let mut current = CurrentDecisions::new();
+        let mut take = |d: DecisionRecord, spans: SpanRange| {
+            let key = (d.partition, d.trace);
+            if current.get(&key).is_none_or(|(old, _)| old.seq < d.seq) {
+                current.insert(key, (d, spans));
+            }
+        };
+        for batch in self.decision_log.iter().values() {
+            for (d, spans) in decode_decisions(&batch?)? {
+                take(d, spans);
+            }
+        }
+        for (d, spans) in self.uncommitted.iter().zip(&self.uncommitted_spans) {
+            take(*d, *spans);
+        }
+        Ok(current)
     }
 
     fn existing_partition(&self, partition: Partition) -> Result<Option<sled::Tree>, StoreError> {
@@ -284,22 +341,65 @@ impl TailStore for SledStore {
 
     fn decide(&mut self, trace: &TraceId, spans: &SpanRange, outcome: Outcome) -> Result<u64, StoreError> {
         let seq = self.decisions.next(&self.db)?;
-        self.state.insert(state_key(spans.partition, trace), &encode_decided(seq, outcome, spans, false)[..])?;
+        self.uncommitted.push(DecisionRecord { seq, trace: *trace, partition: spans.partition, outcome });
+        self.uncommitted_spans.push(*spans);
         Ok(seq)
     }
 
-    fn exported(&mut self, trace: &TraceId, partition: Partition) -> Result<(), StoreError> {
-        if let Some(Decided { seq, outcome, spans, exported: false }) = self.decision_of(partition, trace)? {
-            self.state.insert(state_key(partition, trace), &encode_decided(seq, outcome, &spans, true)[..])?;
+    fn commit(&mut self) -> Result<(), StoreError> {
+        if self.uncommitted.is_empty() {
+            return Ok(());
         }
+        let records: Vec<(&DecisionRecord, &SpanRange)> =
+            self.uncommitted.iter().zip(&self.uncommitted_spans).collect();
+        for chunk in records.chunks(DECISIONS_PER_VALUE) {
+            let mut batch = Vec::with_capacity(chunk.len() * DECISION_LEN);
+            for (d, spans) in chunk {
+                encode_decision(d, spans, &mut batch);
+            }
+            let key = self.batches.next(&self.db)?;
+            self.decision_log.insert(key.to_be_bytes(), batch)?;
+        }
+        self.uncommitted.clear();
+        self.uncommitted_spans.clear();
         Ok(())
     }
 
-    fn forget_decision(&mut self, trace: &TraceId, partition: Partition, seq: u64) -> Result<(), StoreError> {
-        if let Some(Decided { seq: current, .. }) = self.decision_of(partition, trace)?
-            && current == seq
-        {
-            self.state.remove(state_key(partition, trace))?;
+    fn exported(&mut self, trace: &TraceId, partition: Partition, seq: u64) -> Result<(), StoreError> {
+        let mut marker = [EXPORTED; EXPORTED_LEN];
+        marker[1..].copy_from_slice(&seq.to_be_bytes());
+        self.state.insert(state_key(partition, trace), &marker[..])?;
+        Ok(())
+    }
+
+    fn forget_decisions(&mut self, up_to: u64) -> Result<(), StoreError> {
+        self.commit()?;
+        // Batches are in decision order: forget from the oldest until a batch holds newer ones.
+        for entry in &self.decision_log {
+            let (key, value) = entry?;
+            let records = decode_decisions(&value)?;
+            let (old, keep): (Vec<_>, Vec<_>) = records.into_iter().partition(|(d, _)| d.seq <= up_to);
+            // Only kept traces have exported markers.
+            for (d, _) in old.iter().filter(|(d, _)| matches!(d.outcome, Outcome::Kept { .. })) {
+                let marker = state_key(d.partition, &d.trace);
+                if let Some(v) = self.state.get(marker)?
+                    && decode_exported(&v)? == d.seq
+                {
+                    self.state.remove(marker)?;
+                }
+            }
+            if keep.is_empty() {
+                self.decision_log.remove(key)?;
+                continue;
+            }
+            if !old.is_empty() {
+                let mut rest = Vec::with_capacity(keep.len() * DECISION_LEN);
+                for (d, spans) in &keep {
+                    encode_decision(d, spans, &mut rest);
+                }
+                self.decision_log.insert(key, rest)?;
+            }
+            break;
         }
         Ok(())
     }
@@ -312,15 +412,18 @@ impl TailStore for SledStore {
 
     fn recover(&self) -> Result<Recovered, StoreError> {
         let mut out = Recovered::default();
-        let mut decided = std::collections::HashSet::new();
+        let mut exported: HashMap<(Partition, TraceId), u64> = HashMap::new();
         for entry in &self.state {
             let (k, v) = entry?;
-            let (partition, trace) = decode_state_key(&k)?;
-            let d = decode_decided(partition, &v)?;
-            decided.insert((partition, trace));
-            out.decisions.push(DecisionRecord { seq: d.seq, trace, partition, outcome: d.outcome });
-            if let (Outcome::Kept { threshold }, false) = (d.outcome, d.exported) {
-                out.outbox.push(OutboxEntry { trace, spans: d.spans, threshold });
+            exported.insert(decode_state_key(&k)?, decode_exported(&v)?);
+        }
+        let current = self.current_decisions()?;
+        for ((partition, trace), (d, spans)) in &current {
+            out.decisions.push(*d);
+            if let Outcome::Kept { threshold } = d.outcome
+                && exported.get(&(*partition, *trace)) != Some(&d.seq)
+            {
+                out.outbox.push(OutboxEntry { trace: *trace, seq: d.seq, spans: *spans, threshold });
             }
         }
         out.decisions.sort_by_key(|d| d.seq);
@@ -343,7 +446,7 @@ impl TailStore for SledStore {
                 let seq = u64::from_be_bytes(key);
                 for f in fragments(&v) {
                     let f = f?;
-                    if decided.contains(&(partition, f.trace)) {
+                    if current.contains_key(&(partition, f.trace)) {
                         continue;
                     }
                     let at = (partition, f.trace);
@@ -357,7 +460,8 @@ impl TailStore for SledStore {
         Ok(out)
     }
 
-    fn flush(&self) -> Result<(), StoreError> {
+    fn flush(&mut self) -> Result<(), StoreError> {
+        self.commit()?;
         self.db.flush()?;
         Ok(())
     }
@@ -384,6 +488,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (kept, seq) = {
             let mut s = open(dir.path());
+            s.decide(&[7; 16], &SpanRange::one(3, 1), Outcome::Dropped).unwrap();
+            s.commit().unwrap();
             s.append(3, &[fragment(1, 5, None, &[b"a", b"b"]), fragment(2, 6, Some(7), &[b"c"])]).unwrap();
             let later = s.append(3, &[fragment(1, 8, Some(9), &[b"d"])]).unwrap();
             assert_eq!(later.len(), 1);
@@ -400,8 +506,9 @@ mod tests {
         assert_eq!(trace, [1; 16]);
         assert_eq!((pending.first_seen_unix_ns, pending.root_ended_unix_ns), (5, Some(9)), "fragments merged");
         let decision = DecisionRecord { seq, trace: [2; 16], partition: 3, outcome: Outcome::Kept { threshold: 7 } };
-        assert_eq!(r.decisions, vec![decision]);
-        assert_eq!(r.outbox, vec![OutboxEntry { trace: [2; 16], spans: kept, threshold: 7 }]);
+        assert_eq!(r.decisions.len(), 2);
+        assert_eq!(r.decisions[1], decision);
+        assert_eq!(r.outbox, vec![OutboxEntry { trace: [2; 16], seq, spans: kept, threshold: 7 }]);
         assert_eq!(r.partitions, vec![3]);
         let want: Vec<Vec<u8>> = vec![b"a".to_vec(), b"b".to_vec(), b"d".to_vec()];
         assert_eq!(s.spans(&[1; 16], &pending.spans).unwrap(), want);
@@ -454,9 +561,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         {
             let s = open(dir.path());
-            s.state.insert(state_key(0, &[1; 16]), &[DECIDED, 2, 3]).unwrap();
+            s.decision_log.insert(1u64.to_be_bytes(), &[1u8, 2, 3][..]).unwrap();
         }
-        assert!(matches!(open(dir.path()).recover(), Err(StoreError::Corrupt { what: "decision record", len: 3 })));
+        assert!(matches!(open(dir.path()).recover(), Err(StoreError::Corrupt { what: "decision batch", len: 3 })));
         let dir = tempfile::tempdir().unwrap();
         {
             let mut s = open(dir.path());
@@ -470,7 +577,8 @@ mod tests {
         #[test]
         fn any_group_value_decodes_or_errs(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200)) {
             let _ = fragments(&bytes).map(|f| f.map(|f| f.spans().count())).collect::<Vec<_>>();
-            let _ = decode_decided(0, &bytes);
+            let _ = decode_decisions(&bytes);
+            let _ = decode_exported(&bytes);
         }
 
         /// What `encode_fragment` writes, `fragments` reads back.

@@ -18,7 +18,8 @@ enum Op {
     Append { partition: u64, fragments: Vec<FragmentSpec> },
     Decide { trace: u8, partition: u64, kept: Option<u64> },
     Exported { trace: u8, partition: u64 },
-    ForgetOldestDecisionOfADroppedPartition,
+    Commit,
+    ForgetDecisionsOfDroppedPartitions,
     DropPartition { partition: u64 },
     Reopen,
 }
@@ -34,7 +35,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (trace.clone(), partition.clone(), proptest::option::of(0..(1u64 << 56)))
             .prop_map(|(trace, partition, kept)| Op::Decide { trace, partition, kept }),
         1 => (trace, partition.clone()).prop_map(|(trace, partition)| Op::Exported { trace, partition }),
-        1 => Just(Op::ForgetOldestDecisionOfADroppedPartition),
+        1 => Just(Op::Commit),
+        1 => Just(Op::ForgetDecisionsOfDroppedPartitions),
         1 => partition.prop_map(|partition| Op::DropPartition { partition }),
         1 => Just(Op::Reopen),
     ]
@@ -48,6 +50,8 @@ fn id(trace: u8) -> TraceId {
 struct Subject<S> {
     store: S,
     appends: BTreeMap<(u8, Partition), SpanRange>,
+    /// The latest decision's sequence number per (trace, partition).
+    decisions: BTreeMap<(u8, Partition), u64>,
 }
 
 impl<S: TailStore> Subject<S> {
@@ -82,13 +86,22 @@ impl<S: TailStore> Subject<S> {
             Op::Decide { trace, partition, kept } => {
                 let outcome = kept.map_or(Outcome::Dropped, |threshold| Outcome::Kept { threshold });
                 let range = self.range(*trace, *partition);
-                self.store.decide(&id(*trace), &range, outcome).unwrap();
+                let seq = self.store.decide(&id(*trace), &range, outcome).unwrap();
+                self.decisions.insert((*trace, *partition), seq);
             }
-            Op::Exported { trace, partition } => store.exported(&id(*trace), *partition).unwrap(),
-            Op::ForgetOldestDecisionOfADroppedPartition => {
+            Op::Exported { trace, partition } => {
+                if let Some(seq) = self.decisions.get(&(*trace, *partition)) {
+                    store.exported(&id(*trace), *partition, *seq).unwrap();
+                }
+            }
+            Op::Commit => store.commit().unwrap(),
+            Op::ForgetDecisionsOfDroppedPartitions => {
+                // The oldest decisions, up to the first whose partition still exists.
                 let r = store.recover().unwrap();
-                if let Some(oldest) = r.decisions.iter().find(|d| !r.partitions.contains(&d.partition)) {
-                    store.forget_decision(&oldest.trace, oldest.partition, oldest.seq).unwrap();
+                let up_to =
+                    r.decisions.iter().take_while(|d| !r.partitions.contains(&d.partition)).last().map(|d| d.seq);
+                if let Some(up_to) = up_to {
+                    store.forget_decisions(up_to).unwrap();
                 }
             }
             Op::DropPartition { partition } => store.drop_partition(*partition).unwrap(),
@@ -152,8 +165,8 @@ proptest! {
     fn sled_store_behaves_like_the_model(ops in proptest::collection::vec(op(), 1..40)) {
         let dir = tempfile::tempdir().unwrap();
         let options = SledOptions { cache_bytes: 1 << 20, flush_every_ms: 1_000 };
-        let mut sled = Subject { store: SledStore::open(dir.path(), options).unwrap(), appends: BTreeMap::new() };
-        let mut model = Subject { store: MemoryStore::new(), appends: BTreeMap::new() };
+        let mut sled = Subject { store: SledStore::open(dir.path(), options).unwrap(), appends: BTreeMap::new(), decisions: BTreeMap::new() };
+        let mut model = Subject { store: MemoryStore::new(), appends: BTreeMap::new(), decisions: BTreeMap::new() };
         for op in &ops {
             if matches!(op, Op::Reopen) {
                 sled.store.flush().unwrap();

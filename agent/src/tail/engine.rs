@@ -31,8 +31,9 @@ const PARTITION_NS: u64 = 5_000_000_000;
 /// An incoming fragment: trace, stored spans (pid + `Span`), root span end if it holds the root.
 type Incoming = (TraceId, Vec<Vec<u8>>, Option<u64>);
 
-/// A kept trace handed to the exporter; reported back through [`Engine::delivered`].
-pub type Delivery = (TraceId, Partition);
+/// A kept trace handed to the exporter (trace, partition, decision); reported back through
+/// [`Engine::delivered`].
+pub type Delivery = (TraceId, Partition, u64);
 
 /// Timing and bounds of the engine.
 #[derive(Debug, Clone, Copy)]
@@ -136,7 +137,7 @@ pub struct Engine<S> {
     deadlines: BinaryHeap<Reverse<(u64, TraceId)>>,
     partitions: BTreeMap<Partition, PartitionState>,
     cache: FxHashMap<TraceId, Cached>,
-    cache_order: VecDeque<(TraceId, u64)>,
+    cache_order: VecDeque<(TraceId, u64, Partition)>,
     resource: Vec<(String, String)>,
     /// The encoded resource each process's spans came with (its container and pod included), for
     /// their export; a process not seen since a restart gets `resource` and its pid.
@@ -150,9 +151,9 @@ pub struct Engine<S> {
     error_log: Option<std::time::Instant>,
     /// Decisions written since the store was last made durable.
     unflushed_decisions: bool,
-    /// Decisions evicted from the cache while their partition still exists: the store forgets them
-    /// when the partition is dropped (before that, forgetting would make the trace pending again).
-    deferred_forgets: BTreeMap<Partition, Vec<(TraceId, u64)>>,
+    /// Decisions evicted from the cache, oldest first, that the store has not forgotten yet: it
+    /// forgets them once their partition is dropped (before that, the trace would turn pending).
+    evicted: VecDeque<(u64, Partition)>,
 }
 
 impl<S: TailStore> Engine<S> {
@@ -186,7 +187,7 @@ impl<S: TailStore> Engine<S> {
             counts: Counts::default(),
             error_log: None,
             unflushed_decisions: false,
-            deferred_forgets: BTreeMap::new(),
+            evicted: VecDeque::new(),
         };
         engine.rearm(&recovered)?;
         engine.tick(now);
@@ -216,7 +217,7 @@ impl<S: TailStore> Engine<S> {
             let spans = self.store.spans(&entry.trace, &entry.spans)?;
             self.partitions.entry(entry.spans.partition).or_default().outbox += 1;
             self.queue_kept(&spans, entry.threshold);
-            self.out_deliveries.push((entry.trace, entry.spans.partition));
+            self.out_deliveries.push((entry.trace, entry.spans.partition, entry.seq));
             self.out_traces += 1;
         }
         self.flush_export();
@@ -334,6 +335,11 @@ impl<S: TailStore> Engine<S> {
             }
         }
         self.drop_finished_partitions(now);
+        self.forget_evicted();
+        // The tick's decisions as one write; durable at the next flush (before any export).
+        if let Err(e) = self.store.commit() {
+            self.store_error(&e);
+        }
         self.flush_export();
     }
 
@@ -382,7 +388,7 @@ impl<S: TailStore> Engine<S> {
         if keep {
             self.partitions.entry(range.partition).or_default().outbox += 1;
             self.queue_kept(&stored, threshold);
-            self.out_deliveries.push((trace, range.partition));
+            self.out_deliveries.push((trace, range.partition, seq));
             self.out_traces += 1;
             if self.out_spans as usize >= self.limits.export_batch_spans {
                 self.flush_export();
@@ -393,19 +399,30 @@ impl<S: TailStore> Engine<S> {
 
     fn remember(&mut self, trace: TraceId, cached: Cached) {
         self.cache.insert(trace, cached);
-        self.cache_order.push_back((trace, cached.seq));
+        self.cache_order.push_back((trace, cached.seq, cached.partition));
         while self.cache_order.len() > self.limits.decision_cache {
-            let Some((old, seq)) = self.cache_order.pop_front() else { break };
-            let Some(entry) = self.cache.get(&old).copied() else { continue };
-            if entry.seq != seq {
-                continue;
+            let Some((old, seq, partition)) = self.cache_order.pop_front() else { break };
+            if self.cache.get(&old).is_some_and(|e| e.seq == seq) {
+                self.cache.remove(&old);
             }
-            self.cache.remove(&old);
-            if self.partitions.contains_key(&entry.partition) {
-                self.deferred_forgets.entry(entry.partition).or_default().push((old, seq));
-            } else if let Err(e) = self.store.forget_decision(&old, entry.partition, seq) {
-                self.store_error(&e);
+            self.evicted.push_back((seq, partition));
+        }
+    }
+
+    /// Lets the store forget the evicted decisions whose partitions are gone, oldest first.
+    fn forget_evicted(&mut self) {
+        let mut up_to = None;
+        while let Some(&(seq, partition)) = self.evicted.front() {
+            if self.partitions.contains_key(&partition) {
+                break;
             }
+            up_to = Some(seq);
+            self.evicted.pop_front();
+        }
+        if let Some(up_to) = up_to
+            && let Err(e) = self.store.forget_decisions(up_to)
+        {
+            self.store_error(&e);
         }
     }
 
@@ -471,11 +488,11 @@ impl<S: TailStore> Engine<S> {
 
     /// The exporter is done with these kept traces: they leave the outbox.
     pub fn delivered(&mut self, deliveries: &[Delivery]) {
-        for (trace, partition) in deliveries {
+        for (trace, partition, seq) in deliveries {
             if let Some(state) = self.partitions.get_mut(partition) {
                 state.outbox = state.outbox.saturating_sub(1);
             }
-            if let Err(e) = self.store.exported(trace, *partition) {
+            if let Err(e) = self.store.exported(trace, *partition, *seq) {
                 self.store_error(&e);
             }
         }
@@ -493,11 +510,6 @@ impl<S: TailStore> Engine<S> {
             match self.store.drop_partition(partition) {
                 Ok(()) => {
                     self.partitions.remove(&partition);
-                    for (trace, seq) in self.deferred_forgets.remove(&partition).unwrap_or_default() {
-                        if let Err(e) = self.store.forget_decision(&trace, partition, seq) {
-                            self.store_error(&e);
-                        }
-                    }
                 }
                 Err(e) => self.store_error(&e),
             }
