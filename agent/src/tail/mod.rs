@@ -10,10 +10,12 @@
 //! - A trace is decided when its root span here (a SERVER span: its parent is remote or absent)
 //!   ended `grace` ago, or `decision_wait` after its first span, whichever comes first. Times are
 //!   wall-clock, persisted with the trace, so a restarted agent decides as if it had never stopped.
-//! - A decision is written to the store before the kept spans are queued for export; a kept trace
-//!   stays in the store's outbox until the exporter reports its batch done (sent, or failed for good
-//!   and counted), so a crash in between re-exports it after the restart rather than losing it.
-//!   Export is therefore at least once across crashes; decisions are made once.
+//! - A tick's decisions are committed to the store as one write, and made durable before any kept
+//!   span of them is queued for export; a kept trace stays in the store's outbox until the exporter
+//!   reports its batch done (sent, or failed for good and counted), so a crash in between
+//!   re-exports it after the restart rather than losing it. A decision that was not yet durable at
+//!   a crash concerned a trace nothing was exported of: it is made again from the same spans.
+//!   Export is therefore at least once across crashes; nothing exported was decided twice.
 //! - Late spans (their trace already decided, and still in the bounded decision cache) follow the
 //!   decision: exported at once or dropped, and counted.
 //! - The capture thread never blocks on this stage: when the queue backs up, whole traces are shed
