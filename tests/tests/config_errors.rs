@@ -43,3 +43,34 @@ fn help_lists_every_variable() {
     let (code, _) = run_with("TRACETAP_RING_BYTES", "3");
     assert_eq!(code, Some(2));
 }
+
+#[test]
+fn a_bad_tail_policy_file_exits_2_and_names_the_policy_and_field() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("policies.yaml");
+    std::fs::write(
+        &file,
+        "policies:\n  - name: slow\n    type: latency\n    latency: { threshold_ms: 500, upper_threshold_ms: 100 }\n",
+    )
+    .expect("write policy file");
+    let out = Command::new(tracetap_tests::agent::binary())
+        .env_clear()
+        .env("TRACETAP_TAIL_ENABLED", "true")
+        .env("TRACETAP_TAIL_POLICY_FILE", &file)
+        .env("TRACETAP_STATE_DIR", dir.path())
+        .output()
+        .expect("run tracetap");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    for part in ["TRACETAP_TAIL_POLICY_FILE", "\"slow\"", "latency.upper_threshold_ms"] {
+        assert!(stderr.contains(part), "the message names {part}: {stderr}");
+    }
+    let missing = Command::new(tracetap_tests::agent::binary())
+        .env_clear()
+        .env("TRACETAP_TAIL_ENABLED", "true")
+        .env("TRACETAP_TAIL_POLICY_FILE", dir.path().join("absent.yaml"))
+        .output()
+        .expect("run tracetap");
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("cannot read"));
+}
