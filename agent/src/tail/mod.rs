@@ -190,3 +190,29 @@ pub fn run<S: TailStore>(
 pub fn unix_now_ns() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    #[test]
+    fn sheds_by_randomness_once_half_full_and_counts_what_a_full_queue_refuses() {
+        let metrics = Arc::new(Metrics::default());
+        let (queue, input) = queue(4, Arc::clone(&metrics));
+        assert_eq!(queue.shed_threshold(), 0, "empty: nothing shed");
+        let batch = || EncodedBatch::new(Bytes::from_static(b""), 2, 1);
+        queue.push(batch());
+        queue.push(batch());
+        assert_eq!(queue.shed_threshold(), 0, "half full: nothing shed yet");
+        queue.push(batch());
+        assert_eq!(queue.shed_threshold(), MAX_THRESHOLD / 2, "three quarters: the lower half of randomness");
+        queue.push(batch());
+        assert_eq!(queue.shed_threshold(), MAX_THRESHOLD, "full: everything");
+        queue.push(batch());
+        assert_eq!(metrics.tail_shed_traces.load(Relaxed), 1, "the refused batch's trace is counted");
+        let _ = input.rx.try_recv().unwrap();
+        input.depth.fetch_sub(1, Relaxed);
+        assert_eq!(queue.shed_threshold(), MAX_THRESHOLD / 2);
+    }
+}
