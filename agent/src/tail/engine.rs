@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::sync::Mutex;
 
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-use opentelemetry_proto::tonic::common::v1::{AnyValue, InstrumentationScope, KeyValue, any_value};
+use opentelemetry_proto::tonic::common::v1::InstrumentationScope;
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
@@ -22,6 +22,7 @@ use tracetap_storage::{Fragment, Outcome, Partition, Recovered, SpanRange, Store
 
 use super::policy::{PolicySet, SpanFacts, TraceData};
 use super::wire::{self, WireError};
+use crate::encode::{Attr, Value};
 use crate::metrics::{self, Metrics};
 use crate::sampling::randomness;
 
@@ -149,6 +150,8 @@ pub struct Engine<S> {
     ready: VecDeque<Export>,
     counts: Counts,
     error_log: Option<std::time::Instant>,
+    /// Spans of pending traces (the sum of their `span_count`, kept as it changes).
+    spans_pending: u64,
     /// Decisions written since the store was last made durable.
     unflushed_decisions: bool,
     /// Decisions evicted from the cache, oldest first, that the store has not forgotten yet: it
@@ -186,6 +189,7 @@ impl<S: TailStore> Engine<S> {
             ready: VecDeque::new(),
             counts: Counts::default(),
             error_log: None,
+            spans_pending: 0,
             unflushed_decisions: false,
             evicted: VecDeque::new(),
         };
@@ -204,6 +208,7 @@ impl<S: TailStore> Engine<S> {
             state.pending += 1;
             state.bytes += spans.iter().map(|s| s.len() as u64).sum::<u64>();
             let pending = Pending::new(p.first_seen_unix_ns, p.root_ended_unix_ns, p.spans, spans.len());
+            self.spans_pending += spans.len() as u64;
             self.track(*trace, pending);
         }
         for d in &recovered.decisions {
@@ -233,10 +238,15 @@ impl<S: TailStore> Engine<S> {
     pub fn ingest(&mut self, request: &[u8], now: u64) -> Result<(), WireError> {
         let mut fragments: FxHashMap<TraceId, (Vec<Vec<u8>>, Option<u64>)> = FxHashMap::default();
         let resources = &mut self.resources;
+        let mut last_resource: *const u8 = std::ptr::null();
         wire::request_spans(request, |origin, span| {
             let pid = origin.pid;
-            if resources.get(&pid).is_none_or(|r| r.as_slice() != origin.resource) {
-                resources.insert(pid, origin.resource.to_vec());
+            // Spans of one ResourceSpans share its resource: compare it once, not per span.
+            if origin.resource.as_ptr() != last_resource {
+                last_resource = origin.resource.as_ptr();
+                if resources.get(&pid).is_none_or(|r| r.as_slice() != origin.resource) {
+                    resources.insert(pid, origin.resource.to_vec());
+                }
             }
             let Ok(trace) = TraceId::try_from(span.trace_id) else { return };
             let entry = fragments.entry(trace).or_default();
@@ -294,6 +304,7 @@ impl<S: TailStore> Engine<S> {
         for ((trace, spans, root_ended), seq) in items.iter().zip(seqs) {
             let bytes: u64 = spans.iter().map(|s| s.len() as u64).sum();
             self.partitions.entry(partition).or_default().bytes += bytes;
+            self.spans_pending += spans.len() as u64;
             if let Some(mut p) = self.pending.get(trace).copied() {
                 p.add(seq, spans.len(), *root_ended);
                 if root_ended.is_some() {
@@ -351,6 +362,7 @@ impl<S: TailStore> Engine<S> {
 
     fn decide(&mut self, trace: TraceId, now: u64) -> Result<(), StoreError> {
         let Some(p) = self.pending.remove(&trace) else { return Ok(()) };
+        self.spans_pending -= u64::from(p.span_count);
         let range = p.spans();
         if let Some(state) = self.partitions.get_mut(&range.partition) {
             state.pending -= 1;
@@ -380,10 +392,16 @@ impl<S: TailStore> Engine<S> {
         let verdict = self.policies.evaluate(&TraceData { spans: &facts, randomness, now_second: now / 1_000_000_000 });
         let (keep, threshold) = (verdict.keep, verdict.min_threshold);
         let (outcome, label) = if keep { (Outcome::Kept { threshold }, "kept") } else { (Outcome::Dropped, "dropped") };
-        let key = (verdict.policy.unwrap_or("none").to_owned(), label);
+        let policy = verdict.policy.unwrap_or("none");
+        // Found by a scan of a few entries (policies x outcomes), so a decision allocates no key.
+        match self.counts.decisions.iter_mut().find(|((p, o), _)| p == policy && *o == label) {
+            Some((_, n)) => *n += 1,
+            None => {
+                self.counts.decisions.insert((policy.to_owned(), label), 1);
+            }
+        }
         let seq = self.store.decide(&trace, &range, outcome)?;
         self.unflushed_decisions = true;
-        *self.counts.decisions.entry(key).or_default() += 1;
         self.remember(trace, Cached { partition: range.partition, seq, kept: keep, threshold });
         if keep {
             self.partitions.entry(range.partition).or_default().outbox += 1;
@@ -524,17 +542,13 @@ impl<S: TailStore> Engine<S> {
         if let Some(resource) = self.resources.get(&pid).and_then(|bytes| Resource::decode(&bytes[..]).ok()) {
             return resource;
         }
-        let string = |v: &str| Some(AnyValue { value: Some(any_value::Value::StringValue(v.to_owned())) });
-        let mut attributes: Vec<KeyValue> = self
+        let attributes = self
             .resource
             .iter()
-            .map(|(k, v)| KeyValue { key: k.clone(), value: string(v), ..KeyValue::default() })
+            .map(|(k, v)| Attr { key: k, value: Value::Str(v) })
+            .chain(std::iter::once(Attr { key: "process.pid", value: Value::Int(i64::from(pid)) }))
+            .map(|a| a.to_prost())
             .collect();
-        attributes.push(KeyValue {
-            key: "process.pid".into(),
-            value: Some(AnyValue { value: Some(any_value::Value::IntValue(i64::from(pid))) }),
-            ..KeyValue::default()
-        });
         Resource { attributes, ..Resource::default() }
     }
 
@@ -558,7 +572,7 @@ impl<S: TailStore> Engine<S> {
     pub fn publish(&self, m: &Metrics) {
         metrics::set(&m.tail_traces_pending, self.pending.len() as u64);
         metrics::set(&m.tail_outbox_traces, self.partitions.values().map(|s| s.outbox as u64).sum());
-        metrics::set(&m.tail_spans_buffered, self.pending.values().map(|p| u64::from(p.span_count)).sum());
+        metrics::set(&m.tail_spans_buffered, self.spans_pending);
         metrics::set(&m.tail_buffered_bytes, self.buffered_bytes());
         metrics::set(&m.tail_disk_bytes, self.store.disk_bytes());
         metrics::set(&m.tail_late_spans_kept, self.counts.late_kept);
@@ -600,6 +614,7 @@ fn publish_decisions(
 
 #[cfg(test)]
 mod tests {
+    use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
     use opentelemetry_proto::tonic::trace::v1::{Status, status::StatusCode};
     use tracetap_storage::MemoryStore;
 
