@@ -51,7 +51,7 @@ const RESPONSE: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
 fn request(tracker: &mut Tracker, ts: &mut u64) {
     let mut ev = |fd: i32, op: Op<'_>| {
         *ts += 1000;
-        tracker.handle(&SyscallEvent { ts_ns: *ts, tgid: 7, tid: 1, fd, op });
+        tracker.handle(&SyscallEvent { ts_ns: *ts, tgid: 7, tid: 1, fd, seq: 0, op });
     };
     ev(10, Op::Read(Chunk::complete(REQUEST)));
     ev(11, Op::Write(Chunk::complete(REQUEST)));
@@ -60,8 +60,8 @@ fn request(tracker: &mut Tracker, ts: &mut u64) {
 }
 
 fn open(tracker: &mut Tracker) {
-    tracker.handle(&SyscallEvent { ts_ns: 1, tgid: 7, tid: 1, fd: 10, op: Op::Accept { peer: None, local: None } });
-    tracker.handle(&SyscallEvent { ts_ns: 2, tgid: 7, tid: 1, fd: 11, op: Op::Connect { server: None } });
+    tracker.handle(&SyscallEvent { ts_ns: 1, tgid: 7, tid: 1, fd: 10, seq: 0, op: Op::Accept { peer: None, local: None } });
+    tracker.handle(&SyscallEvent { ts_ns: 2, tgid: 7, tid: 1, fd: 11, seq: 0, op: Op::Connect { server: None } });
 }
 
 #[test]

@@ -51,7 +51,7 @@ fuzz_target!(|calls: Vec<Call>| {
                 continue;
             }
         };
-        tracker.handle(&SyscallEvent { ts_ns: ts, tgid: 1, tid: u32::from(call.tid % 4), fd: i32::from(call.fd % 8), op });
+        tracker.handle(&SyscallEvent { ts_ns: ts, tgid: 1, tid: u32::from(call.tid % 4), fd: i32::from(call.fd % 8), seq: 0, op });
         for ex in tracker.drain() {
             assert!(ex.end_ns >= ex.start_ns || ex.request.is_none());
         }

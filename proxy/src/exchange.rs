@@ -17,6 +17,9 @@ pub enum Outcome {
     ClosedDuringResponse,
     /// Nothing happened on the exchange for longer than the tracker's expiry; it was given up.
     Expired,
+    /// A record of the connection was lost (ring buffer full): the exchange's bytes are incomplete,
+    /// so it ends here rather than risk pairing a later response with it.
+    CaptureGap,
 }
 
 impl Outcome {
@@ -28,6 +31,7 @@ impl Outcome {
             Self::ClosedBeforeResponse => Some("connection_closed_before_response"),
             Self::ClosedDuringResponse => Some("connection_closed_during_response"),
             Self::Expired => Some("timeout"),
+            Self::CaptureGap => Some("tracetap.capture_gap"),
         }
     }
 }

@@ -47,6 +47,52 @@ pub struct RequestHead {
     /// The capture window cut the head: headers after the first `TRACETAP_CAPTURE_BYTES` (a
     /// `traceparent` among them) are unknown.
     pub truncated: bool,
+    /// A fingerprint of the header lines `HAProxy` forwards unchanged (see [`header_signature_bit`]):
+    /// a frontend request and the backend request it caused share most bits even when a rule
+    /// rewrote the target or added or removed a header.
+    pub header_sig: u64,
+}
+
+/// Headers a proxy rewrites on the way (hop-by-hop ones, and those `HAProxy` adds or replaces for
+/// the server): left out of [`RequestHead::header_sig`].
+const UNSTABLE_HEADERS: [&str; 12] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "upgrade",
+    "forwarded",
+    "via",
+    "x-forwarded-for",
+    "x-forwarded-proto",
+    "x-forwarded-host",
+    "x-forwarded-port",
+    "x-real-ip",
+];
+
+/// The bit of one header line in [`RequestHead::header_sig`]: a hash of the name (ASCII case
+/// folded, as `HAProxy` lower-cases names towards servers) and the trimmed value, reduced to one
+/// of 64 bits. Collisions only make two requests look a little more alike.
+fn header_signature_bit(name: &str, value: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in name.bytes() {
+        h = (h ^ u64::from(b.to_ascii_lowercase())).wrapping_mul(0x0100_0000_01b3);
+    }
+    h = (h ^ u64::from(b':')).wrapping_mul(0x0100_0000_01b3);
+    for b in value.trim_ascii() {
+        h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    // The high bits of an FNV product are the best mixed.
+    1u64 << (h >> 58)
+}
+
+/// How alike two header signatures are: true when at least half of the header lines either
+/// carries are shared (and at least two are), or when neither carries any.
+#[must_use]
+pub fn similar_headers(a: u64, b: u64) -> bool {
+    let union = (a | b).count_ones();
+    let common = (a & b).count_ones();
+    union == 0 || (common >= 2 && 2 * common >= union) || (union == 1 && common == 1)
 }
 
 impl RequestHead {
@@ -179,8 +225,12 @@ pub fn parse_request_into(bytes: &[u8], head: &mut RequestHead) -> Result<(), He
     let mut keep_alive = false;
     let mut tracestate = head.tracestate.take().unwrap_or_default();
     tracestate.clear();
+    let mut header_sig = 0u64;
     for h in req.headers.iter() {
         let name = h.name;
+        if !UNSTABLE_HEADERS.iter().any(|u| name.eq_ignore_ascii_case(u)) {
+            header_sig |= header_signature_bit(name, h.value);
+        }
         let value = || std::str::from_utf8(h.value).ok().map(str::trim);
         if name.eq_ignore_ascii_case("host") {
             host = value();
@@ -217,6 +267,7 @@ pub fn parse_request_into(bytes: &[u8], head: &mut RequestHead) -> Result<(), He
         _ => TraceparentField::Repeated,
     };
     head.tracestate = (tracestate_count > 0).then_some(tracestate);
+    head.header_sig = header_sig;
     if head.version_minor == 0 && !keep_alive {
         head.closes = true;
     }
@@ -338,6 +389,26 @@ mod tests {
             parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 1, 2\r\n\r\n"),
             Err(HeadError::BadContentLength)
         );
+    }
+
+    #[test]
+    fn header_signature_survives_case_forwarding_headers_and_one_change() {
+        let front = parse_request(
+            b"GET /a HTTP/1.1\r\nHost: h\r\nUser-Agent: u\r\nAccept: */*\r\nX-Id: 7\r\nConnection: keep-alive\r\n\r\n",
+        )
+        .unwrap();
+        let back = parse_request(
+            b"GET /v2/a HTTP/1.1\r\nhost: h\r\nuser-agent: u\r\naccept: */*\r\nx-id: 7\r\nx-forwarded-for: 1.2.3.4\r\nx-added: 1\r\n\r\n",
+        )
+        .unwrap();
+        assert!(similar_headers(front.header_sig, back.header_sig));
+        let check = parse_request(b"OPTIONS / HTTP/1.0\r\n\r\n").unwrap();
+        assert!(!similar_headers(front.header_sig, check.header_sig), "a health check is not like a client request");
+        let other =
+            parse_request(b"GET /a HTTP/1.1\r\nHost: other\r\nUser-Agent: curl\r\nAccept: x\r\nX-Id: 8\r\n\r\n")
+                .unwrap();
+        assert!(!similar_headers(front.header_sig, other.header_sig));
+        assert!(similar_headers(0, 0), "two requests without headers are alike");
     }
 
     #[test]

@@ -9,11 +9,30 @@
 //!   first bytes; anything that does not speak HTTP/1 becomes opaque and is ignored until closed.
 //! - Responses pair with requests in order (HTTP/1 has no other way); interim 1xx responses are
 //!   skipped.
-//! - Each backend request is linked to the frontend request that caused it: first by an identical
-//!   forwarded `traceparent`, else by the same thread, method and target, earliest unmatched first.
-//!   A frontend request can be linked until its own response starts.
-//! - A frontend exchange is handed out once its response is done *and* no linked backend exchange
-//!   is still open, so a SERVER span always leaves with all its CLIENT spans.
+//! - Each backend request is linked to the frontend request that caused it in two steps:
+//!   1. *Tentatively*, when it is written: by an identical forwarded `traceparent`, else to the
+//!      earliest unlinked frontend request of the same thread with the same method and target and
+//!      alike headers, else (the target was rewritten) with the same method and the most alike
+//!      headers ([`head::similar_headers`]). A frontend request can be linked until its response
+//!      starts.
+//!   2. *For good*, when `HAProxy` relays the response: it reads a backend response and then writes
+//!      it to the client on the same thread, so the frontend response head claims the earliest
+//!      backend response of its thread with the same status that no one claimed yet
+//!      ([`Tracker::claim_relay`]). This holds when `HAProxy` writes backend requests in another
+//!      order than it read the frontend requests (one stream waits for a `connect` while the next
+//!      reuses an idle connection; server queues), which the tentative link cannot see. When the
+//!      claim moves a backend exchange to another frontend request, one of the claimer's other
+//!      unclaimed backend exchanges moves the other way (the two were swapped).
+//!
+//!   Backend exchanges that are never relayed (retried attempts, aborted ones) keep a tentative
+//!   link made by `traceparent` or target; one guessed from headers alone is dropped and counted
+//!   as unlinked rather than exported under a frontend request it may not belong to.
+//! - A frontend exchange is handed out once its response is done *and* every backend exchange
+//!   linked to it is filed, so a SERVER span always leaves with all its CLIENT spans.
+//! - Capture gaps: records carry a per-connection sequence number ([`SyscallEvent::seq`]). When one
+//!   is missing the connection may have lost bytes: its open exchanges end with
+//!   [`Outcome::CaptureGap`] and both directions resynchronise at the next message start, so a
+//!   response is never paired with the wrong request.
 //!
 //! Invariants: memory is bounded by the number of open connections and open exchanges; exchanges
 //! idle longer than [`Limits::exchange_timeout_ns`] are expired by [`Tracker::expire`] and counted.
@@ -35,6 +54,9 @@ pub struct SyscallEvent<'a> {
     pub tgid: u32,
     pub tid: u32,
     pub fd: i32,
+    /// Position of this record among the records of its connection, from 1 at `accept`/`connect`;
+    /// 0 when the probes do not number the connection's records (opened before they were loaded).
+    pub seq: u32,
     pub op: Op<'a>,
 }
 
@@ -75,6 +97,13 @@ pub struct TrackerStats {
     pub expired_exchanges: u64,
     /// Request heads cut by the capture window (traced from their first lines).
     pub truncated_heads: u64,
+    /// Connections on which a record was missing (a sequence gap): their open exchanges ended with
+    /// [`Outcome::CaptureGap`].
+    pub capture_gaps: u64,
+    /// Exchanges ended because of a capture gap.
+    pub gap_exchanges: u64,
+    /// Backend exchanges moved to another frontend request when their response was relayed.
+    pub relinked_backend_exchanges: u64,
     /// Frontend requests parsed.
     pub frontend_requests: u64,
     /// Backend requests parsed.
@@ -106,10 +135,31 @@ enum Role {
     Opaque,
 }
 
-/// A backend request waiting for (or receiving) its response.
+/// Where a backend exchange stands with the relay of its response (see [`Tracker::claim_relay`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Relay {
+    /// No final response head read yet.
+    Awaiting,
+    /// Its response head was read on this thread; no frontend response claimed it yet.
+    Pending { tid: u32 },
+    /// A frontend response head claimed it: its link is final.
+    Claimed,
+}
+
+/// A backend exchange from its request until it is filed under its frontend exchange.
 #[derive(Debug)]
-struct BackendRequest {
+struct BackRecord {
+    /// The frontend request it is linked to (tentatively until [`Relay::Claimed`]).
     front: Option<u64>,
+    tgid: u32,
+    relay: Relay,
+    /// The link is known right: by `traceparent`, by the same target, or by the relay. A link
+    /// guessed from alike headers alone is filed only once the relay confirms it.
+    confirmed: bool,
+    /// It was linked at some point, so the relay may claim it (health checks never are).
+    claimable: bool,
+    /// The exchange is over (response complete, or the connection closed).
+    ended: bool,
     exchange: ClientExchange,
 }
 
@@ -129,8 +179,12 @@ struct Connection {
     egress_start: Option<u64>,
     /// Frontend: ids of requests read and not yet answered, oldest first.
     fronts: VecDeque<u64>,
-    /// Backend: requests written and not yet answered, oldest first.
-    backs: VecDeque<BackendRequest>,
+    /// Backend: ids of requests written and not yet answered, oldest first.
+    backs: VecDeque<u64>,
+    /// Sequence number of the last record seen (0: the probes do not number this connection).
+    last_seq: u32,
+    /// A capture gap hit the connection and no request was framed since.
+    gapped: bool,
 }
 
 impl Connection {
@@ -145,6 +199,8 @@ impl Connection {
             egress_start: None,
             fronts: VecDeque::new(),
             backs: VecDeque::new(),
+            last_seq: 0,
+            gapped: false,
         }
     }
 }
@@ -153,8 +209,10 @@ impl Connection {
 #[derive(Debug)]
 struct FrontRecord {
     exchange: ServerExchange,
-    /// Linked backend exchanges not finished yet.
+    /// Linked backend exchanges not ended yet.
     open_backends: u32,
+    /// Linked backend exchanges not filed under this one yet (ended ones may wait for their relay).
+    unfiled_backends: u32,
     /// At least one backend request was linked to it.
     linked: bool,
     /// The response started: no more links.
@@ -172,6 +230,10 @@ pub struct Tracker {
     fronts: FxHashMap<u64, FrontRecord>,
     /// Frontend requests that may still be linked, oldest first.
     candidates: VecDeque<Candidate>,
+    /// Backend exchanges from their request until they are filed.
+    backs: FxHashMap<u64, BackRecord>,
+    /// Ids of backend exchanges in [`Relay::Pending`], in the order their response heads were read.
+    relays: VecDeque<u64>,
     next_id: u64,
     stats: TrackerStats,
     finished: Vec<ServerExchange>,
@@ -236,20 +298,75 @@ impl Tracker {
                 self.close(key, ev.ts_ns);
                 let mut conn = Connection::new(Role::Frontend, peer);
                 conn.local = local;
+                conn.last_seq = ev.seq;
                 self.conns.insert(key, conn);
+                return;
             }
             Op::Connect { server } => {
                 self.close(key, ev.ts_ns);
-                self.conns.insert(key, Connection::new(Role::Backend, server));
+                let mut conn = Connection::new(Role::Backend, server);
+                conn.last_seq = ev.seq;
+                self.conns.insert(key, conn);
+                return;
             }
-            Op::Close => self.close(key, ev.ts_ns),
+            Op::Close => {
+                self.close(key, ev.ts_ns);
+                return;
+            }
             Op::Ignore => {
                 self.close(key, ev.ts_ns);
                 self.conns.insert(key, Connection::new(Role::Opaque, None));
+                return;
             }
+            Op::Read(_) | Op::Write(_) => {}
+        }
+        self.check_sequence(key, ev);
+        match ev.op {
             Op::Read(chunk) if chunk.total == 0 => self.end_of_stream(key, ev.ts_ns),
             Op::Read(chunk) => self.data(key, ev, chunk, Direction::Ingress),
             Op::Write(chunk) => self.data(key, ev, chunk, Direction::Egress),
+            _ => {}
+        }
+    }
+
+    /// Detects a record missing before `ev` on its connection. The first numbered record of a
+    /// connection the tracker does not know (its `accept`/`connect` was lost, or it predates us)
+    /// starts the count.
+    fn check_sequence(&mut self, key: (u32, i32), ev: &SyscallEvent<'_>) {
+        if ev.seq == 0 {
+            return;
+        }
+        let Some(conn) = self.conns.get_mut(&key) else { return };
+        let expected = conn.last_seq.wrapping_add(1);
+        let gap = conn.last_seq != 0 && ev.seq != expected;
+        conn.last_seq = ev.seq;
+        if gap {
+            self.capture_gap(key, ev.ts_ns);
+        }
+    }
+
+    /// A record of this connection was lost: bytes of either direction may be missing. Its open
+    /// exchanges end as [`Outcome::CaptureGap`] (a response seen later cannot be told from the
+    /// answer to a later request) and its framing starts over at the next message start.
+    fn capture_gap(&mut self, key: (u32, i32), ts: u64) {
+        self.stats.capture_gaps += 1;
+        let Some(conn) = self.conns.get_mut(&key) else { return };
+        if matches!(conn.role, Role::Opaque | Role::Unknown) {
+            return;
+        }
+        conn.ingress.abandon();
+        conn.egress.abandon();
+        conn.gapped = true;
+        conn.ingress_start = None;
+        conn.egress_start = None;
+        let fronts: Vec<u64> = conn.fronts.drain(..).collect();
+        let backs: Vec<u64> = conn.backs.drain(..).collect();
+        self.stats.gap_exchanges += (fronts.len() + backs.len()) as u64;
+        for id in fronts {
+            self.finish_front(id, ts, Outcome::CaptureGap);
+        }
+        for id in backs {
+            self.end_backend(id, ts, Outcome::CaptureGap);
         }
     }
 
@@ -275,7 +392,28 @@ impl Tracker {
             })
             .map(|(id, _)| *id)
             .collect();
+        // Let-go backend exchanges whose response no relay claimed.
+        let unclaimed: Vec<u64> = self
+            .relays
+            .iter()
+            .filter(|b| {
+                self.backs
+                    .get(b)
+                    .is_some_and(|b| b.front.is_none() && b.ended && now_ns.saturating_sub(b.exchange.end_ns) > linger)
+            })
+            .copied()
+            .collect();
+        for bid in unclaimed {
+            self.stats.unlinked_backend_requests += 1;
+            self.file_backend(bid);
+        }
         for id in stale {
+            // Backend exchanges that ended and only waited for a relay go with it.
+            let waiting: Vec<u64> =
+                self.backs.iter().filter(|(_, b)| b.ended && b.front == Some(id)).map(|(bid, _)| *bid).collect();
+            for bid in waiting {
+                self.file_backend(bid);
+            }
             let Some(mut front) = self.fronts.remove(&id) else { continue };
             if !front.done {
                 self.stats.expired_exchanges += 1;
@@ -294,9 +432,9 @@ impl Tracker {
         let Some(conn) = self.conns.get_mut(&key) else { return };
         if conn.role == Role::Backend
             && conn.ingress.finish()
-            && let Some(back) = conn.backs.pop_front()
+            && let Some(id) = conn.backs.pop_front()
         {
-            self.finish_backend(back, ts, Outcome::Complete);
+            self.end_backend(id, ts, Outcome::Complete);
         }
     }
 
@@ -317,13 +455,14 @@ impl Tracker {
             }
             Role::Backend => {
                 let completes_body = conn.ingress.finish();
-                while let Some(back) = conn.backs.pop_front() {
-                    let outcome = match (back.exchange.response.is_some(), completes_body) {
+                while let Some(id) = conn.backs.pop_front() {
+                    let has_response = self.backs.get(&id).is_some_and(|b| b.exchange.response.is_some());
+                    let outcome = match (has_response, completes_body) {
                         (true, true) => Outcome::Complete,
                         (true, false) => Outcome::ClosedDuringResponse,
                         (false, _) => Outcome::ClosedBeforeResponse,
                     };
-                    self.finish_backend(back, ts, outcome);
+                    self.end_backend(id, ts, outcome);
                 }
             }
             Role::Unknown | Role::Opaque => {}
@@ -332,6 +471,9 @@ impl Tracker {
 
     fn data(&mut self, key: (u32, i32), ev: &SyscallEvent<'_>, chunk: Chunk<'_>, dir: Direction) {
         let conn = self.conns.entry(key).or_insert_with(|| Connection::new(Role::Unknown, None));
+        if conn.last_seq == 0 {
+            conn.last_seq = ev.seq;
+        }
         if conn.role == Role::Unknown && chunk.known.is_empty() {
             // Bytes we cannot see (spliced, or cut by the window) say nothing about the role.
             return;
@@ -365,12 +507,8 @@ impl Tracker {
             let Some(conn) = self.conns.get_mut(&ctx.key) else { return };
             let role = conn.role;
             let (framer, start) = conn.direction(dir);
-            if framer.is_desynced()
-                && first_step
-                && role == Role::Frontend
-                && classify(chunk.known) == Some(Kind::Request)
-            {
-                // A new read that starts with a request line: the client's next request.
+            if framer.is_desynced() && first_step && classify(chunk.known) == Some(Kind::Request) {
+                // A new read or write that starts with a request line: the next request.
                 framer.resync();
             }
             first_step = false;
@@ -413,10 +551,16 @@ impl Tracker {
     /// Frames responses flowing in `dir` on the connection.
     fn responses(&mut self, ctx: Ctx, chunk: Chunk<'_>, dir: Direction) {
         let mut cursor = Cursor::new(chunk);
+        let mut first_step = true;
         loop {
             let Some(conn) = self.conns.get_mut(&ctx.key) else { return };
             let role = conn.role;
             let (framer, _) = conn.direction(dir);
+            if framer.is_desynced() && first_step && classify(chunk.known) == Some(Kind::Response) {
+                // After a capture gap: a read or write that starts with a status line.
+                framer.resync();
+            }
+            first_step = false;
             match framer.step(&mut cursor) {
                 Step::NeedMore => return,
                 Step::Error(_) => self.stats.parse_errors += 1,
@@ -450,9 +594,10 @@ impl Tracker {
             let id = if let Some(id) = conn.fronts.front() {
                 *id
             } else {
-                // HAProxy answered without a request we parsed (408, 400, ...).
+                // HAProxy answered without a request we parsed (408, 400, ...), or this answers a
+                // request lost in a capture gap.
                 self.stats.unpaired_responses += 1;
-                if conn.ingress.is_idle() && !conn.ingress.is_desynced() {
+                if (conn.ingress.is_idle() && !conn.ingress.is_desynced()) || conn.egress_resynced_after_gap() {
                     // Not a byte of a request: a TCP probe or port scan HAProxy answered with 400
                     // on close. Counted, not traced (HAProxy's `option http-ignore-probes`).
                     return response.framing("GET");
@@ -471,16 +616,22 @@ impl Tracker {
             let method = front.exchange.request.as_ref().map_or("GET", |r| r.method.as_str());
             let framing = response.framing(method);
             self.drop_candidate(id);
+            self.claim_relay(id, ctx, response.status);
             framing
         } else {
-            let Some(back) = conn.backs.front_mut() else {
+            let Some(back_id) = conn.backs.front().copied() else {
                 self.stats.unpaired_responses += 1;
                 return response.framing("GET");
             };
+            let Some(back) = self.backs.get_mut(&back_id) else { return response.framing("GET") };
             if response.is_interim() {
                 return BodyFraming::Empty;
             }
             back.exchange.response = Some(response);
+            if back.claimable && back.relay == Relay::Awaiting {
+                back.relay = Relay::Pending { tid: ctx.tid };
+                self.relays.push_back(back_id);
+            }
             response.framing(&back.exchange.request.method)
         }
     }
@@ -495,11 +646,78 @@ impl Tracker {
             conn.fronts.pop_front();
             self.finish_front(id, ctx.ts, outcome);
         } else {
-            if conn.backs.front().is_some_and(|b| b.exchange.response.is_none()) {
+            let Some(id) = conn.backs.front().copied() else { return };
+            if self.backs.get(&id).is_some_and(|b| b.exchange.response.is_none()) {
                 return;
             }
-            let Some(back) = conn.backs.pop_front() else { return };
-            self.finish_backend(back, ctx.ts, outcome);
+            conn.backs.pop_front();
+            self.end_backend(id, ctx.ts, outcome);
+        }
+    }
+
+    /// The frontend exchange `id` starts its response on thread `ctx.tid`: it claims the backend
+    /// response `HAProxy` relayed, the earliest unclaimed one read on this thread with the same
+    /// status. A claim that takes a backend exchange tentatively linked elsewhere moves it here,
+    /// and moves one of this exchange's unclaimed backend exchanges the other way (the two were
+    /// swapped; that one stays unconfirmed until its own relay).
+    fn claim_relay(&mut self, id: u64, ctx: Ctx, status: u16) {
+        let tgid = ctx.key.0;
+        let pos = self.relays.iter().position(|b| {
+            self.backs.get(b).is_some_and(|b| {
+                b.tgid == tgid
+                    && b.relay == Relay::Pending { tid: ctx.tid }
+                    && b.exchange.response.is_some_and(|r| r.status == status)
+            })
+        });
+        let Some(pos) = pos else { return };
+        let back_id = self.relays.remove(pos).expect("in range");
+        let back = self.backs.get_mut(&back_id).expect("relays hold live backend exchanges");
+        back.relay = Relay::Claimed;
+        back.confirmed = true;
+        let ended = back.ended;
+        let previous = back.front.replace(id);
+        if previous != Some(id) {
+            self.stats.relinked_backend_exchanges += u64::from(previous.is_some());
+            self.move_link_counts(previous, id, ended);
+            // The one this exchange held in its place, if any, belongs to the other.
+            if let Some(other) = previous
+                && self.fronts.contains_key(&other)
+            {
+                let swapped = self
+                    .backs
+                    .iter()
+                    .filter(|(bid, b)| **bid != back_id && b.front == Some(id) && b.relay != Relay::Claimed)
+                    .map(|(bid, _)| *bid)
+                    .min();
+                if let Some(swapped) = swapped {
+                    let b = self.backs.get_mut(&swapped).expect("present");
+                    b.front = Some(other);
+                    b.confirmed = false;
+                    let ended = b.ended;
+                    self.move_link_counts(Some(id), other, ended);
+                }
+                self.hand_out_if_ready(other);
+            }
+        }
+        if ended {
+            self.file_backend(back_id);
+        }
+    }
+
+    /// Moves one linked backend exchange's share of the counters from `from` to `to`.
+    fn move_link_counts(&mut self, from: Option<u64>, to: u64, ended: bool) {
+        if let Some(f) = from.and_then(|from| self.fronts.get_mut(&from)) {
+            f.unfiled_backends = f.unfiled_backends.saturating_sub(1);
+            if !ended {
+                f.open_backends = f.open_backends.saturating_sub(1);
+            }
+        }
+        if let Some(f) = self.fronts.get_mut(&to) {
+            f.unfiled_backends += 1;
+            f.linked = true;
+            if !ended {
+                f.open_backends += 1;
+            }
         }
     }
 
@@ -522,6 +740,7 @@ impl Tracker {
                     clients: self.clients_pool.pop().unwrap_or_default(),
                 },
                 open_backends: 0,
+                unfiled_backends: 0,
                 linked: false,
                 responding: false,
                 done: false,
@@ -535,33 +754,48 @@ impl Tracker {
         self.stats.frontend_requests += 1;
         let id = self.insert_front(ctx, Some(request), started);
         self.candidates.push_back(Candidate::new(id, ctx, self.fronts[&id].exchange.request.as_ref()));
-        self.conns.get_mut(&ctx.key).expect("present").fronts.push_back(id);
+        let conn = self.conns.get_mut(&ctx.key).expect("present");
+        conn.fronts.push_back(id);
+        conn.gapped = false;
     }
 
     fn new_backend(&mut self, ctx: Ctx, request: RequestHead, started: u64) {
         self.stats.backend_requests += 1;
-        let front = self.link(ctx, &request);
+        let link = self.link(ctx, &request);
+        let front = link.map(|(id, _)| id);
         if let Some(id) = front {
             if let Some(f) = self.fronts.get_mut(&id) {
                 f.open_backends += 1;
+                f.unfiled_backends += 1;
                 f.last_activity_ns = ctx.ts;
             }
         } else {
             self.stats.unlinked_backend_requests += 1;
         }
+        let back_id = self.next_id;
+        self.next_id += 1;
         let conn = self.conns.get_mut(&ctx.key).expect("present");
         let server = conn.addr;
-        conn.backs.push_back(BackendRequest {
-            front,
-            exchange: ClientExchange {
-                request,
-                response: None,
-                server,
-                start_ns: started,
-                end_ns: started,
-                outcome: Outcome::Complete,
+        conn.backs.push_back(back_id);
+        self.backs.insert(
+            back_id,
+            BackRecord {
+                front,
+                tgid: ctx.key.0,
+                relay: Relay::Awaiting,
+                confirmed: link.is_some_and(|(_, strong)| strong),
+                claimable: front.is_some(),
+                ended: false,
+                exchange: ClientExchange {
+                    request,
+                    response: None,
+                    server,
+                    start_ns: started,
+                    end_ns: started,
+                    outcome: Outcome::Complete,
+                },
             },
-        });
+        );
     }
 
     /// Takes a frontend request off the link candidates (it is usually near the front: the list is
@@ -572,12 +806,13 @@ impl Tracker {
         }
     }
 
-    /// Finds the frontend request that caused a backend request: by identical `traceparent`, else
-    /// by thread, method and target, earliest first. A frontend request that already has a backend
-    /// exchange is taken only for a re-sent request (HAProxy's `retry-on`): when no unlinked one
-    /// matches and its earlier attempts are finished. Candidates leave the list when their response
-    /// starts.
-    fn link(&mut self, ctx: Ctx, request: &RequestHead) -> Option<u64> {
+    /// Finds the frontend request that most likely caused a backend request (the tentative link;
+    /// see the module notes): by identical `traceparent`; else on the same thread, by method and
+    /// target with alike headers; else by method and the most alike headers (a rewritten target).
+    /// Earliest first. A frontend request that already has a backend exchange is taken only for a
+    /// re-sent request (HAProxy's `retry-on`): when no unlinked one matches and its earlier
+    /// attempts are over.
+    fn link(&mut self, ctx: Ctx, request: &RequestHead) -> Option<(u64, bool)> {
         let tgid = ctx.key.0;
         let keys = Candidate::new(0, ctx, Some(request));
         let same_traceparent = |c: &Candidate, f: &FrontRecord| match (&request.traceparent, &f.exchange.request) {
@@ -587,11 +822,7 @@ impl Tracker {
             }
             _ => false,
         };
-        let same_request = |c: &Candidate, f: &FrontRecord| {
-            c.tid == ctx.tid
-                && c.request_key == keys.request_key
-                && matches!(&f.exchange.request, Some(r) if r.method == request.method && r.target == request.target)
-        };
+        let same_request = |_: &Candidate, f: &FrontRecord| matches!(&f.exchange.request, Some(r) if r.method == request.method && r.target == request.target);
         for retry in [false, true] {
             let eligible = |f: &FrontRecord| if retry { f.linked && f.open_backends == 0 } else { !f.linked };
             // Keys are compared before the record is looked up, so a scan costs no hashing.
@@ -605,14 +836,45 @@ impl Tracker {
             let by_traceparent = keys
                 .traceparent_key
                 .and_then(|k| find(&same_traceparent, &|c: &Candidate| c.traceparent_key == Some(k)));
-            let found = by_traceparent.or_else(|| {
-                find(&same_request, &|c: &Candidate| c.tid == ctx.tid && c.request_key == keys.request_key)
-            });
-            if let Some(id) = found {
+            let found = by_traceparent
+                .or_else(|| {
+                    find(&same_request, &|c: &Candidate| {
+                        c.tid == ctx.tid
+                            && c.request_key == keys.request_key
+                            && head::similar_headers(c.header_sig, keys.header_sig)
+                    })
+                })
+                .map(|id| (id, true))
+                .or_else(|| {
+                    // A rewritten target: the most alike headers among the same method's requests.
+                    self.candidates
+                        .iter()
+                        .filter(|c| {
+                            c.tgid == tgid
+                                && c.tid == ctx.tid
+                                && c.method_key == keys.method_key
+                                && head::similar_headers(c.header_sig, keys.header_sig)
+                        })
+                        .filter(|c| {
+                            self.fronts.get(&c.id).is_some_and(|f| {
+                                eligible(f) && matches!(&f.exchange.request, Some(r) if r.method == request.method)
+                            })
+                        })
+                        .max_by_key(|c| {
+                            // Earliest among the most alike: `max_by_key` keeps the last maximum.
+                            (
+                                (c.header_sig & keys.header_sig).count_ones(),
+                                std::cmp::Reverse((c.header_sig ^ keys.header_sig).count_ones()),
+                                std::cmp::Reverse(c.id),
+                            )
+                        })
+                        .map(|c| (c.id, false))
+                });
+            if let Some((id, strong)) = found {
                 if let Some(f) = self.fronts.get_mut(&id) {
                     f.linked = true;
                 }
-                return Some(id);
+                return Some((id, strong));
             }
         }
         None
@@ -625,37 +887,94 @@ impl Tracker {
         front.exchange.outcome = outcome;
         front.done = true;
         front.last_activity_ns = ts;
-        if front.open_backends == 0 {
+        // Its backend exchanges that ended without being relayed: retried attempts are its own;
+        // a guessed link may still be claimed by the right one.
+        let leftovers: Vec<u64> = self
+            .relays
+            .iter()
+            .filter(|b| self.backs.get(b).is_some_and(|b| b.ended && b.front == Some(id)))
+            .copied()
+            .collect();
+        for back_id in leftovers {
+            self.settle_unrelayed(back_id);
+        }
+        self.hand_out_if_ready(id);
+    }
+
+    /// Hands out a frontend exchange that is done and has all its backend exchanges filed.
+    fn hand_out_if_ready(&mut self, id: u64) {
+        if self.fronts.get(&id).is_some_and(|f| f.done && f.unfiled_backends == 0) {
             let front = self.fronts.remove(&id).expect("present");
             self.finished.push(front.exchange);
         }
     }
 
-    /// Ends a backend exchange and files it under its frontend request. One that no frontend
-    /// request claimed (a health check, or a request whose frontend exchange was already handed
-    /// out) is only counted: a CLIENT span without its SERVER span is no trace an operator can use.
-    fn finish_backend(&mut self, back: BackendRequest, ts: u64, outcome: Outcome) {
-        let mut exchange = back.exchange;
-        exchange.end_ns = ts;
-        exchange.outcome = outcome;
+    /// A backend exchange is over. It is filed under its frontend exchange now, unless its
+    /// response still waits to be claimed by the relay (see [`Tracker::claim_relay`]).
+    fn end_backend(&mut self, back_id: u64, ts: u64, outcome: Outcome) {
+        let Some(back) = self.backs.get_mut(&back_id) else { return };
+        back.ended = true;
+        back.exchange.end_ns = ts;
+        back.exchange.outcome = outcome;
+        let (front, relay) = (back.front, back.relay);
+        let mut front_done = true;
+        if let Some(f) = front.and_then(|id| self.fronts.get_mut(&id)) {
+            f.open_backends = f.open_backends.saturating_sub(1);
+            f.last_activity_ns = ts;
+            front_done = f.done;
+        }
+        match relay {
+            Relay::Pending { .. } if front.is_none() || !front_done => {} // the relay decides
+            Relay::Pending { .. } | Relay::Awaiting => self.settle_unrelayed(back_id),
+            Relay::Claimed => self.file_backend(back_id),
+        }
+    }
+
+    /// An ended backend exchange that no relay claimed and none will claim through its current
+    /// link: filed under that link when it is sure; a guessed one is let go (a relay may still
+    /// claim it while its response waits; otherwise it is dropped and counted as unlinked).
+    fn settle_unrelayed(&mut self, back_id: u64) {
+        let Some(back) = self.backs.get_mut(&back_id) else { return };
+        if back.confirmed || back.front.is_none() && !matches!(back.relay, Relay::Pending { .. }) {
+            self.file_backend(back_id);
+            return;
+        }
+        let front = back.front.take();
+        let waits = matches!(back.relay, Relay::Pending { .. });
+        self.move_link_counts(front, u64::MAX, true);
+        if let Some(front) = front {
+            self.hand_out_if_ready(front);
+        }
+        if !waits {
+            self.stats.unlinked_backend_requests += 1;
+            self.file_backend(back_id);
+        }
+    }
+
+    /// Files an ended backend exchange under its frontend exchange. One that no frontend request
+    /// claimed (a health check, or a request whose frontend exchange was already handed out) is
+    /// only counted: a CLIENT span without its SERVER span is no trace an operator can use.
+    fn file_backend(&mut self, back_id: u64) {
+        let Some(back) = self.backs.remove(&back_id) else { return };
+        if matches!(back.relay, Relay::Pending { .. })
+            && let Some(pos) = self.relays.iter().position(|b| *b == back_id)
+        {
+            self.relays.remove(pos);
+        }
         let Some(front) = back.front.and_then(|id| self.fronts.get_mut(&id)) else {
             if back.front.is_some() {
                 // Linked, but the frontend exchange was handed out already (expired or lingered).
                 self.stats.late_backend_exchanges += 1;
             }
             if self.head_pool.len() < POOL_LIMIT {
-                self.head_pool.push(exchange.request);
+                self.head_pool.push(back.exchange.request);
             }
             return;
         };
-        front.exchange.clients.push(exchange);
-        front.open_backends = front.open_backends.saturating_sub(1);
-        front.last_activity_ns = ts;
-        if front.done && front.open_backends == 0 {
-            let id = back.front.expect("linked");
-            let front = self.fronts.remove(&id).expect("present");
-            self.finished.push(front.exchange);
-        }
+        front.exchange.clients.push(back.exchange);
+        front.unfiled_backends = front.unfiled_backends.saturating_sub(1);
+        let id = back.front.expect("linked");
+        self.hand_out_if_ready(id);
     }
 }
 
@@ -680,6 +999,12 @@ impl Direction {
 }
 
 impl Connection {
+    /// True when a capture gap hit this connection and no request was read since: a response now
+    /// answers a request the gap swallowed.
+    fn egress_resynced_after_gap(&self) -> bool {
+        self.fronts.is_empty() && self.gapped
+    }
+
     fn direction(&mut self, dir: Direction) -> (&mut Framer, &mut Option<u64>) {
         match dir {
             Direction::Ingress => (&mut self.ingress, &mut self.ingress_start),
@@ -698,21 +1023,27 @@ struct Candidate {
     request_key: u64,
     /// Hash of the `traceparent` value, when there is exactly one.
     traceparent_key: Option<u64>,
+    /// Hash of the method alone (for rewritten targets).
+    method_key: u64,
+    /// [`RequestHead::header_sig`].
+    header_sig: u64,
 }
 
 impl Candidate {
     fn new(id: u64, ctx: Ctx, request: Option<&RequestHead>) -> Self {
-        let (request_key, traceparent_key) = match request {
+        let (request_key, traceparent_key, method_key, header_sig) = match request {
             Some(r) => (
                 FxBuildHasher.hash_one((&r.method, &r.target)),
                 match &r.traceparent {
                     TraceparentField::One(v) => Some(FxBuildHasher.hash_one(v)),
                     _ => None,
                 },
+                FxBuildHasher.hash_one(&r.method),
+                r.header_sig,
             ),
-            None => (0, None),
+            None => (0, None, 0, 0),
         };
-        Self { id, tgid: ctx.key.0, tid: ctx.tid, request_key, traceparent_key }
+        Self { id, tgid: ctx.key.0, tid: ctx.tid, request_key, traceparent_key, method_key, header_sig }
     }
 }
 

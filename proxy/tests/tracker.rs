@@ -42,7 +42,7 @@ impl Script {
                 OwnedOp::Eof => Op::Read(Chunk { known: &[], total: 0, tail: &[] }),
                 OwnedOp::Close => Op::Close,
             };
-            tracker.handle(&SyscallEvent { ts_ns: self.ts, tgid: PID, tid: *tid, fd: *fd, op });
+            tracker.handle(&SyscallEvent { ts_ns: self.ts, tgid: PID, tid: *tid, fd: *fd, seq: 0, op });
         }
         self.events.clear();
         tracker.drain().collect()
@@ -273,11 +273,11 @@ fn retried_request_gets_one_client_exchange_per_attempt() {
 fn head_cut_by_the_capture_window_is_traced_and_counted() {
     let mut t = Tracker::default();
     let head = b"GET /big HTTP/1.1\r\nHost: h\r\nCookie: ";
-    t.handle(&SyscallEvent { ts_ns: 1, tgid: PID, tid: 1, fd: 10, op: Op::Accept { peer: None, local: None } });
+    t.handle(&SyscallEvent { ts_ns: 1, tgid: PID, tid: 1, fd: 10, seq: 0, op: Op::Accept { peer: None, local: None } });
     let chunk = Chunk { known: head, total: 6000, tail: b"" };
-    t.handle(&SyscallEvent { ts_ns: 2, tgid: PID, tid: 1, fd: 10, op: Op::Read(chunk) });
+    t.handle(&SyscallEvent { ts_ns: 2, tgid: PID, tid: 1, fd: 10, seq: 0, op: Op::Read(chunk) });
     let response = resp(200, "ok");
-    t.handle(&SyscallEvent { ts_ns: 3, tgid: PID, tid: 1, fd: 10, op: Op::Write(Chunk::complete(&response)) });
+    t.handle(&SyscallEvent { ts_ns: 3, tgid: PID, tid: 1, fd: 10, seq: 0, op: Op::Write(Chunk::complete(&response)) });
     let out: Vec<_> = t.drain().collect();
     assert_eq!(out.len(), 1);
     let request = out[0].request.as_ref().unwrap();
@@ -292,7 +292,7 @@ fn ignored_connections_produce_nothing() {
     let mut s = Script::default();
     s.push(1, 10, OwnedOp::Accept(client()));
     s.run(&mut t);
-    t.handle(&SyscallEvent { ts_ns: 5, tgid: PID, tid: 1, fd: 10, op: Op::Ignore });
+    t.handle(&SyscallEvent { ts_ns: 5, tgid: PID, tid: 1, fd: 10, seq: 0, op: Op::Ignore });
     s.push(1, 10, OwnedOp::Read(req("/tcp-mode"))).push(1, 10, OwnedOp::Write(resp(200, "")));
     assert!(s.run(&mut t).is_empty());
     assert_eq!(t.stats().frontend_requests, 0);
@@ -407,5 +407,287 @@ proptest! {
         prop_assert!(want.iter().all(|(p, s, n, cp)| *s == 200 && *n == 1 && p == cp));
         prop_assert_eq!(got, want);
         prop_assert_eq!(tracker.stats().parse_errors, 0);
+    }
+}
+
+fn req_with(path: &str, headers: &str) -> Vec<u8> {
+    format!("GET {path} HTTP/1.1\r\nHost: h\r\nUser-Agent: load/1\r\nAccept: */*\r\n{headers}\r\n").into_bytes()
+}
+
+/// Status of the SERVER exchange and of each of its CLIENT exchanges, sorted by SERVER status.
+fn statuses(out: &[ServerExchange]) -> Vec<(u16, Vec<u16>)> {
+    let mut v: Vec<_> = out
+        .iter()
+        .map(|e| {
+            (e.response.map_or(0, |r| r.status), e.clients.iter().map(|c| c.response.map_or(0, |r| r.status)).collect())
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// Every CLIENT exchange lies inside its SERVER exchange in time.
+fn nested_in_time(out: &[ServerExchange]) -> bool {
+    out.iter().all(|e| e.clients.iter().all(|c| e.start_ns <= c.start_ns && c.end_ns <= e.end_ns))
+}
+
+#[test]
+fn identical_requests_written_out_of_order_link_by_the_relayed_response() {
+    // Two identical requests on one thread. The first must connect (EINPROGRESS, written later);
+    // the second reuses an idle connection and is written first.
+    for (first_status, second_status) in [(201, 202), (200, 200)] {
+        let mut t = Tracker::default();
+        let mut s = Script::default();
+        s.push(1, 20, OwnedOp::Connect(server())).push(1, 20, OwnedOp::Write(req_with("/same", ""))).push(
+            1,
+            20,
+            OwnedOp::Read(resp(299, "")),
+        );
+        s.run(&mut t); // leaves an idle backend connection (its exchange is unlinked: no client)
+        s.push(1, 10, OwnedOp::Accept(client()))
+            .push(1, 11, OwnedOp::Accept(client()))
+            .push(1, 10, OwnedOp::Read(req_with("/same", "")))
+            .push(1, 11, OwnedOp::Read(req_with("/same", "")))
+            .push(1, 21, OwnedOp::Connect(server()))
+            .push(1, 20, OwnedOp::Write(req_with("/same", "")))
+            .push(1, 21, OwnedOp::Write(req_with("/same", "")))
+            .push(1, 20, OwnedOp::Read(resp(second_status, "b")))
+            .push(1, 11, OwnedOp::Write(resp(second_status, "b")))
+            .push(1, 21, OwnedOp::Read(resp(first_status, "a")))
+            .push(1, 10, OwnedOp::Write(resp(first_status, "a")));
+        let out = s.run(&mut t);
+        assert_eq!(out.len(), 2);
+        assert_eq!(
+            statuses(&out),
+            vec![
+                (first_status.min(second_status), vec![first_status.min(second_status)]),
+                (first_status.max(second_status), vec![first_status.max(second_status)])
+            ]
+        );
+        assert!(nested_in_time(&out), "each CLIENT exchange inside its own SERVER exchange");
+        let by_fd: Vec<_> = out.iter().map(|e| e.clients[0].start_ns).collect();
+        assert_eq!(by_fd.len(), 2);
+        assert_eq!(t.open_exchanges(), 0);
+    }
+}
+
+#[test]
+fn queued_requests_answered_out_of_order_keep_their_own_backend_exchange() {
+    // Three identical requests; the backend answers the third first (a server queue, or a slow
+    // request): statuses show which is which.
+    let mut t = Tracker::default();
+    let mut s = Script::default();
+    for fd in [10, 11, 12] {
+        s.push(1, fd, OwnedOp::Accept(client())).push(1, fd, OwnedOp::Read(req_with("/q", "")));
+    }
+    for fd in [20, 21, 22] {
+        s.push(1, fd, OwnedOp::Connect(server()));
+    }
+    // HAProxy writes them in the order 12, 10, 11 (fds 20, 21, 22).
+    for fd in [20, 21, 22] {
+        s.push(1, fd, OwnedOp::Write(req_with("/q", "")));
+    }
+    s.push(1, 22, OwnedOp::Read(resp(211, "")))
+        .push(1, 11, OwnedOp::Write(resp(211, "")))
+        .push(1, 20, OwnedOp::Read(resp(212, "")))
+        .push(1, 21, OwnedOp::Read(resp(210, "")))
+        .push(1, 12, OwnedOp::Write(resp(212, "")))
+        .push(1, 10, OwnedOp::Write(resp(210, "")));
+    let out = s.run(&mut t);
+    assert_eq!(statuses(&out), vec![(210, vec![210]), (211, vec![211]), (212, vec![212])]);
+    assert!(nested_in_time(&out));
+    assert!(t.stats().relinked_backend_exchanges >= 1);
+}
+
+#[test]
+fn rewritten_paths_and_headers_still_link() {
+    let mut t = Tracker::default();
+    let mut s = Script::default();
+    s.push(1, 10, OwnedOp::Accept(client()))
+        .push(1, 11, OwnedOp::Accept(client()))
+        .push(1, 10, OwnedOp::Read(req_with("/a?x=1", "X-Id: 1\r\n")))
+        .push(1, 11, OwnedOp::Read(req_with("/b", "X-Id: 2\r\nX-Drop: me\r\n")))
+        .push(1, 20, OwnedOp::Connect(server()))
+        .push(1, 21, OwnedOp::Connect(server()))
+        // set-path /v2%[path], set-query, a header added and one removed.
+        .push(1, 20, OwnedOp::Write(req_with("/v2/a?y=2", "X-Id: 1\r\nX-Added: 1\r\nX-Forwarded-For: 10.0.0.1\r\n")))
+        .push(1, 21, OwnedOp::Write(req_with("/v2/b", "X-Id: 2\r\n")))
+        .push(1, 20, OwnedOp::Read(resp(201, "")))
+        .push(1, 10, OwnedOp::Write(resp(201, "")))
+        .push(1, 21, OwnedOp::Read(resp(202, "")))
+        .push(1, 11, OwnedOp::Write(resp(202, "")));
+    let out = s.run(&mut t);
+    assert_eq!(statuses(&out), vec![(201, vec![201]), (202, vec![202])]);
+    for ex in &out {
+        let front = ex.request.as_ref().unwrap().path().to_owned();
+        assert_eq!(ex.clients[0].request.path(), format!("/v2{front}"));
+    }
+    assert_eq!(t.stats().unlinked_backend_requests, 0);
+}
+
+#[test]
+fn health_checks_are_not_linked_to_client_requests() {
+    let mut t = Tracker::default();
+    let mut s = Script::default();
+    s.push(1, 10, OwnedOp::Accept(client()))
+        .push(1, 10, OwnedOp::Read(req_with("/", "X-Id: 1\r\n")))
+        .push(1, 30, OwnedOp::Connect(server()))
+        .push(1, 30, OwnedOp::Write(b"OPTIONS / HTTP/1.0\r\n\r\n".to_vec()))
+        .push(1, 30, OwnedOp::Read(resp(200, "")))
+        .push(1, 30, OwnedOp::Close)
+        .push(1, 20, OwnedOp::Connect(server()))
+        .push(1, 20, OwnedOp::Write(req_with("/", "X-Id: 1\r\n")))
+        .push(1, 20, OwnedOp::Read(resp(200, "x")))
+        .push(1, 10, OwnedOp::Write(resp(200, "x")));
+    let out = s.run(&mut t);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].clients.len(), 1);
+    assert_eq!(out[0].clients[0].request.method, "GET");
+    assert_eq!(t.stats().unlinked_backend_requests, 1, "the check is counted, not traced");
+}
+
+/// Runs `(tid, fd, op)` steps numbering each connection's records as the probes do (from 1 at
+/// accept/connect), leaving out the steps whose index is in `lost`.
+fn run_numbered(tracker: &mut Tracker, steps: &[(u32, i32, OwnedOp)], lost: &[bool]) -> Vec<ServerExchange> {
+    let mut seqs: std::collections::HashMap<i32, u32> = std::collections::HashMap::new();
+    let mut out = Vec::new();
+    for (i, (tid, fd, op)) in steps.iter().enumerate() {
+        let seq = match op {
+            OwnedOp::Accept(_) | OwnedOp::Connect(_) => {
+                seqs.insert(*fd, 1);
+                1
+            }
+            _ => {
+                let s = seqs.entry(*fd).or_insert(0);
+                *s += 1;
+                *s
+            }
+        };
+        if matches!(op, OwnedOp::Close) {
+            seqs.remove(fd);
+        }
+        if lost.get(i).copied().unwrap_or(false) {
+            continue;
+        }
+        let ts = (i as u64 + 1) * 1000;
+        let op = match op {
+            OwnedOp::Accept(a) => Op::Accept { peer: Some(*a), local: None },
+            OwnedOp::Connect(a) => Op::Connect { server: Some(*a) },
+            OwnedOp::Read(b) => Op::Read(Chunk::complete(b)),
+            OwnedOp::Write(b) => Op::Write(Chunk::complete(b)),
+            OwnedOp::Eof => Op::Read(Chunk { known: &[], total: 0, tail: &[] }),
+            OwnedOp::Close => Op::Close,
+        };
+        tracker.handle(&SyscallEvent { ts_ns: ts, tgid: PID, tid: *tid, fd: *fd, seq, op });
+        out.extend(tracker.drain());
+    }
+    tracker.expire(u64::MAX / 2);
+    out.extend(tracker.drain());
+    out
+}
+
+#[test]
+fn a_lost_response_ends_its_exchange_and_the_next_pairs_right() {
+    let mut steps = vec![(1, 10, OwnedOp::Accept(client())), (1, 20, OwnedOp::Connect(server()))];
+    for status in [201, 202, 203] {
+        let path = format!("/s{status}");
+        steps.push((1, 10, OwnedOp::Read(req(&path))));
+        steps.push((1, 20, OwnedOp::Write(req(&path))));
+        steps.push((1, 20, OwnedOp::Read(resp(status, "body"))));
+        steps.push((1, 10, OwnedOp::Write(resp(status, "body"))));
+    }
+    // The backend's response to the first request is lost (index 4).
+    let mut lost = vec![false; steps.len()];
+    lost[4] = true;
+    let mut t = Tracker::default();
+    let out = run_numbered(&mut t, &steps, &lost);
+    for ex in &out {
+        let Some(request) = &ex.request else { continue };
+        let want: u16 = request.path()[2..].parse().unwrap();
+        if let Some(r) = ex.response {
+            assert_eq!(r.status, want, "SERVER exchange paired with its own response");
+        }
+        for c in &ex.clients {
+            if let Some(r) = c.response {
+                assert_eq!(r.status, want, "CLIENT exchange paired with its own response");
+            }
+        }
+    }
+    let gap = out.iter().flat_map(|e| &e.clients).filter(|c| c.outcome == Outcome::CaptureGap).count();
+    assert_eq!(gap, 1, "the exchange that lost its response ends as a capture gap");
+    let whole = out
+        .iter()
+        .filter(|e| e.outcome == Outcome::Complete && e.clients.len() == 1 && e.clients[0].outcome == Outcome::Complete)
+        .count();
+    assert_eq!(whole, 2, "the later requests are traced whole");
+    assert_eq!(t.stats().capture_gaps, 1);
+}
+
+proptest! {
+    /// Records lost at random, on any connection, at any point: every exchange handed out pairs
+    /// each request with its own response, and every CLIENT exchange sits under the SERVER
+    /// exchange of its own request. Requests carry their expected status in their path.
+    #[test]
+    fn lost_records_never_mispair(
+        lost_at in proptest::collection::vec(0usize..200, 0..6),
+        order in proptest::collection::vec(0usize..3, 0..80),
+        same_thread in any::<bool>(),
+    ) {
+        const PAIRS: usize = 3;
+        let mut queues: Vec<Vec<(u32, i32, OwnedOp)>> = (0..PAIRS)
+            .map(|c| {
+                let (front, back) = (10 + 2 * c as i32, 11 + 2 * c as i32);
+                let tid = if same_thread { 1 } else { c as u32 + 1 };
+                let mut steps = vec![(tid, front, OwnedOp::Accept(client())), (tid, back, OwnedOp::Connect(server()))];
+                for r in 0..4 {
+                    let status = 200 + (c * 10 + r) as u16;
+                    let path = format!("/s{status}");
+                    let body = "y".repeat(r * 3);
+                    steps.push((tid, front, OwnedOp::Read(req(&path))));
+                    steps.push((tid, back, OwnedOp::Write(req(&path))));
+                    steps.push((tid, back, OwnedOp::Read(resp(status, &body))));
+                    steps.push((tid, front, OwnedOp::Write(resp(status, &body))));
+                }
+                steps.push((tid, front, OwnedOp::Close));
+                steps.reverse();
+                steps
+            })
+            .collect();
+        let mut steps = Vec::new();
+        let mut pick = order.into_iter().cycle();
+        while queues.iter().any(|q| !q.is_empty()) {
+            let mut c = pick.next().unwrap_or(0) % PAIRS;
+            while queues[c].is_empty() {
+                c = (c + 1) % PAIRS;
+            }
+            steps.push(queues[c].pop().unwrap());
+        }
+        let mut lost = vec![false; steps.len()];
+        for i in lost_at {
+            if i < lost.len() {
+                lost[i] = true;
+            }
+        }
+        let mut t = Tracker::default();
+        let out = run_numbered(&mut t, &steps, &lost);
+        for ex in &out {
+            let Some(request) = &ex.request else {
+                prop_assert!(ex.clients.is_empty());
+                continue;
+            };
+            let want: u16 = request.path()[2..].parse().unwrap();
+            if let Some(r) = ex.response {
+                prop_assert_eq!(r.status, want);
+            }
+            for c in &ex.clients {
+                prop_assert_eq!(c.request.path(), request.path(), "CLIENT under its own SERVER");
+                if let Some(r) = c.response {
+                    prop_assert_eq!(r.status, want);
+                }
+            }
+        }
+        if !lost.iter().any(|l| *l) {
+            prop_assert_eq!(out.iter().filter(|e| e.outcome == Outcome::Complete && e.clients.len() == 1).count(), PAIRS * 4);
+        }
     }
 }
