@@ -46,7 +46,7 @@ pub fn event<'a>(h: &'a EventHeader, record: &'a [u8]) -> Result<SyscallEvent<'a
         EventKind::Read => Op::Read(chunk),
         EventKind::Write => Op::Write(chunk),
     };
-    Ok(SyscallEvent { ts_ns: h.ts_ns, tgid: h.tgid, tid: h.tid, fd: h.fd, op })
+    Ok(SyscallEvent { ts_ns: h.ts_ns, tgid: h.tgid, tid: h.tid, fd: h.fd, seq: h.seq, op })
 }
 
 /// Parses a raw `sockaddr_in`/`sockaddr_in6` (native-endian family, network-order port).

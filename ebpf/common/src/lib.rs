@@ -8,6 +8,9 @@
 //! - `ret` is what the syscall returned for data events: the byte count (which may exceed
 //!   `captured`: only the first bytes are copied). For accepts, `fd` is the new connection and
 //!   `ret` the listening socket it came from.
+//! - `seq` numbers the records of one connection (`tgid`, `fd`) from 1 at its `accept`/`connect`,
+//!   counting records that could not be delivered too, so the agent sees every gap. It is 0 for
+//!   descriptors the probes did not see open (older than the probes, or not sockets).
 #![no_std]
 
 /// Largest capture window a user may configure (`TRACETAP_CAPTURE_BYTES`).
@@ -16,6 +19,9 @@ pub const MAX_CAPTURE_BYTES: u32 = 16 * 1024;
 pub const STAGING_BYTES: usize = MAX_CAPTURE_BYTES as usize;
 /// Size of the copied socket address: `sizeof(struct sockaddr_in6)`.
 pub const SOCKADDR_BYTES: usize = 28;
+/// Connections whose records the probes number (`CONNS`); the least recently used are forgotten
+/// beyond this, and their records then carry `seq == 0`.
+pub const MAX_NUMBERED_CONNECTIONS: u32 = 65_536;
 /// Bytes copied from the end of a payload that is longer than the capture window.
 pub const TAIL_BYTES: usize = 16;
 /// Smallest capture window a user may configure.
@@ -79,6 +85,10 @@ pub struct EventHeader {
     /// The last bytes the syscall moved, when they lie beyond the captured prefix: enough to see
     /// the end of a chunked body (`0\r\n\r\n`) that the prefix does not show.
     pub tail: [u8; TAIL_BYTES],
+    /// Position of this record among its connection's records (see the module notes); 0: none.
+    pub seq: u32,
+    /// Keeps the size a multiple of 8.
+    pub reserved: u32,
 }
 
 impl EventHeader {
@@ -115,6 +125,7 @@ pub mod maps {
     pub const EVENTS: &str = "EVENTS";
     pub const LOSSES: &str = "LOSSES";
     pub const TARGET_PIDS: &str = "TARGET_PIDS";
+    pub const CONNS: &str = "CONNS";
 }
 
 #[cfg(feature = "user")]
@@ -130,7 +141,7 @@ mod tests {
     #[test]
     fn header_layout_is_stable_and_aligned() {
         assert_eq!(EventHeader::SIZE % 8, 0, "records must keep 8-byte alignment");
-        assert_eq!(EventHeader::SIZE, 88);
+        assert_eq!(EventHeader::SIZE, 96);
     }
 
     // A per-CPU map value may not exceed 32 KiB.

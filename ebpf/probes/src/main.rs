@@ -34,11 +34,12 @@ use aya_ebpf::{
         generated::{bpf_probe_read_user as raw_probe_read_user, bpf_ringbuf_output},
     },
     macros::{map, raw_tracepoint},
-    maps::{HashMap, PerCpuArray, RingBuf},
+    maps::{HashMap, LruHashMap, PerCpuArray, RingBuf},
     programs::RawTracePointContext,
 };
 use tracetap_ebpf_common::{
-    COMM_BYTES, EventHeader, EventKind, LOSS_SLOTS, Loss, SOCKADDR_BYTES, STAGING_BYTES, TAIL_BYTES,
+    COMM_BYTES, EventHeader, EventKind, LOSS_SLOTS, Loss, MAX_NUMBERED_CONNECTIONS, SOCKADDR_BYTES, STAGING_BYTES,
+    TAIL_BYTES,
 };
 
 /// Payload bytes copied per syscall. Set by the agent at load time.
@@ -65,6 +66,40 @@ static LOSSES: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOSS_SLOTS, 0);
 /// Processes (tgid) to trace, kept current by the agent's discovery loop.
 #[map]
 static TARGET_PIDS: HashMap<u32, u8> = HashMap::with_max_entries(4096, 0);
+
+/// Per connection (`tgid << 32 | fd`) seen opened by `accept`/`connect`: the sequence number of
+/// its last record. Numbering happens before delivery, so a record the ring had no room for leaves
+/// a gap the agent sees. LRU: connections whose close we never saw (process exit) age out.
+#[map]
+static CONNS: LruHashMap<u64, u32> = LruHashMap::with_max_entries(MAX_NUMBERED_CONNECTIONS, 0);
+
+#[inline(always)]
+fn conn_key(tgid: u32, fd: i32) -> u64 {
+    (u64::from(tgid) << 32) | u64::from(fd as u32)
+}
+
+/// Starts numbering a new connection's records; its first record carries 1.
+#[inline(always)]
+fn open_conn(tgid: u32, fd: i32) -> u32 {
+    // A full table evicts the least recently used entry; insert fails only on memory pressure.
+    if CONNS.insert(&conn_key(tgid, fd), &1, 0).is_ok() { 1 } else { 0 }
+}
+
+/// The next sequence number of a connection's records (0 for connections not numbered).
+#[inline(always)]
+fn next_seq(tgid: u32, fd: i32) -> u32 {
+    match CONNS.get_ptr_mut(&conn_key(tgid, fd)) {
+        Some(seq) => {
+            // SAFETY: map value pointer; a racing update from another thread on the same fd can
+            // only make the agent see a gap that was not one, never hide one.
+            unsafe {
+                *seq = (*seq).wrapping_add(1);
+                *seq
+            }
+        }
+        None => 0,
+    }
+}
 
 /// A record being built: header, then payload.
 #[repr(C)]
@@ -119,6 +154,8 @@ fn stage(kind: EventKind, fd: i32, ret: i64) -> Option<&'static mut Staging> {
     header.captured = 0;
     header.addr_len = 0;
     header.tail_len = 0;
+    header.seq = 0;
+    header.reserved = 0;
     Some(staging)
 }
 
@@ -213,6 +250,10 @@ struct SyscallRegs {
 
 /// Offset of `dx` in `struct pt_regs` (x86_64).
 const PT_REGS_DX: usize = 96;
+/// Offset of `r10` (the fourth syscall argument) in `struct pt_regs` (x86_64).
+const PT_REGS_R10: usize = 56;
+/// `recv` flag: look at the data without taking it (HAProxy peeks at a PROXY protocol header).
+const MSG_PEEK: u64 = 2;
 const EINPROGRESS: i64 = 115;
 
 #[inline(always)]
@@ -270,7 +311,18 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
         return 0;
     }
     let pid_tgid = bpf_get_current_pid_tgid();
-    if !is_target((pid_tgid >> 32) as u32) {
+    let tgid = (pid_tgid >> 32) as u32;
+    if !is_target(tgid) {
+        return 0;
+    }
+    // A peek leaves the bytes in the socket: the real read that follows reports them.
+    let recv_flags = match r.orig_ax {
+        nr::RECVMSG => r.dx,
+        // SAFETY: kernel read through the helper, which faults safely.
+        nr::RECVFROM => unsafe { bpf_probe_read_kernel((regs as usize + PT_REGS_R10) as *const u64) }.unwrap_or(0),
+        _ => 0,
+    };
+    if recv_flags & MSG_PEEK != 0 {
         return 0;
     }
     let fd = r.di as i32;
@@ -278,11 +330,13 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
         EventKind::Accept => {
             // `fd` is the new connection; `ret` carries the listening fd for the bind address.
             let Some(staging) = stage(EventKind::Accept, ret as i32, i64::from(fd)) else { return 0 };
+            staging.header.seq = open_conn(tgid, ret as i32);
             read_addr(staging, r.si);
             emit(staging, 0);
         }
         EventKind::Connect => {
             let Some(staging) = stage(EventKind::Connect, fd, 0) else { return 0 };
+            staging.header.seq = open_conn(tgid, fd);
             read_addr(staging, r.si);
             emit(staging, 0);
         }
@@ -294,6 +348,7 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
             if ret > 0 {
                 for (kind, fd) in [(EventKind::Read, fd), (EventKind::Write, r.dx as i32)] {
                     if let Some(staging) = stage(kind, fd, ret) {
+                        staging.header.seq = next_seq(tgid, fd);
                         emit(staging, 0);
                     }
                 }
@@ -304,6 +359,7 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
                 return 0;
             }
             let Some(staging) = stage(kind, fd, ret) else { return 0 };
+            staging.header.seq = next_seq(tgid, fd);
             let copied = if ret > 0 { copy_payload(staging, shape, r.si, ret as u64) } else { 0 };
             staging.header.captured = copied as u32;
             emit(staging, copied);
@@ -322,12 +378,16 @@ pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
     if id != nr::CLOSE {
         return 0;
     }
-    if !is_target((bpf_get_current_pid_tgid() >> 32) as u32) {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if !is_target(tgid) {
         return 0;
     }
     let regs: u64 = ctx.arg(0);
     let Some(r) = syscall_regs(regs) else { return 0 };
-    if let Some(staging) = stage(EventKind::Close, r.di as i32, 0) {
+    let fd = r.di as i32;
+    if let Some(staging) = stage(EventKind::Close, fd, 0) {
+        staging.header.seq = next_seq(tgid, fd);
+        let _ = CONNS.remove(&conn_key(tgid, fd));
         emit(staging, 0);
     }
     0
