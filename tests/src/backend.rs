@@ -7,6 +7,12 @@
 //! - `/ws` with `Upgrade: websocket` switches protocols and echoes what it receives;
 //! - anything else answers 200 `ok`, after reading the whole request body.
 //!
+//! Whatever the path, a request with `x-want-status: NNN` is answered with status NNN and a small
+//! body naming it, and one with `x-delay-ms: N` is answered after N milliseconds (the linking
+//! tests send identical requests that each ask for their own status and delay). Such an answer
+//! also says what reached the backend: `x-seen-target` (the request target after `HAProxy`'s
+//! rewrites) and `x-seen-headers` (the request's header names, lowercase, comma-separated).
+//!
 //! Every answer echoes the request's `x-request-id` header, so a test knows which backend request
 //! a frontend request caused.
 
@@ -116,9 +122,26 @@ async fn answer(mut req: Request<hyper::body::Incoming>) -> Response<AnyBody> {
     } else if let Some(n) = number("/chunked/") {
         body = Chunks { left: n }.boxed();
     }
+    if let Some(ms) = header_number(&parts.headers, "x-delay-ms") {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    if let Some(code) = header_number(&parts.headers, "x-want-status") {
+        status = u16::try_from(code).ok().and_then(|c| StatusCode::from_u16(c).ok()).unwrap_or(StatusCode::BAD_REQUEST);
+        body = full(format!("status {code}\n"));
+    }
     let mut resp = Response::builder().status(status);
+    if parts.headers.contains_key("x-want-status") {
+        let target = parts.uri.path_and_query().map_or("", hyper::http::uri::PathAndQuery::as_str);
+        let names: Vec<&str> = parts.headers.keys().map(hyper::header::HeaderName::as_str).collect();
+        resp = resp.header("x-seen-target", target).header("x-seen-headers", names.join(","));
+    }
     if let Some(id) = parts.headers.get("x-request-id") {
         resp = resp.header("x-request-id", id);
     }
     resp.body(body).expect("response")
+}
+
+/// A header's value as a number, when it is one.
+fn header_number(headers: &hyper::HeaderMap, name: &str) -> Option<u64> {
+    headers.get(name)?.to_str().ok()?.trim().parse().ok()
 }

@@ -11,6 +11,7 @@ pub mod backend;
 pub mod client;
 pub mod haproxy;
 pub mod kube_api;
+pub mod linking;
 pub mod otlp;
 
 use std::net::SocketAddr;
