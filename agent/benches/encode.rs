@@ -99,6 +99,7 @@ fn exchange() -> ServerExchange {
         response: Some(response),
         peer: Some("192.168.10.23:51234".parse().unwrap()),
         local: Some("10.0.0.1:443".parse().unwrap()),
+        client: None,
         start_ns: 1_000,
         end_ns: 2_000,
         outcome: Outcome::Complete,

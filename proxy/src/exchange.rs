@@ -63,6 +63,9 @@ pub struct ServerExchange {
     pub peer: Option<SocketAddr>,
     /// The address the client connected to: the HAProxy `bind` it came through.
     pub local: Option<SocketAddr>,
+    /// The client named by a PROXY protocol header (`accept-proxy`): the original client when a
+    /// load balancer sits in front of `HAProxy`. `peer` stays the socket's peer.
+    pub client: Option<SocketAddr>,
     /// Monotonic ns of the read that brought the first byte of the request head.
     pub start_ns: u64,
     /// Monotonic ns of the write that ended the response (or of the close).

@@ -8,8 +8,10 @@
 //!   decides whether and how to resynchronise);
 //! - Content-Length bodies are counted, so unknown bytes inside them cost nothing;
 //! - chunked bodies are parsed; when unknown bytes hide a chunk-size line the framer switches to
-//!   [`Lost`](BodyState::ChunkedLost) and ends the message when a chunk's tail shows the last-chunk
-//!   marker `0\r\n\r\n` (which is what every HTTP/1 sender `HAProxy` talks to writes without trailers).
+//!   [`Lost`](BodyState::ChunkedLost) and ends the message at the last-chunk marker `\r\n0\r\n\r\n`
+//!   (what every HTTP/1 sender `HAProxy` talks to writes without trailers): found in a call's known
+//!   bytes (the bytes after it are the next message), in the tail of a call cut by the window, or
+//!   split between the end of one call and the start of the next.
 //!
 //! Invariant: the framer never holds more than [`MAX_HEAD_BYTES`] of a head, or
 //! [`MAX_CHUNK_LINE`] of a chunk-size line, so memory per connection is bounded.
@@ -163,7 +165,15 @@ pub struct Framer {
     head_len: usize,
     /// The head in `buf` was cut by the capture window.
     truncated: bool,
+    /// In [`BodyState::ChunkedLost`]: the last bytes of the previous call, when known, to find a
+    /// last-chunk marker split between two calls.
+    recent: [u8; LOST_MARKER.len()],
+    recent_len: u8,
 }
+
+/// The end of a chunked body as seen in lost mode: the CRLF closing the last data chunk, then the
+/// last chunk.
+const LOST_MARKER: &[u8] = b"\r\n0\r\n\r\n";
 
 impl Default for Framer {
     fn default() -> Self {
@@ -174,7 +184,14 @@ impl Default for Framer {
 impl Framer {
     #[must_use]
     pub fn new() -> Self {
-        Self { state: State::Head, buf: Vec::new(), head_len: 0, truncated: false }
+        Self {
+            state: State::Head,
+            buf: Vec::new(),
+            head_len: 0,
+            truncated: false,
+            recent: [0; LOST_MARKER.len()],
+            recent_len: 0,
+        }
     }
 
     /// The head returned by the last [`Step::Head`].
@@ -362,18 +379,60 @@ impl Framer {
                 cursor.skip_all();
                 Step::NeedMore
             }
-            BodyState::ChunkedLost => {
-                let ends = ends_with_last_chunk(cursor);
-                cursor.skip_all();
-                if ends {
-                    self.state = State::Head;
-                    Step::MessageEnd
-                } else {
-                    Step::NeedMore
-                }
-            }
+            BodyState::ChunkedLost => self.step_chunked_lost(cursor),
             BodyState::Chunked(part) => self.step_chunked(part, cursor),
         }
+    }
+
+    /// Looks for the end of a chunked body whose framing was lost (see the module notes).
+    fn step_chunked_lost(&mut self, cursor: &mut Cursor<'_>) -> Step {
+        let chunk = cursor.chunk;
+        let known = cursor.known();
+        let fully_known = chunk.total == chunk.known.len() as u64;
+        let done = |framer: &mut Self| {
+            framer.state = State::Head;
+            framer.recent_len = 0;
+            Step::MessageEnd
+        };
+        // Split between the end of the previous call and the start of this one.
+        let n = usize::from(self.recent_len);
+        let mut joined = [0u8; 2 * LOST_MARKER.len()];
+        joined[..n].copy_from_slice(&self.recent[..n]);
+        let m = known.len().min(LOST_MARKER.len());
+        joined[n..n + m].copy_from_slice(&known[..m]);
+        if let Some(at) = find(&joined[..n + m], LOST_MARKER)
+            && at + LOST_MARKER.len() > n
+        {
+            cursor.skip((at + LOST_MARKER.len() - n) as u64);
+            return done(self);
+        }
+        if let Some(at) = find(known, LOST_MARKER) {
+            // Inside the known bytes: what follows is the next message (pipelined).
+            cursor.skip((at + LOST_MARKER.len()) as u64);
+            return done(self);
+        }
+        if !fully_known && chunk.tail.ends_with(LAST_CHUNK) {
+            cursor.skip_all();
+            return done(self);
+        }
+        let end: &[u8] = if fully_known { known } else { chunk.tail };
+        let keep = end.len().min(LOST_MARKER.len());
+        if fully_known && known.len() < LOST_MARKER.len() {
+            // A short call: append to what we had.
+            let mut merged = [0u8; 2 * LOST_MARKER.len()];
+            merged[..n].copy_from_slice(&self.recent[..n]);
+            merged[n..n + known.len()].copy_from_slice(known);
+            let total = n + known.len();
+            let from = total.saturating_sub(LOST_MARKER.len());
+            let len = total - from;
+            self.recent[..len].copy_from_slice(&merged[from..total]);
+            self.recent_len = len as u8;
+        } else {
+            self.recent[..keep].copy_from_slice(&end[end.len() - keep..]);
+            self.recent_len = keep as u8;
+        }
+        cursor.skip_all();
+        Step::NeedMore
     }
 
     fn step_chunked(&mut self, mut part: ChunkPart, cursor: &mut Cursor<'_>) -> Step {
@@ -384,8 +443,9 @@ impl Framer {
             }
             let known = cursor.known();
             if known.is_empty() && !matches!(part, ChunkPart::Data(_)) {
-                // Framing bytes were not captured: fall back to watching chunk tails.
+                // Framing bytes were not captured: fall back to watching for the last chunk.
                 self.buf.clear();
+                self.recent_len = 0;
                 self.state = State::Body(BodyState::ChunkedLost);
                 return self.step_body(BodyState::ChunkedLost, cursor);
             }
@@ -485,13 +545,9 @@ fn parse_chunk_size(line: &[u8]) -> Option<u64> {
     u64::from_str_radix(text, 16).ok()
 }
 
-/// True when the bytes of the chunk end with the last-chunk marker.
-fn ends_with_last_chunk(cursor: &Cursor<'_>) -> bool {
-    let chunk = cursor.chunk;
-    if chunk.total == chunk.known.len() as u64 {
-        return chunk.known[cursor.pos..].ends_with(LAST_CHUNK) || chunk.known.ends_with(LAST_CHUNK);
-    }
-    chunk.tail.ends_with(LAST_CHUNK)
+/// Offset of the first occurrence of `needle` in `haystack`.
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
 }
 
 #[cfg(test)]
@@ -572,6 +628,32 @@ mod tests {
         let first = Chunk { known: head, total: head.len() as u64 + 50000, tail: b"xx\r\n0\r\n\r\n" };
         let steps = run(&mut f, &[first], BodyFraming::Chunked);
         assert_eq!(steps, vec![Step::Head, Step::MessageEnd]);
+    }
+
+    #[test]
+    fn lost_chunked_marker_split_across_calls_and_bytes_after_it_kept() {
+        let head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n";
+        // The framing is lost in the second call; the marker is split between calls 3 and 4.
+        for split in 1..LOST_MARKER.len() {
+            let mut f = Framer::new();
+            let lost = Chunk { known: b"", total: 5000, tail: b"" };
+            let mut third = b"ccccccccccccccccccccc".to_vec();
+            third.extend_from_slice(&LOST_MARKER[..split]);
+            let mut fourth = LOST_MARKER[split..].to_vec();
+            fourth.extend_from_slice(b"HTTP/1.1 204 No Content\r\n\r\n");
+            let steps = run(
+                &mut f,
+                &[Chunk::complete(head), lost, Chunk::complete(&third), Chunk::complete(&fourth)],
+                BodyFraming::Chunked,
+            );
+            assert_eq!(steps, vec![Step::Head, Step::MessageEnd, Step::Head], "split at {split}");
+        }
+        // A call cut by the window whose tail ends part way into the marker.
+        let mut f = Framer::new();
+        let cut = Chunk { known: b"zz", total: 9000, tail: b"xxxxxxxxxxxxx\r\n0" };
+        let steps = run(&mut f, &[Chunk::complete(head), Chunk { known: b"", total: 10, tail: b"" }, cut, Chunk::complete(b"\r\n\r\n")], BodyFraming::Chunked);
+        assert_eq!(steps, vec![Step::Head, Step::MessageEnd]);
+        assert!(f.is_idle());
     }
 
     #[test]

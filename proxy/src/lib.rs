@@ -8,6 +8,7 @@ pub mod exchange;
 pub mod framing;
 pub mod haproxy_config;
 pub mod head;
+pub mod proxy_protocol;
 pub mod trace_context;
 pub mod tracker;
 

@@ -46,6 +46,7 @@ use std::net::SocketAddr;
 use crate::exchange::{ClientExchange, Outcome, ServerExchange};
 use crate::framing::{BodyFraming, Chunk, Cursor, Framer, Step};
 use crate::head::{self, RequestHead, ResponseHead, TraceparentField};
+use crate::proxy_protocol;
 
 /// One syscall of a watched process, as the tracker needs it.
 #[derive(Clone, Copy, Debug)]
@@ -185,6 +186,14 @@ struct Connection {
     last_seq: u32,
     /// A capture gap hit the connection and no request was framed since.
     gapped: bool,
+    /// The first bytes of the request direction may be a PROXY protocol header (see
+    /// [`crate::proxy_protocol`]): set at `accept`/`connect`, cleared by the first bytes.
+    expect_proxy_header: bool,
+    /// Frontend: the client named by the PROXY header it started with.
+    proxy_client: Option<SocketAddr>,
+    /// A message head parsed on this connection: from then on, bad bytes are parse errors; before,
+    /// they mean the connection speaks something else (TLS, DNS, a `mode tcp` protocol).
+    spoke_http: bool,
 }
 
 impl Connection {
@@ -201,6 +210,9 @@ impl Connection {
             backs: VecDeque::new(),
             last_seq: 0,
             gapped: false,
+            expect_proxy_header: false,
+            proxy_client: None,
+            spoke_http: false,
         }
     }
 }
@@ -299,6 +311,7 @@ impl Tracker {
                 let mut conn = Connection::new(Role::Frontend, peer);
                 conn.local = local;
                 conn.last_seq = ev.seq;
+                conn.expect_proxy_header = true;
                 self.conns.insert(key, conn);
                 return;
             }
@@ -306,6 +319,7 @@ impl Tracker {
                 self.close(key, ev.ts_ns);
                 let mut conn = Connection::new(Role::Backend, server);
                 conn.last_seq = ev.seq;
+                conn.expect_proxy_header = true;
                 self.conns.insert(key, conn);
                 return;
             }
@@ -489,13 +503,56 @@ impl Tracker {
             }
         }
         let role = conn.role;
+        let mut chunk = chunk;
+        if conn.expect_proxy_header
+            && matches!((role, dir), (Role::Frontend, Direction::Ingress) | (Role::Backend, Direction::Egress))
+        {
+            match proxy_protocol::parse(chunk.known, chunk.total) {
+                proxy_protocol::Start::Header { len, source } => {
+                    conn.expect_proxy_header = false;
+                    if role == Role::Frontend {
+                        conn.proxy_client = source;
+                    }
+                    let rest = chunk.total - len;
+                    if rest == 0 {
+                        return;
+                    }
+                    let skip = usize::try_from(len).map_or(chunk.known.len(), |l| l.min(chunk.known.len()));
+                    chunk = Chunk { known: &chunk.known[skip..], total: rest, tail: chunk.tail };
+                }
+                // HAProxy peeks at the header and then reads exactly it, so a header arrives whole.
+                proxy_protocol::Start::Incomplete | proxy_protocol::Start::Invalid => {
+                    conn.expect_proxy_header = false;
+                    self.stats.parse_errors += 1;
+                    conn.role = Role::Opaque;
+                    self.stats.opaque_connections += 1;
+                    return;
+                }
+                proxy_protocol::Start::NotProxy => conn.expect_proxy_header = false,
+            }
+        }
         let ctx = Ctx { key, tid: ev.tid, ts: ev.ts_ns };
+        self.touch(key, role, ev.ts_ns);
         match (role, dir) {
             (Role::Frontend, Direction::Ingress) | (Role::Backend, Direction::Egress) => self.requests(ctx, chunk, dir),
             (Role::Frontend, Direction::Egress) | (Role::Backend, Direction::Ingress) => {
                 self.responses(ctx, chunk, dir);
             }
             (Role::Unknown | Role::Opaque, _) => {}
+        }
+    }
+
+    /// Any bytes on a connection are activity of its current exchange: a body that streams for
+    /// longer than the expiry is not expired mid-stream.
+    fn touch(&mut self, key: (u32, i32), role: Role, ts: u64) {
+        let Some(conn) = self.conns.get(&key) else { return };
+        let front = match role {
+            Role::Frontend => conn.fronts.front().copied(),
+            Role::Backend => conn.backs.front().and_then(|b| self.backs.get(b)).and_then(|b| b.front),
+            Role::Unknown | Role::Opaque => None,
+        };
+        if let Some(f) = front.and_then(|id| self.fronts.get_mut(&id)) {
+            f.last_activity_ns = ts;
         }
     }
 
@@ -519,11 +576,13 @@ impl Tracker {
                 Step::NeedMore => return,
                 Step::MessageEnd => {}
                 Step::Error(_) => {
-                    self.stats.parse_errors += 1;
                     *start = None;
-                    if framer_is_opaque_start(role, conn) {
+                    if conn.spoke_http {
+                        self.stats.parse_errors += 1;
+                    } else {
                         conn.role = Role::Opaque;
                         self.stats.opaque_connections += 1;
+                        return;
                     }
                 }
                 Step::Head => {
@@ -555,6 +614,7 @@ impl Tracker {
         loop {
             let Some(conn) = self.conns.get_mut(&ctx.key) else { return };
             let role = conn.role;
+            let spoke_http = conn.spoke_http;
             let (framer, _) = conn.direction(dir);
             if framer.is_desynced() && first_step && classify(chunk.known) == Some(Kind::Response) {
                 // After a capture gap: a read or write that starts with a status line.
@@ -563,6 +623,12 @@ impl Tracker {
             first_step = false;
             match framer.step(&mut cursor) {
                 Step::NeedMore => return,
+                Step::Error(_) if !spoke_http => {
+                    let conn = self.conns.get_mut(&ctx.key).expect("present");
+                    conn.role = Role::Opaque;
+                    self.stats.opaque_connections += 1;
+                    return;
+                }
                 Step::Error(_) => self.stats.parse_errors += 1,
                 Step::MessageEnd => self.response_done(ctx, role, Outcome::Complete),
                 Step::Head => {
@@ -573,6 +639,7 @@ impl Tracker {
                     };
                     let framing = self.response_head(ctx, role, response);
                     let conn = self.conns.get_mut(&ctx.key).expect("present");
+                    conn.spoke_http = true;
                     let (framer, _) = conn.direction(dir);
                     framer.set_body(framing);
                     if framing == BodyFraming::Tunnel {
@@ -724,7 +791,8 @@ impl Tracker {
     fn insert_front(&mut self, ctx: Ctx, request: Option<RequestHead>, started: u64) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
-        let (peer, local) = self.conns.get(&ctx.key).map_or((None, None), |c| (c.addr, c.local));
+        let (peer, local, client) =
+            self.conns.get(&ctx.key).map_or((None, None, None), |c| (c.addr, c.local, c.proxy_client));
         self.fronts.insert(
             id,
             FrontRecord {
@@ -734,6 +802,7 @@ impl Tracker {
                     response: None,
                     peer,
                     local,
+                    client,
                     start_ns: started,
                     end_ns: started,
                     outcome: Outcome::Complete,
@@ -757,6 +826,7 @@ impl Tracker {
         let conn = self.conns.get_mut(&ctx.key).expect("present");
         conn.fronts.push_back(id);
         conn.gapped = false;
+        conn.spoke_http = true;
     }
 
     fn new_backend(&mut self, ctx: Ctx, request: RequestHead, started: u64) {
@@ -777,6 +847,7 @@ impl Tracker {
         let conn = self.conns.get_mut(&ctx.key).expect("present");
         let server = conn.addr;
         conn.backs.push_back(back_id);
+        conn.spoke_http = true;
         self.backs.insert(
             back_id,
             BackRecord {
@@ -976,11 +1047,6 @@ impl Tracker {
         let id = back.front.expect("linked");
         self.hand_out_if_ready(id);
     }
-}
-
-/// True when a frontend whose very first message failed to parse should be treated as opaque.
-fn framer_is_opaque_start(role: Role, conn: &Connection) -> bool {
-    role == Role::Frontend && conn.fronts.is_empty()
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

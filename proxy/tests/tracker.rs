@@ -691,3 +691,76 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn proxy_protocol_headers_name_the_client_and_are_not_request_bytes() {
+    let mut t = Tracker::default();
+    let mut s = Script::default();
+    let mut v2 = b"\r\n\r\n\0\r\nQUIT\n\x21\x11\x00\x0c".to_vec();
+    v2.extend_from_slice(&[198, 51, 100, 9, 127, 0, 0, 1]);
+    v2.extend_from_slice(&40000u16.to_be_bytes());
+    v2.extend_from_slice(&80u16.to_be_bytes());
+    s.push(1, 10, OwnedOp::Accept(client()))
+        .push(1, 10, OwnedOp::Read(b"PROXY TCP4 192.0.2.7 10.0.0.1 51234 80\r\n".to_vec()))
+        .push(1, 10, OwnedOp::Read(req("/v1")))
+        .push(1, 11, OwnedOp::Accept(client()))
+        .push(1, 11, OwnedOp::Read([v2.as_slice(), req("/v2").as_slice()].concat()))
+        .push(1, 20, OwnedOp::Connect(server()))
+        // send-proxy: HAProxy's own header before its first request to the server.
+        .push(1, 20, OwnedOp::Write([b"PROXY TCP4 192.0.2.7 10.0.0.2 51234 8080\r\n".as_slice(), &req("/v1")].concat()))
+        .push(1, 20, OwnedOp::Read(resp(201, "")))
+        .push(1, 10, OwnedOp::Write(resp(201, "")))
+        .push(1, 20, OwnedOp::Write(req("/v2")))
+        .push(1, 20, OwnedOp::Read(resp(202, "")))
+        .push(1, 11, OwnedOp::Write(resp(202, "")));
+    let out = s.run(&mut t);
+    assert_eq!(out.len(), 2);
+    for ex in &out {
+        let want = if ex.request.as_ref().unwrap().path() == "/v1" { "192.0.2.7:51234" } else { "198.51.100.9:40000" };
+        assert_eq!(ex.client, Some(want.parse().unwrap()));
+        assert_eq!(ex.peer, Some(client()), "the socket's peer is kept apart");
+        assert_eq!(ex.clients.len(), 1);
+    }
+    assert_eq!(t.stats().parse_errors, 0);
+}
+
+#[test]
+fn a_body_streaming_longer_than_the_expiry_is_not_expired() {
+    let mut t = Tracker::new(tracetap_proxy::Limits { exchange_timeout_ns: 10_000, linger_ns: 1_000 });
+    let mut s = Script::default();
+    s.push(1, 10, OwnedOp::Accept(client()))
+        .push(1, 10, OwnedOp::Read(req("/stream")))
+        .push(1, 20, OwnedOp::Connect(server()))
+        .push(1, 20, OwnedOp::Write(req("/stream")))
+        .push(1, 20, OwnedOp::Read(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n".to_vec()))
+        .push(1, 10, OwnedOp::Write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n".to_vec()));
+    assert!(s.run(&mut t).is_empty());
+    // 10 pieces of body, each 5 µs apart: 50 µs in all, five times the idle limit.
+    for _ in 0..10 {
+        s.push(1, 20, OwnedOp::Read(vec![b'x'; 10])).push(1, 10, OwnedOp::Write(vec![b'x'; 10]));
+        let out = s.run(&mut t);
+        t.expire(s.ts + 1_000);
+        let expired: Vec<_> = t.drain().chain(out).collect();
+        if let Some(ex) = expired.first() {
+            assert_eq!(ex.outcome, Outcome::Complete, "expired mid-stream");
+        }
+    }
+    assert_eq!(t.stats().expired_exchanges, 0);
+}
+
+#[test]
+fn tls_and_dns_on_backend_sockets_are_opaque_not_parse_errors() {
+    let mut t = Tracker::default();
+    let mut s = Script::default();
+    s.push(1, 20, OwnedOp::Connect(server()))
+        .push(1, 20, OwnedOp::Write(vec![0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03]))
+        .push(1, 20, OwnedOp::Read(vec![0x16, 0x03, 0x03, 0x00, 0x7a, 0x02]))
+        .push(1, 21, OwnedOp::Connect(server()))
+        .push(1, 21, OwnedOp::Write(vec![0x12, 0x34, 0x01, 0x00, 0x00, 0x01, 0, 0, 0, 0, 0, 0, 3, b'w', b'w', b'w']))
+        .push(1, 22, OwnedOp::Connect(server()))
+        // A server that speaks first (a banner).
+        .push(1, 22, OwnedOp::Read(b"\x00\x00\x00\x0a5.7.0\x00".to_vec()));
+    assert!(s.run(&mut t).is_empty());
+    assert_eq!(t.stats().parse_errors, 0);
+    assert_eq!(t.stats().opaque_connections, 3);
+}
