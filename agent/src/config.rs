@@ -88,6 +88,12 @@ pub struct Config {
     pub node_name: Option<String>,
     /// `TRACETAP_K8S_POD_SELECTOR`: trace only `HAProxy` processes in pods with matching labels.
     pub pod_selector: Option<LabelSelector>,
+    /// Most characters of a string span attribute value: `OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT`,
+    /// else `OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT`; `None` (the default) for no limit.
+    pub attribute_value_length_limit: Option<usize>,
+    /// `TRACETAP_EXCHANGE_IDLE_TIMEOUT`: an exchange without activity for this long is expired.
+    /// Its nanoseconds fit in a `u64` (the tracker's clock).
+    pub exchange_idle_timeout: Duration,
 }
 
 /// Every variable the agent reads, with its default and meaning. The README's table is this list.
@@ -134,6 +140,21 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
         "TRACETAP_PROBE_STATS",
         "false",
         "`true` enables the kernel's BPF run-time statistics (about 20 ns per probe run) and exports them in /metrics",
+    ),
+    (
+        "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT",
+        "(unset: no limit)",
+        "most characters of a string span attribute value; longer values are cut",
+    ),
+    (
+        "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT",
+        "(unset: no limit)",
+        "the same for span attributes; wins over `OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT`",
+    ),
+    (
+        "TRACETAP_EXCHANGE_IDLE_TIMEOUT",
+        "300s",
+        "an exchange with no traffic for this long ends, exported with `error.type` `timeout` (`ms`, `s` or `m`)",
     ),
     ("TRACETAP_LOG", "info", "log filter (tracing-subscriber EnvFilter syntax), logs go to stderr"),
     (
@@ -200,6 +221,11 @@ impl<F: Fn(&str) -> Option<String>> Source<F> {
         }
     }
 
+    /// A value that has no default: `None` when unset.
+    fn optional<T: std::str::FromStr>(&self, var: &'static str, expected: &str) -> Result<Option<T>, ConfigError> {
+        self.get(var).map(|v| v.trim().parse().map_err(|_| err(var, &v, expected))).transpose()
+    }
+
     fn millis(&self, var: &'static str, default_ms: u64) -> Result<Duration, ConfigError> {
         self.parse(var, default_ms, "a whole number of milliseconds").map(Duration::from_millis)
     }
@@ -232,6 +258,28 @@ impl<F: Fn(&str) -> Option<String>> Source<F> {
             _ => Err(err(var, &v, expected)),
         }
     }
+}
+
+/// Both variables are checked, so a typo in either is reported; the span one wins.
+fn parse_value_length_limit(src: &Source<impl Fn(&str) -> Option<String>>) -> Result<Option<usize>, ConfigError> {
+    let expected = "a whole number of characters (unset for no limit)";
+    let span = src.optional("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", expected)?;
+    let general = src.optional("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", expected)?;
+    Ok(span.or(general))
+}
+
+/// The tracker counts time in `u64` nanoseconds: a longer timeout (over 584 years) would wrap.
+fn parse_exchange_idle_timeout(src: &Source<impl Fn(&str) -> Option<String>>) -> Result<Duration, ConfigError> {
+    let var = "TRACETAP_EXCHANGE_IDLE_TIMEOUT";
+    let timeout = src.duration(var, Duration::from_mins(5))?;
+    if u64::try_from(timeout.as_nanos()).is_err() {
+        return Err(err(
+            var,
+            &format!("{timeout:?}"),
+            "a positive duration with a unit, such as 30s or 5m, shorter than 584 years",
+        ));
+    }
+    Ok(timeout)
 }
 
 fn parse_pod_selector(src: &Source<impl Fn(&str) -> Option<String>>) -> Result<Option<LabelSelector>, ConfigError> {
@@ -423,6 +471,8 @@ impl Config {
             tail,
             node_name: src.get("NODE_NAME").map(|n| n.trim().to_owned()),
             pod_selector: parse_pod_selector(&src)?,
+            attribute_value_length_limit: parse_value_length_limit(&src)?,
+            exchange_idle_timeout: parse_exchange_idle_timeout(&src)?,
         })
     }
 }
@@ -569,6 +619,11 @@ mod tests {
             ("TRACETAP_TARGET_PIDS", "12,abc"),
             ("TRACETAP_RING_BYTES", "100000"),
             ("TRACETAP_PROBE_STATS", "yes"),
+            ("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "-1"),
+            ("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "lots"),
+            ("TRACETAP_EXCHANGE_IDLE_TIMEOUT", "0s"),
+            ("TRACETAP_EXCHANGE_IDLE_TIMEOUT", "300"),
+            ("TRACETAP_EXCHANGE_IDLE_TIMEOUT", "18446744073709551615ms"),
         ] {
             let e = parse(&[(var, value)]).unwrap_err();
             assert_eq!(e.var, var, "{value}");
@@ -672,6 +727,43 @@ mod tests {
         assert_eq!(doc("TRACETAP_CAPTURE_BYTES"), c.capture_bytes.to_string());
         assert_eq!(doc("TRACETAP_RING_BYTES"), c.ring_bytes.to_string());
         assert_eq!(doc("OTEL_SERVICE_NAME"), c.service_name);
+        assert_eq!(doc("TRACETAP_EXCHANGE_IDLE_TIMEOUT"), format!("{}s", c.exchange_idle_timeout.as_secs()));
+        assert!(doc("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT").contains("no limit"));
+        assert_eq!(c.attribute_value_length_limit, None);
+    }
+
+    #[test]
+    fn span_value_length_limit_wins_over_the_general_one() {
+        assert_eq!(parse(&[]).unwrap().attribute_value_length_limit, None, "no limit by default");
+        let limit = |pairs: &[(&str, &str)]| parse(pairs).unwrap().attribute_value_length_limit;
+        assert_eq!(limit(&[("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "128")]), Some(128));
+        assert_eq!(limit(&[("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", " 64 ")]), Some(64));
+        assert_eq!(
+            limit(&[("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "128"), ("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "64")]),
+            Some(64)
+        );
+        assert_eq!(
+            limit(&[("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "128"), ("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "")]),
+            Some(128),
+            "an empty value is unset"
+        );
+        assert_eq!(limit(&[("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "0")]), Some(0));
+        let e = parse(&[("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "1k"), ("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "64")])
+            .unwrap_err();
+        assert_eq!(e.var, "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "a bad value is an error even when overridden");
+        assert!(e.to_string().contains("whole number of characters"), "{e}");
+    }
+
+    #[test]
+    fn exchange_idle_timeout_takes_a_duration() {
+        assert_eq!(parse(&[]).unwrap().exchange_idle_timeout, Duration::from_mins(5));
+        let c = parse(&[("TRACETAP_EXCHANGE_IDLE_TIMEOUT", "90s")]).unwrap();
+        assert_eq!(c.exchange_idle_timeout, Duration::from_secs(90));
+        let c = parse(&[("TRACETAP_EXCHANGE_IDLE_TIMEOUT", "1500ms")]).unwrap();
+        assert_eq!(c.exchange_idle_timeout.as_nanos(), 1_500_000_000);
+        let e = parse(&[("TRACETAP_EXCHANGE_IDLE_TIMEOUT", "-5s")]).unwrap_err();
+        assert_eq!(e.var, "TRACETAP_EXCHANGE_IDLE_TIMEOUT");
+        assert!(e.to_string().contains("positive duration"), "{e}");
     }
 
     #[test]

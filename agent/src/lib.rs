@@ -14,3 +14,4 @@ pub mod names;
 pub mod sampling;
 pub mod spans;
 pub mod tail;
+pub mod target;

@@ -7,8 +7,11 @@
 //! [`SpanView`]s that borrow the exchange's captured strings; `encode::BatchEncoder` turns them into
 //! OTLP bytes. [`SpanBuilder::build`] makes prost messages from the same views: the reference path,
 //! kept for tests and benchmarks.
+//!
+//! Privacy and limits: `url.query` and `url.full` come through [`crate::target`], which redacts
+//! credentials; string values are cut to `OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT` characters.
+//! Both borrow when there is nothing to change.
 
-use std::fmt::Write as _;
 use std::net::SocketAddr;
 
 use bumpalo::Bump;
@@ -20,6 +23,7 @@ use tracetap_proxy::{ClientExchange, Outcome, RequestHead, ServerExchange, Trace
 
 use crate::encode::{Attr, SpanView, Value};
 use crate::sampling::Sampler;
+use crate::target::{Target, scrub_query, truncate_chars};
 
 /// Span flags: the W3C sampled flag, plus "has `is_remote`" (bit 8) and "`is_remote`" (bit 9) of the
 /// OTLP `SpanFlags` for the parent.
@@ -51,6 +55,8 @@ pub struct SpanBuilder {
     rng: fastrand::Rng,
     /// Added to monotonic ns to get Unix ns.
     mono_to_unix_ns: i128,
+    /// Most characters of a string attribute value (`OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT`).
+    value_length_limit: Option<usize>,
 }
 
 /// What [`SpanBuilder::build`] did with an exchange.
@@ -63,13 +69,21 @@ pub enum Built {
 impl SpanBuilder {
     #[must_use]
     pub fn new(sampler: Sampler, mono_to_unix_ns: i128) -> Self {
-        Self { sampler, rng: fastrand::Rng::new(), mono_to_unix_ns }
+        Self { sampler, rng: fastrand::Rng::new(), mono_to_unix_ns, value_length_limit: None }
     }
 
     /// A builder with a fixed seed for its ids (tests and benchmarks).
     #[must_use]
     pub fn with_seed(sampler: Sampler, mono_to_unix_ns: i128, seed: u64) -> Self {
-        Self { sampler, rng: fastrand::Rng::with_seed(seed), mono_to_unix_ns }
+        Self { sampler, rng: fastrand::Rng::with_seed(seed), mono_to_unix_ns, value_length_limit: None }
+    }
+
+    /// Cuts string attribute values to `limit` characters (`None`: no limit, the default), as
+    /// `Config::attribute_value_length_limit` says.
+    #[must_use]
+    pub fn with_value_length_limit(mut self, limit: Option<usize>) -> Self {
+        self.value_length_limit = limit;
+        self
     }
 
     fn unix_ns(&self, mono: u64) -> u64 {
@@ -107,7 +121,7 @@ impl SpanBuilder {
         let method = request.map_or("_OTHER", |r| known_method(&r.method));
         let status_code = ex.response.map(|r| r.status);
         let mut attrs = BumpVec::with_capacity_in(16, bump);
-        push_request_attributes(&mut attrs, request);
+        push_request_attributes(&mut attrs, bump, request.map(|r| (r, Target::parse(&r.target))));
         if let Some(r) = request {
             if let Some(host) = &r.host {
                 let (address, port) = split_host(host);
@@ -134,6 +148,7 @@ impl SpanBuilder {
         }
         // SERVER spans: 5xx and aborted exchanges are errors, 4xx are the client's business.
         let error = push_error_type(&mut attrs, bump, ex.outcome, status_code, 500);
+        limit_values(&mut attrs, self.value_length_limit);
         out.push(SpanView {
             trace_id: decision.trace_id,
             span_id,
@@ -162,15 +177,16 @@ impl SpanBuilder {
         bump: &'a Bump,
     ) -> SpanView<'a> {
         let mut attrs = BumpVec::with_capacity_in(14, bump);
-        push_request_attributes(&mut attrs, Some(&ex.request));
+        let target = Target::parse(&ex.request.target);
+        push_request_attributes(&mut attrs, bump, Some((&ex.request, target)));
         if let Some(server) = ex.server {
             let ip = ip_in(bump, server);
             attrs.push(attr_str("server.address", ip));
             attrs.push(attr_int("server.port", i64::from(server.port())));
-            let mut url = bumpalo::collections::String::new_in(bump);
-            let _ = write!(url, "http://{server}{}", ex.request.target);
-            attrs.push(attr_str("url.full", url.into_bump_str()));
             push_peer(&mut attrs, ip, server.port());
+        }
+        if let Some(url) = target.full_url(&ex.request.target, ex.server, bump) {
+            attrs.push(attr_str("url.full", url));
         }
         let status_code = ex.response.map(|r| r.status);
         if let Some(code) = status_code {
@@ -183,6 +199,7 @@ impl SpanBuilder {
         }
         // CLIENT spans: any status from 400 up is an error, per the HTTP conventions.
         let error = push_error_type(&mut attrs, bump, ex.outcome, status_code, 400);
+        limit_values(&mut attrs, self.value_length_limit);
         SpanView {
             trace_id: decision.trace_id,
             span_id: new_span_id(&mut self.rng),
@@ -278,8 +295,13 @@ fn attr_int(key: &'static str, value: i64) -> Attr<'static> {
     Attr { key, value: Value::Int(value) }
 }
 
-fn push_request_attributes<'a>(attrs: &mut BumpVec<'a, Attr<'a>>, request: Option<&'a RequestHead>) {
-    let Some(r) = request else {
+/// The request's attributes; `target` is `r.target` parsed (the caller may need it again).
+fn push_request_attributes<'a>(
+    attrs: &mut BumpVec<'a, Attr<'a>>,
+    bump: &'a Bump,
+    request: Option<(&'a RequestHead, Target<'a>)>,
+) {
+    let Some((r, target)) = request else {
         attrs.push(attr_str("http.request.method", "_OTHER"));
         return;
     };
@@ -292,12 +314,23 @@ fn push_request_attributes<'a>(attrs: &mut BumpVec<'a, Attr<'a>>, request: Optio
     if method != r.method {
         attrs.push(attr_str("http.request.method_original", &r.method));
     }
-    attrs.push(attr_str("url.path", r.path()));
-    if let Some(q) = r.query() {
-        attrs.push(attr_str("url.query", q));
+    attrs.push(attr_str("url.path", target.path()));
+    if let Some(q) = target.query() {
+        attrs.push(attr_str("url.query", scrub_query(q, bump)));
     }
     attrs.push(attr_str("url.scheme", "http"));
     attrs.push(attr_str("network.protocol.version", if r.version_minor == 0 { "1.0" } else { "1.1" }));
+}
+
+/// Applies the attribute value length limit to every string value; cut values stay borrowed.
+/// Resource attributes are exempt, as the SDK specification says.
+fn limit_values(attrs: &mut [Attr<'_>], limit: Option<usize>) {
+    let Some(limit) = limit else { return };
+    for attr in attrs {
+        if let Value::Str(s) = &mut attr.value {
+            *s = truncate_chars(s, limit);
+        }
+    }
 }
 
 fn push_peer<'a>(attrs: &mut BumpVec<'a, Attr<'a>>, ip: &'a str, port: u16) {
@@ -423,6 +456,95 @@ mod tests {
         assert_eq!(attr(&out[0].span, "haproxy.frontend"), Some(&any_value::Value::StringValue("fe_main".into())));
         assert_eq!(out[1].span.name, "GET be_app");
         assert_eq!(attr(&out[1].span, "haproxy.server"), Some(&any_value::Value::StringValue("app1".into())));
+    }
+
+    fn str_attr<'a>(span: &'a Span, key: &str) -> Option<&'a str> {
+        match attr(span, key)? {
+            any_value::Value::StringValue(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    fn build(ex: &ServerExchange, limit: Option<usize>) -> Vec<SpanRecord> {
+        let mut out = Vec::new();
+        SpanBuilder::new(Sampler::default(), 0).with_value_length_limit(limit).build(ex, None, &mut out);
+        out
+    }
+
+    #[test]
+    fn credentials_in_the_query_are_redacted_on_both_spans() {
+        let ex = exchange(
+            b"GET /o?X-Goog-Signature=abc&design=1&sig=s3cret HTTP/1.1\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\n\r\n",
+            Outcome::Complete,
+        );
+        let out = build(&ex, None);
+        let (server, client) = (&out[0].span, &out[1].span);
+        assert_eq!(str_attr(server, "url.query"), Some("X-Goog-Signature=REDACTED&design=1&sig=REDACTED"));
+        assert_eq!(str_attr(client, "url.query"), str_attr(server, "url.query"));
+        assert_eq!(
+            str_attr(client, "url.full"),
+            Some("http://127.0.0.1:8080/o?X-Goog-Signature=REDACTED&design=1&sig=REDACTED")
+        );
+        let exported = format!("{out:?}");
+        assert!(!exported.contains("s3cret") && !exported.contains("abc"), "{exported}");
+    }
+
+    #[test]
+    fn url_full_of_an_absolute_form_target_has_no_userinfo() {
+        let mut ex = exchange(
+            b"GET http://bob:hunter2@[2001:db8::7]:8443/a/b?Signature=x&q=1 HTTP/1.1\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\n\r\n",
+            Outcome::Complete,
+        );
+        ex.clients[0].server = Some("[2001:db8::7]:8443".parse().unwrap());
+        let out = build(&ex, None);
+        let (server, client) = (&out[0].span, &out[1].span);
+        assert_eq!(
+            str_attr(client, "url.full"),
+            Some("http://REDACTED:REDACTED@[2001:db8::7]:8443/a/b?Signature=REDACTED&q=1")
+        );
+        assert_eq!(str_attr(client, "server.address"), Some("2001:db8::7"));
+        assert_eq!(str_attr(server, "url.path"), Some("/a/b"));
+        assert_eq!(str_attr(server, "url.query"), Some("Signature=REDACTED&q=1"));
+        assert!(!format!("{out:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn url_full_without_query_and_with_an_ipv6_server() {
+        let mut ex = exchange(b"GET /plain HTTP/1.1\r\n\r\n", b"HTTP/1.1 200 OK\r\n\r\n", Outcome::Complete);
+        ex.clients[0].server = Some("[::1]:9000".parse().unwrap());
+        let out = build(&ex, None);
+        assert_eq!(str_attr(&out[1].span, "url.full"), Some("http://[::1]:9000/plain"));
+        assert_eq!(attr(&out[0].span, "url.query"), None);
+        let mut ex = exchange(b"GET http://h:81 HTTP/1.1\r\n\r\n", b"HTTP/1.1 200 OK\r\n\r\n", Outcome::Complete);
+        ex.clients[0].server = None;
+        let out = build(&ex, None);
+        assert_eq!(str_attr(&out[1].span, "url.full"), Some("http://h:81"), "the target names the host itself");
+        assert_eq!(str_attr(&out[1].span, "url.path"), Some("/"));
+    }
+
+    #[test]
+    fn string_values_are_cut_to_the_limit_in_characters() {
+        let mut request = b"GET /\xc3\xa9t\xc3\xa9?q=\xe6\x97\xa5\xe6\x9c\xac HTTP/1.1\r\nUser-Agent: ".to_vec();
+        request.extend_from_slice("agent-日本語-long".as_bytes());
+        request.extend_from_slice(b"\r\n\r\n");
+        let ex = exchange(&request, b"HTTP/1.1 503 Service Unavailable\r\n\r\n", Outcome::Complete);
+        let out = build(&ex, Some(3));
+        let server = &out[0].span;
+        assert_eq!(str_attr(server, "url.path"), Some("/ét"), "é is one character of two bytes");
+        assert_eq!(str_attr(server, "url.query"), Some("q=日"));
+        assert_eq!(str_attr(server, "user_agent.original"), Some("age"));
+        assert_eq!(str_attr(server, "error.type"), Some("503"));
+        assert_eq!(
+            attr(server, "http.response.status_code"),
+            Some(&any_value::Value::IntValue(503)),
+            "ints are not cut"
+        );
+        assert_eq!(server.name, "GET", "names are not attributes");
+        assert_eq!(str_attr(&out[1].span, "url.full"), Some("htt"));
+        let unlimited = build(&ex, None);
+        assert_eq!(str_attr(&unlimited[0].span, "user_agent.original"), Some("agent-日本語-long"));
     }
 
     #[test]

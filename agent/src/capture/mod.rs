@@ -76,7 +76,10 @@ pub fn run(
     mut pods: Pods,
     stop: &Arc<AtomicBool>,
 ) {
-    let mut tracker = Tracker::new(Limits::default());
+    let mut tracker = Tracker::new(Limits {
+        exchange_timeout_ns: config.exchange_idle_timeout.as_nanos() as u64,
+        ..Limits::default()
+    });
     let mut builder = SpanBuilder::new(config.sampler, loader::monotonic_to_unix_offset_ns());
     let mut targets: BTreeSet<u32> = BTreeSet::new();
     let mut batcher =
