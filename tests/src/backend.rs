@@ -9,7 +9,10 @@
 //!
 //! Whatever the path, a request with `x-want-status: NNN` is answered with status NNN and a small
 //! body naming it, and one with `x-delay-ms: N` is answered after N milliseconds (the linking
-//! tests send identical requests that each ask for their own status and delay). Such an answer
+//! tests send identical requests that each ask for their own status and delay). With
+//! `x-want-status: cycle` the backend picks the status itself, the next of
+//! [`crate::linking::statuses`] in turn, and with `x-delay-ms: random` a delay of 0-15 ms: requests
+//! that are identical byte for byte still get statuses no concurrent request has. Such an answer
 //! also says what reached the backend: `x-seen-target` (the request target after `HAProxy`'s
 //! rewrites) and `x-seen-headers` (the request's header names, lowercase, comma-separated).
 //!
@@ -18,6 +21,7 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use std::pin::Pin;
@@ -122,10 +126,21 @@ async fn answer(mut req: Request<hyper::body::Incoming>) -> Response<AnyBody> {
     } else if let Some(n) = number("/chunked/") {
         body = Chunks { left: n }.boxed();
     }
-    if let Some(ms) = header_number(&parts.headers, "x-delay-ms") {
+    let delay = match parts.headers.get("x-delay-ms").map(hyper::header::HeaderValue::as_bytes) {
+        Some(b"random") => Some(pick(&DELAYS) % 16),
+        _ => header_number(&parts.headers, "x-delay-ms"),
+    };
+    if let Some(ms) = delay {
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
-    if let Some(code) = header_number(&parts.headers, "x-want-status") {
+    let code = match parts.headers.get("x-want-status").map(hyper::header::HeaderValue::as_bytes) {
+        Some(b"cycle") => {
+            let all = crate::linking::statuses();
+            Some(u64::from(all[(STATUSES.fetch_add(1, Ordering::Relaxed) as usize) % all.len()]))
+        }
+        _ => header_number(&parts.headers, "x-want-status"),
+    };
+    if let Some(code) = code {
         status = u16::try_from(code).ok().and_then(|c| StatusCode::from_u16(c).ok()).unwrap_or(StatusCode::BAD_REQUEST);
         body = full(format!("status {code}\n"));
     }
@@ -139,6 +154,19 @@ async fn answer(mut req: Request<hyper::body::Incoming>) -> Response<AnyBody> {
         resp = resp.header("x-request-id", id);
     }
     resp.body(body).expect("response")
+}
+
+/// The next status for `x-want-status: cycle`, and the state of the delays for `x-delay-ms: random`
+/// (shared by every backend of the process: the requests only need statuses no concurrent request has).
+static STATUSES: AtomicU64 = AtomicU64::new(0);
+static DELAYS: AtomicU64 = AtomicU64::new(0);
+
+/// A pseudo-random number from `state` (splitmix64).
+fn pick(state: &AtomicU64) -> u64 {
+    let mut z = state.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed).wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// A header's value as a number, when it is one.

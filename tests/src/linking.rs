@@ -4,6 +4,9 @@
 //! when its parent SERVER span has the same status and contains it in time. Requests in flight at
 //! the same moment always ask for different statuses (every client has its own statuses, used in
 //! turn), so a CLIENT span put under a concurrent request's SERVER span shows as a status mismatch.
+//! With [`Scenario::same_bytes`] the requests carry no per-request header at all: the backend picks
+//! each status in turn from [`statuses`] (so concurrent requests still get different ones) and
+//! each delay, and the client learns its status from the response.
 //!
 //! [`run`] drives one [`Scenario`] and returns a [`Report`]; [`accuracy`] is the computation alone.
 
@@ -51,6 +54,9 @@ pub struct Scenario {
     pub max_delay_ms: u64,
     /// The request target the backend must see after `HAProxy`'s rewrites (default: `path`).
     pub backend_target: String,
+    /// Requests identical byte for byte (`x-want-status: cycle`, `x-delay-ms: random`): the backend
+    /// picks each status and delay, so no request header tells one request from another.
+    pub same_bytes: bool,
     /// Header names (lowercase) the backend must see, and must not see.
     pub backend_has: Vec<&'static str>,
     pub backend_lacks: Vec<&'static str>,
@@ -68,6 +74,7 @@ impl Scenario {
             clients: 24,
             per_client: 84,
             reconnect_every: 0,
+            same_bytes: false,
             path: "/same",
             max_delay_ms: 15,
             backend_target: "/same".to_owned(),
@@ -88,6 +95,13 @@ impl Scenario {
         self.backend_lines.push_str("    ");
         self.backend_lines.push_str(line);
         self.backend_lines.push('\n');
+        self
+    }
+
+    /// Requests identical byte for byte: the backend picks statuses and delays.
+    #[must_use]
+    pub fn same_bytes(mut self) -> Self {
+        self.same_bytes = true;
         self
     }
 
@@ -373,7 +387,11 @@ pub fn drive(scenario: &Scenario, front: SocketAddr) -> Sent {
                     let want = own[r % own.len()];
                     let delay = rng.below(scenario.max_delay_ms + 1);
                     mine.requests += 1;
-                    let headers = [("x-want-status", want.to_string()), ("x-delay-ms", delay.to_string())];
+                    let headers = if scenario.same_bytes {
+                        [("x-want-status", "cycle".to_owned()), ("x-delay-ms", "random".to_owned())]
+                    } else {
+                        [("x-want-status", want.to_string()), ("x-delay-ms", delay.to_string())]
+                    };
                     let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
                     match conn.get(scenario.path, &headers) {
                         Ok(resp) => {
@@ -418,6 +436,8 @@ pub fn drive(scenario: &Scenario, front: SocketAddr) -> Sent {
 /// Why a response breaks the scenario's premise: not the status asked for, or the backend saw
 /// another target or headers than the configuration implies.
 fn premise_problem(scenario: &Scenario, want: u16, resp: &crate::client::Response) -> Option<String> {
+    let asked = if scenario.same_bytes { resp.body.strip_prefix(b"status ") } else { None };
+    let want = asked.and_then(|b| std::str::from_utf8(b).ok()?.trim().parse().ok()).unwrap_or(want);
     if resp.status != want {
         return Some(format!("asked for {want}, got {} (body {:?})", resp.status, String::from_utf8_lossy(&resp.body)));
     }

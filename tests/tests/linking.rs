@@ -4,7 +4,8 @@
 //! status and contains it in time; at least 99.9% must be, and every request must have exactly one
 //! SERVER span. Scenarios: keep-alive clients at 1 and 4 threads; connection churn (clients
 //! reconnecting every 3 requests) with each `http-reuse` mode and with a server queue, at 1 and 4
-//! threads; rewrites (path, URI, query, headers) at 4 threads. The driver and the accuracy computation live in
+//! threads; rewrites (path, URI, query, headers) at 4 threads; and a few of them again with
+//! requests identical byte for byte (the backend picks the statuses). The driver and the accuracy computation live in
 //! `tracetap_tests::linking`. Each test prints a `scenario=... pct=...` line (see `--nocapture`).
 //! Needs root.
 
@@ -121,5 +122,34 @@ fn headers_added_and_removed() {
             .backend("http-request set-header X-Added 1")
             .backend("http-request del-header User-Agent")
             .backend_headers(&["x-added"], &["user-agent"]),
+    );
+}
+
+// The same scenarios with requests identical byte for byte: the backend picks each status (in
+// turn) and delay itself, so no request header (which a linker could fingerprint) tells two
+// requests apart; only the statuses of their responses do.
+
+#[test]
+fn identical_requests_same_bytes_nbthread_1() {
+    check(&Scenario::new("identical_same_bytes_nbthread_1").nbthread(1).same_bytes());
+}
+
+#[test]
+fn http_reuse_safe_same_bytes_nbthread_1() {
+    check(&churn("http_reuse_safe_same_bytes_nbthread_1", 1, "http-reuse safe").same_bytes());
+}
+
+#[test]
+fn server_maxconn_queue_same_bytes_nbthread_1() {
+    check(&queue("server_maxconn_queue_same_bytes_nbthread_1", 1).same_bytes());
+}
+
+#[test]
+fn set_path_same_bytes() {
+    check(
+        &Scenario::new("set_path_same_bytes")
+            .backend("http-request set-path /v2%[path]")
+            .backend_target("/v2/same")
+            .same_bytes(),
     );
 }
