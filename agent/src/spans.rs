@@ -134,9 +134,21 @@ impl SpanBuilder {
                 attrs.push(attr_str("user_agent.original", ua));
             }
         }
-        if let Some(peer) = ex.peer {
-            let ip = ip_in(bump, peer);
-            attrs.push(attr_str("client.address", ip));
+        // client.*: the original client, which a PROXY protocol header names when a load balancer
+        // sits in front of HAProxy; network.peer.*: always the socket's peer.
+        let peer_ip = ex.peer.map(|peer| ip_in(bump, peer));
+        match (ex.client, ex.peer.zip(peer_ip)) {
+            (Some(client), _) => {
+                attrs.push(attr_str("client.address", ip_in(bump, client)));
+                attrs.push(attr_int("client.port", i64::from(client.port())));
+            }
+            (None, Some((peer, ip))) => {
+                attrs.push(attr_str("client.address", ip));
+                attrs.push(attr_int("client.port", i64::from(peer.port())));
+            }
+            (None, None) => {}
+        }
+        if let Some((peer, ip)) = ex.peer.zip(peer_ip) {
             push_peer(&mut attrs, ip, peer.port());
         }
         if let Some(code) = status_code {
@@ -383,6 +395,7 @@ mod tests {
             response: Some(parse_response(status).unwrap()),
             peer: Some("10.1.2.3:5555".parse().unwrap()),
             local: None,
+            client: None,
             start_ns: 10,
             end_ns: 40,
             outcome,
@@ -411,7 +424,17 @@ mod tests {
         assert_eq!(attr(server, "url.path"), Some(&any_value::Value::StringValue("/x".into())));
         assert_eq!(attr(server, "server.port"), Some(&any_value::Value::IntValue(8443)));
         assert_eq!(attr(server, "client.address"), Some(&any_value::Value::StringValue("10.1.2.3".into())));
+        assert_eq!(attr(server, "network.peer.address"), Some(&any_value::Value::StringValue("10.1.2.3".into())));
         assert_eq!(attr(client, "server.port"), Some(&any_value::Value::IntValue(8080)));
+        // Behind a load balancer speaking the PROXY protocol.
+        let mut proxied = ex.clone();
+        proxied.client = Some("192.0.2.7:51234".parse().unwrap());
+        out.clear();
+        b.build(&proxied, None, &mut out);
+        let server = &out[0].span;
+        assert_eq!(attr(server, "client.address"), Some(&any_value::Value::StringValue("192.0.2.7".into())));
+        assert_eq!(attr(server, "client.port"), Some(&any_value::Value::IntValue(51234)));
+        assert_eq!(attr(server, "network.peer.address"), Some(&any_value::Value::StringValue("10.1.2.3".into())));
         assert_eq!(server.status.as_ref().unwrap().code, 0);
     }
 
