@@ -4,7 +4,12 @@
 SHELL := /bin/bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-APT_PACKAGES := haproxy wrk curl pkg-config llvm-22-dev libpolly-22-dev libzstd-dev python3-venv
+APT_PACKAGES := haproxy wrk curl pkg-config llvm-22-dev libpolly-22-dev libzstd-dev python3-venv debootstrap
+# Debian 13's HAProxy 3.0 for the tests that run a scenario against both versions: a minimal
+# trixie tree made by debootstrap (tests/src/haproxy.rs runs it chrooted in its own namespaces).
+# Built in TRIXIE.partial and renamed when complete, so an interrupted run is started over.
+TRIXIE := $(CURDIR)/.tools/trixie
+TRIXIE_MIRROR ?= http://deb.debian.org/debian
 BPF_LINKER_VERSION := 0.13.0
 # Manifest validation tools (PyPI), in a virtualenv of the checkout.
 TOOLS := $(CURDIR)/.tools/venv
@@ -25,6 +30,19 @@ setup:
 		echo "building bpf-linker $(BPF_LINKER_VERSION) against LLVM 22"; \
 		LLVM_PREFIX=/usr/lib/llvm-22 LLVM_SYS_221_PREFIX=/usr/lib/llvm-22 \
 			cargo install bpf-linker --locked --version $(BPF_LINKER_VERSION) --no-default-features --features llvm-22; \
+	fi
+	@if [ ! -x $(TRIXIE)/usr/sbin/haproxy ]; then \
+		for d in $(TRIXIE).partial $(TRIXIE); do \
+			[ -e "$$d" ] || continue; \
+			echo "removing incomplete $$d"; \
+			awk -v d="$$d/" 'index($$2 "/", d) == 1 { print $$2 }' /proc/self/mounts | sort -r | xargs -r -n1 umount -l; \
+			rm -rf --one-file-system "$$d" || exit 1; \
+		done; \
+		echo "debootstrap: Debian 13 (trixie) with haproxy into $(TRIXIE)"; \
+		mkdir -p $(dir $(TRIXIE)) \
+			&& debootstrap --variant=minbase --include=haproxy trixie $(TRIXIE).partial $(TRIXIE_MIRROR) >$(TRIXIE).log 2>&1 \
+			&& mv $(TRIXIE).partial $(TRIXIE) \
+			|| { echo "debootstrap failed; its log: $(TRIXIE).log"; tail -n 20 $(TRIXIE).log; exit 1; }; \
 	fi
 	@if ! $(TOOLS)/bin/pip freeze 2>/dev/null | grep -qx "checkov==$(CHECKOV_VERSION)" \
 		|| ! $(TOOLS)/bin/pip freeze 2>/dev/null | grep -qx "kubernetes-validate==$(KUBERNETES_VALIDATE_VERSION)"; then \

@@ -1,5 +1,13 @@
 //! A real `HAProxy` (Debian's package) run in the foreground by a test, under a command name of its
 //! own (a symlink), so each test's agent traces only that test's `HAProxy`.
+//!
+//! Two versions ([`Version`]): Debian 12's 2.6 from the host (`/usr/sbin/haproxy`), and Debian 13's
+//! 3.0 from a minimal trixie tree that `make setup` makes with debootstrap (`.tools/trixie`). The
+//! latter runs the way a container does: chrooted into the tree, in mount and pid namespaces of its
+//! own, with its own `/proc`, a read-only `/sys` and a private `/dev/shm`; its symlink and
+//! configuration live inside the tree, so the agent sees them only through `/proc/PID/root`.
+//! [`Version::from_env`] picks the default for tests that do not choose:
+//! `TRACETAP_TESTS_HAPROXY=debian13` runs every test on 3.0.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -15,12 +23,110 @@ pub fn unique_comm() -> String {
     format!("hap{}x{}", std::process::id() % 100_000, NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
+/// Which `HAProxy` a test runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Version {
+    /// Debian 12's `HAProxy` 2.6, the host's package, run directly.
+    #[default]
+    Debian12,
+    /// Debian 13's `HAProxy` 3.0 from the debootstrapped tree ([`trixie_root`]), chrooted in mount
+    /// and pid namespaces of its own.
+    Debian13,
+}
+
+/// Every version, for tests that run one scenario against each.
+#[must_use]
+pub fn versions() -> [Version; 2] {
+    [Version::Debian12, Version::Debian13]
+}
+
+impl Version {
+    /// The version tests run when they do not choose: `TRACETAP_TESTS_HAPROXY` (`debian12` or
+    /// `2.6`, `debian13` or `3.0`), else Debian 12's.
+    ///
+    /// # Panics
+    /// On any other value, so a typo does not silently test the default.
+    #[must_use]
+    pub fn from_env() -> Self {
+        match std::env::var("TRACETAP_TESTS_HAPROXY").as_deref() {
+            Err(_) | Ok("" | "debian12" | "2.6") => Self::Debian12,
+            Ok("debian13" | "3.0") => Self::Debian13,
+            Ok(other) => panic!("TRACETAP_TESTS_HAPROXY={other:?}: expected debian12 (2.6) or debian13 (3.0)"),
+        }
+    }
+
+    /// For messages: "HAProxy 2.6 (Debian 12)".
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Debian12 => "HAProxy 2.6 (Debian 12)",
+            Self::Debian13 => "HAProxy 3.0 (Debian 13)",
+        }
+    }
+}
+
+impl std::fmt::Display for Version {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The Debian 13 tree: `TRACETAP_TRIXIE_ROOT`, else `.tools/trixie` of this checkout.
+///
+/// # Panics
+/// When it has no `HAProxy` (run `make setup`).
+#[must_use]
+pub fn trixie_root() -> PathBuf {
+    let root = std::env::var_os("TRACETAP_TRIXIE_ROOT")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.tools/trixie"), PathBuf::from);
+    assert!(
+        root.join("usr/sbin/haproxy").exists(),
+        "{} has no usr/sbin/haproxy: run `make setup` (debootstraps Debian 13 with haproxy there)",
+        root.display()
+    );
+    root.canonicalize().expect("canonical trixie root")
+}
+
+/// Where an instance's symlink and configuration live inside the trixie tree, as `HAProxy` 3.0
+/// sees them (one directory per instance: parallel tests share the tree, never a file in it).
+const CHROOT_INSTANCES: &str = "tracetap-test";
+
+/// Runs as pid 1 of the new pid namespace (arguments: tree, then `HAProxy`'s command line): mounts
+/// what a container has, starts `HAProxy` chrooted, and stays while any process of the namespace
+/// lives (a `-sf` successor started by `nsenter` outlives the first process; when pid 1 exits the
+/// kernel kills the whole namespace). `set --` and the glob run in the shell itself, so no helper
+/// process is counted.
+const NAMESPACE_INIT: &str = r#"root=$1; shift
+mount -t proc proc "$root/proc" && mount -t sysfs -o ro sysfs "$root/sys" && mount -t tmpfs -o mode=1777 shm "$root/dev/shm" || exit 125
+chroot "$root" "$@" &
+wait $!
+status=$?
+while set -- "$root"/proc/[0-9]*; [ $# -gt 1 ]; do sleep 0.2; done
+exit $status"#;
+
 #[derive(Debug)]
 pub struct Haproxy {
     pub comm: String,
+    pub version: Version,
+    /// Host directory of this instance: stderr files (and, for Debian 12, the symlink and config).
     dir: PathBuf,
+    /// Host path of the configuration.
     config: PathBuf,
+    /// Debian 13: the instance's directory inside the tree, as seen from the host and from inside.
+    chroot: Option<Chroot>,
+    /// What the test spawned: `haproxy` (Debian 12), `unshare` then `nsenter` (Debian 13).
     children: Vec<Child>,
+    /// Host pid of the `HAProxy` process each child started.
+    pids: Vec<u32>,
+}
+
+#[derive(Debug)]
+struct Chroot {
+    root: PathBuf,
+    /// e.g. `/tracetap-test/hap123x4`.
+    inner: PathBuf,
+    /// Host pid of the namespace's pid 1 (the shell under `unshare`), once known.
+    init: Option<u32>,
 }
 
 fn haproxy_binary() -> PathBuf {
@@ -33,54 +139,120 @@ fn haproxy_binary() -> PathBuf {
 }
 
 impl Haproxy {
-    /// Starts `HAProxy` with `config` under command name `comm`, and waits until `wait_port` accepts
-    /// connections.
+    /// Starts `HAProxy` ([`Version::from_env`]) with `config` under command name `comm`, and waits
+    /// until `wait_port` accepts connections.
     #[must_use]
     pub fn start(comm: &str, config: &str, wait_port: u16) -> Self {
-        Self::start_with(comm, config, wait_port, &[])
+        Self::start_on(Version::from_env(), comm, config, wait_port)
+    }
+
+    /// [`Haproxy::start`] with the given version.
+    #[must_use]
+    pub fn start_on(version: Version, comm: &str, config: &str, wait_port: u16) -> Self {
+        Self::start_at(version, comm, comm, config, wait_port, &[])
     }
 
     /// Master-worker mode (`-W`): a master process that forks the worker and reloads on SIGUSR2.
     #[must_use]
     pub fn start_master_worker(comm: &str, config: &str, wait_port: u16) -> Self {
-        Self::start_with(comm, config, wait_port, &["-W".to_owned()])
+        Self::start_at(Version::from_env(), comm, comm, config, wait_port, &["-W".to_owned()])
     }
 
     /// Another instance with the same command name, in a directory of its own (`instance`).
     #[must_use]
     pub fn start_in(comm: &str, instance: &str, config: &str, wait_port: u16) -> Self {
-        Self::start_at(comm, &format!("{comm}-{instance}"), config, wait_port, &[])
+        Self::start_at(Version::from_env(), comm, &format!("{comm}-{instance}"), config, wait_port, &[])
     }
 
-    fn start_with(comm: &str, config: &str, wait_port: u16, args: &[String]) -> Self {
-        Self::start_at(comm, comm, config, wait_port, args)
-    }
-
-    fn start_at(comm: &str, dir_name: &str, config: &str, wait_port: u16, args: &[String]) -> Self {
+    fn start_at(version: Version, comm: &str, dir_name: &str, config: &str, wait_port: u16, args: &[String]) -> Self {
         let dir = std::env::temp_dir().join(format!("tracetap-e2e-{dir_name}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("temp dir");
-        let link = dir.join(comm);
-        std::os::unix::fs::symlink(haproxy_binary(), &link).expect("symlink haproxy");
-        let config_path = dir.join("haproxy.cfg");
+        let (config_path, chroot) = match version {
+            Version::Debian12 => {
+                std::os::unix::fs::symlink(haproxy_binary(), dir.join(comm)).expect("symlink haproxy");
+                (dir.join("haproxy.cfg"), None)
+            }
+            Version::Debian13 => {
+                let root = trixie_root();
+                let inner = PathBuf::from("/").join(CHROOT_INSTANCES).join(dir_name);
+                let host = host_path(&root, &inner);
+                let _ = std::fs::remove_dir_all(&host);
+                std::fs::create_dir_all(&host).expect("instance dir in the trixie tree");
+                std::os::unix::fs::symlink("/usr/sbin/haproxy", host.join(comm)).expect("symlink haproxy");
+                (host.join("haproxy.cfg"), Some(Chroot { root, inner, init: None }))
+            }
+        };
         std::fs::write(&config_path, config).expect("write config");
-        let mut h = Self { comm: comm.to_owned(), dir, config: config_path, children: Vec::new() };
+        let mut h = Self {
+            comm: comm.to_owned(),
+            version,
+            dir,
+            config: config_path,
+            chroot,
+            children: Vec::new(),
+            pids: Vec::new(),
+        };
         h.spawn(args);
         h.wait_port(wait_port);
+        h.find_pid();
         h
     }
 
     fn spawn(&mut self, extra: &[String]) {
-        let child = Command::new(self.dir.join(&self.comm))
-            .arg("-db")
-            .arg("-f")
-            .arg(&self.config)
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(self.dir.join(format!("stderr.{}", self.children.len()))).expect("log file"))
-            .spawn()
-            .expect("start haproxy");
+        let stderr = std::fs::File::create(self.dir.join(format!("stderr.{}", self.children.len()))).expect("log file");
+        let mut cmd = match &self.chroot {
+            None => {
+                let mut cmd = Command::new(self.dir.join(&self.comm));
+                cmd.arg("-db").arg("-f").arg(&self.config);
+                cmd
+            }
+            Some(chroot) => {
+                let mut cmd = match chroot.init {
+                    // The first process: new namespaces, the shell above as their pid 1. Killing
+                    // `unshare` kills that shell (--kill-child), and with it the namespace.
+                    None => {
+                        let mut cmd = Command::new("unshare");
+                        cmd.args(["--mount", "--pid", "--fork", "--kill-child", "--", "sh", "-c", NAMESPACE_INIT])
+                            .arg("tracetap-ns")
+                            .arg(&chroot.root);
+                        cmd
+                    }
+                    // A successor (reload): in the same namespaces, as a reload in a container is.
+                    Some(init) => {
+                        let mut cmd = Command::new("nsenter");
+                        cmd.arg("--target")
+                            .arg(init.to_string())
+                            .args(["--mount", "--pid", "--", "chroot"])
+                            .arg(&chroot.root);
+                        cmd
+                    }
+                };
+                cmd.arg(chroot.inner.join(&self.comm)).arg("-db").arg("-f").arg(chroot.inner.join("haproxy.cfg"));
+                cmd
+            }
+        };
+        let child = cmd.args(extra).stdout(Stdio::null()).stderr(stderr).spawn().expect("start haproxy");
         self.children.push(child);
+    }
+
+    /// Records the host pid of the `HAProxy` process the newest child started: the child itself,
+    /// or (Debian 13) its nearest descendant with this command name (the master, with `-W`).
+    fn find_pid(&mut self) {
+        let spawned = self.children.last().expect("started").id();
+        let pid = match &mut self.chroot {
+            None => spawned,
+            Some(chroot) => {
+                let found = crate::wait_for(Duration::from_secs(10), || descendant_named(spawned, &self.comm));
+                let (pid, path) = found.unwrap_or_else(|| panic!("no process named {} under pid {spawned}", self.comm));
+                if chroot.init.is_none() {
+                    // unshare -> namespace init (shell) -> HAProxy
+                    chroot.init = Some(path[1]);
+                }
+                pid
+            }
+        };
+        self.pids.push(pid);
     }
 
     fn wait_port(&self, port: u16) {
@@ -88,7 +260,11 @@ impl Haproxy {
         if up.is_none() {
             let log = std::fs::read_to_string(self.dir.join(format!("stderr.{}", self.children.len() - 1)))
                 .unwrap_or_default();
-            panic!("haproxy did not listen on port {port}; its stderr:\n{log}\nconfig:\n{}", self.config_text());
+            panic!(
+                "{} did not listen on port {port}; its stderr:\n{log}\nconfig:\n{}",
+                self.version,
+                self.config_text()
+            );
         }
     }
 
@@ -98,10 +274,10 @@ impl Haproxy {
         std::fs::read_to_string(&self.config).expect("config")
     }
 
-    /// Pid of the newest `HAProxy` process.
+    /// Host pid of the newest `HAProxy` process (the master, in master-worker mode).
     #[must_use]
     pub fn pid(&self) -> u32 {
-        self.children.last().expect("started").id()
+        *self.pids.last().expect("started")
     }
 
     /// Master-worker reload: SIGUSR2 to the master, which starts a new worker; the old one
@@ -112,19 +288,86 @@ impl Haproxy {
     }
 
     /// Seamless reload: a new process takes over the listeners (`-sf old`), the old one finishes
-    /// its connections and exits.
+    /// its connections and exits. Debian 13: the new process starts in the same namespaces, and
+    /// `-sf` names the old one by its pid there.
     pub fn reload(&mut self, wait_port: u16) {
         let old = self.pid();
+        let old = if self.chroot.is_some() { namespace_pid(old) } else { old };
         self.spawn(&["-sf".to_owned(), old.to_string()]);
         self.wait_port(wait_port);
+        self.find_pid();
     }
+}
+
+/// `root` joined with the absolute path `inner` (as seen inside the chroot).
+fn host_path(root: &std::path::Path, inner: &std::path::Path) -> PathBuf {
+    root.join(inner.strip_prefix("/").unwrap_or(inner))
+}
+
+/// (pid, parent pid, command name) of every process.
+fn processes() -> Vec<(u32, u32, String)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .filter_map(|e| {
+            let pid: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+            let (open, close) = (stat.find('(')?, stat.rfind(')')?);
+            let parent = stat[close + 1..].split_whitespace().nth(1)?.parse().ok()?;
+            Some((pid, parent, stat[open + 1..close].to_owned()))
+        })
+        .collect()
+}
+
+/// The nearest descendant of `ancestor` named `comm` (breadth first), and the pids from
+/// `ancestor` down to it.
+fn descendant_named(ancestor: u32, comm: &str) -> Option<(u32, Vec<u32>)> {
+    let procs = processes();
+    let mut level = vec![vec![ancestor]];
+    for _ in 0..8 {
+        let mut next = Vec::new();
+        for path in level {
+            let last = *path.last().expect("non-empty");
+            for (pid, _, name) in procs.iter().filter(|(_, ppid, _)| *ppid == last) {
+                let mut p = path.clone();
+                p.push(*pid);
+                if name == comm {
+                    return Some((*pid, p));
+                }
+                next.push(p);
+            }
+        }
+        level = next;
+    }
+    None
+}
+
+/// The pid of host process `pid` in its own pid namespace (last field of `NSpid`).
+fn namespace_pid(pid: u32) -> u32 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("NSpid:")?.split_whitespace().last()?.parse().ok()))
+        .unwrap_or_else(|| panic!("NSpid of {pid}"))
 }
 
 impl Drop for Haproxy {
     fn drop(&mut self) {
+        // Debian 13: SIGKILL to the namespace's pid 1 takes every process of the namespace down,
+        // and `unshare` exits once it is gone (the first child, waited for below).
+        if let Some(init) = self.chroot.as_ref().and_then(|c| c.init) {
+            let _ = Command::new("kill").arg("-KILL").arg(init.to_string()).status();
+        }
         for child in &mut self.children {
             let _ = child.kill();
             let _ = child.wait();
+        }
+        if self.chroot.is_some() {
+            let _ = crate::wait_for(Duration::from_secs(5), || {
+                self.pids.iter().all(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()).then_some(())
+            });
+        }
+        if let Some(chroot) = &self.chroot {
+            let _ = std::fs::remove_dir_all(host_path(&chroot.root, &chroot.inner));
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }

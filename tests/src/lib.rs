@@ -1,4 +1,5 @@
-//! Support for tracetap's end-to-end tests: a real `HAProxy` (Debian's package) on loopback ports,
+//! Support for tracetap's end-to-end tests: a real `HAProxy` (Debian 12's package, or Debian 13's
+//! run like a container: see [`haproxy::Version`]) on loopback ports,
 //! a backend HTTP server, an OTLP/HTTP receiver that decodes with `opentelemetry-proto`, a small
 //! blocking HTTP/1.1 client, and the real `tracetap` binary.
 //!
@@ -111,18 +112,36 @@ pub struct Stack {
 }
 
 impl Stack {
-    /// The standard configuration ([`haproxy::config`]) plus `extra`, and `env` for the agent.
+    /// The standard configuration ([`haproxy::config`]) plus `extra`, and `env` for the agent, on the
+    /// version [`haproxy::Version::from_env`] picks.
     #[must_use]
     pub fn start(extra: &str, env: &[(&str, String)]) -> Self {
         Self::with_config(|port, backend| haproxy::config(port, &[backend], extra), env)
     }
 
-    /// A configuration made by `config(frontend port, backend address)`.
+    /// [`Stack::start`] on the given `HAProxy` version.
+    #[must_use]
+    pub fn start_on(version: haproxy::Version, extra: &str, env: &[(&str, String)]) -> Self {
+        Self::with_config_on(version, |port, backend| haproxy::config(port, &[backend], extra), env)
+    }
+
+    /// A configuration made by `config(frontend port, backend address)`, on the version
+    /// [`haproxy::Version::from_env`] picks (Debian 12's 2.6 by default).
     #[must_use]
     pub fn with_config(config: impl FnOnce(u16, SocketAddr) -> String, env: &[(&str, String)]) -> Self {
+        Self::with_config_on(haproxy::Version::from_env(), config, env)
+    }
+
+    /// [`Stack::with_config`] on the given `HAProxy` version.
+    #[must_use]
+    pub fn with_config_on(
+        version: haproxy::Version,
+        config: impl FnOnce(u16, SocketAddr) -> String,
+        env: &[(&str, String)],
+    ) -> Self {
         let Rig { rt, receiver, backend, comm } = Rig::new();
         let port = free_port();
-        let haproxy = haproxy::Haproxy::start(&comm, &config(port, backend.addr), port);
+        let haproxy = haproxy::Haproxy::start_on(version, &comm, &config(port, backend.addr), port);
         let mut vars = vec![("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint()), ("TRACETAP_TARGET_COMM", comm)];
         vars.extend(env.iter().cloned());
         let agent = agent::Agent::start(&vars);
