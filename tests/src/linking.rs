@@ -509,11 +509,17 @@ pub fn measure(scenario: &Scenario, stack: &Stack, haproxy_label: &str) -> Repor
     }
 }
 
-/// Starts a traced stack with the default `HAProxy` for `scenario` and measures it.
+/// Starts a traced stack with `HAProxy` `version` for `scenario` and measures it.
+#[must_use]
+pub fn run_on(version: haproxy::Version, scenario: &Scenario) -> Report {
+    let stack = Stack::with_config_on(version, |port, backend| scenario.config(port, backend), &agent_env());
+    measure(scenario, &stack, &format!("{version:?}").to_lowercase())
+}
+
+/// [`run_on`] the version tests run when they do not choose ([`haproxy::Version::from_env`]).
 #[must_use]
 pub fn run(scenario: &Scenario) -> Report {
-    let stack = Stack::with_config(|port, backend| scenario.config(port, backend), &agent_env());
-    measure(scenario, &stack, "default")
+    run_on(haproxy::Version::from_env(), scenario)
 }
 
 #[cfg(test)]

@@ -1,26 +1,30 @@
-//! Linking accuracy end to end, one test per scenario: 24 concurrent keep-alive clients send
-//! identical `GET /same` requests through a real HAProxy, each asking the backend for its own
-//! status and a 0-15 ms delay. A CLIENT span is linked right when its SERVER span has the same
-//! status and contains it in time; at least 99.9% must be, and every request must have exactly one
-//! SERVER span. Scenarios: keep-alive clients at 1 and 4 threads; connection churn (clients
-//! reconnecting every 3 requests) with each `http-reuse` mode and with a server queue, at 1 and 4
-//! threads; rewrites (path, URI, query, headers) at 4 threads; and a few of them again with
-//! requests identical byte for byte (the backend picks the statuses). The driver and the accuracy computation live in
-//! `tracetap_tests::linking`. Each test prints a `scenario=... pct=...` line (see `--nocapture`).
-//! Needs root.
+//! Linking accuracy end to end, one test per scenario, each run on every HAProxy version
+//! (`haproxy::versions()`): 24 concurrent keep-alive clients send identical `GET /same` requests
+//! through a real HAProxy, each asking the backend for its own status and a 0-15 ms delay. A
+//! CLIENT span is linked right when its SERVER span has the same status and contains it in time;
+//! at least 99.9% must be, and every request must have exactly one SERVER span. Scenarios:
+//! keep-alive clients at 1 and 4 threads; connection churn (clients reconnecting every 3 requests)
+//! with each `http-reuse` mode and with a server queue, at 1 and 4 threads; rewrites (path, URI,
+//! query, headers) at 4 threads; and a few of them again with requests identical byte for byte
+//! (the backend picks the statuses). The driver and the accuracy computation live in
+//! `tracetap_tests::linking`. Each test prints a `scenario=... pct=...` line per version (see
+//! `--nocapture`). Needs root.
 
-use tracetap_tests::linking::{Scenario, run};
-use tracetap_tests::require_root;
+use tracetap_tests::linking::{Scenario, run_on};
+use tracetap_tests::{haproxy, require_root};
 
-/// Runs `scenario`, prints its figures, and fails with every problem found.
+/// Runs `scenario` on every `HAProxy` version, prints its figures, and fails with every problem
+/// found (after all versions ran, so the figures of each are shown).
 fn check(scenario: &Scenario) {
     if !require_root() {
         return;
     }
     let mut failures = Vec::new();
-    let report = run(scenario);
-    eprintln!("{}", report.summary());
-    failures.extend(report.failures());
+    for version in haproxy::versions() {
+        let report = run_on(version, scenario);
+        eprintln!("{}", report.summary());
+        failures.extend(report.failures());
+    }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
