@@ -159,6 +159,10 @@ struct BackRecord {
     confirmed: bool,
     /// It was linked at some point, so the relay may claim it (health checks never are).
     claimable: bool,
+    /// The tentative link had no rival: the same `traceparent`, or a target no other waiting
+    /// request of the thread had. The relay never takes such an exchange from its frontend
+    /// request (a lost record must not let another request's response steal it).
+    sure: bool,
     /// The exchange is over (response complete, or the connection closed).
     ended: bool,
     exchange: ClientExchange,
@@ -227,6 +231,9 @@ struct FrontRecord {
     unfiled_backends: u32,
     /// At least one backend request was linked to it.
     linked: bool,
+    /// A backend request was linked to it without a rival ([`BackRecord::sure`]): its relay only
+    /// ever claims its own backend exchanges.
+    sure_linked: bool,
     /// The response started: no more links.
     responding: bool,
     /// The frontend exchange ended; waiting for `open_backends` to reach 0.
@@ -729,13 +736,24 @@ impl Tracker {
     /// swapped; that one stays unconfirmed until its own relay).
     fn claim_relay(&mut self, id: u64, ctx: Ctx, status: u16) {
         let tgid = ctx.key.0;
-        let pos = self.relays.iter().position(|b| {
-            self.backs.get(b).is_some_and(|b| {
-                b.tgid == tgid
-                    && b.relay == Relay::Pending { tid: ctx.tid }
-                    && b.exchange.response.is_some_and(|r| r.status == status)
-            })
-        });
+        let relayable = |b: &BackRecord| {
+            b.tgid == tgid
+                && b.relay == Relay::Pending { tid: ctx.tid }
+                && b.exchange.response.is_some_and(|r| r.status == status)
+        };
+        let only_own = self.fronts.get(&id).is_some_and(|f| f.sure_linked);
+        let pos = self
+            .relays
+            .iter()
+            .position(|b| self.backs.get(b).is_some_and(|b| relayable(b) && b.sure && b.front == Some(id)))
+            .or_else(|| {
+                if only_own {
+                    return None;
+                }
+                self.relays.iter().position(|b| {
+                    self.backs.get(b).is_some_and(|b| relayable(b) && !(b.sure && b.front.is_some_and(|f| f != id)))
+                })
+            });
         let Some(pos) = pos else { return };
         let back_id = self.relays.remove(pos).expect("in range");
         let back = self.backs.get_mut(&back_id).expect("relays hold live backend exchanges");
@@ -760,6 +778,7 @@ impl Tracker {
                     let b = self.backs.get_mut(&swapped).expect("present");
                     b.front = Some(other);
                     b.confirmed = false;
+                    b.sure = false;
                     let ended = b.ended;
                     self.move_link_counts(Some(id), other, ended);
                 }
@@ -811,6 +830,7 @@ impl Tracker {
                 open_backends: 0,
                 unfiled_backends: 0,
                 linked: false,
+                sure_linked: false,
                 responding: false,
                 done: false,
                 last_activity_ns: ctx.ts,
@@ -832,9 +852,10 @@ impl Tracker {
     fn new_backend(&mut self, ctx: Ctx, request: RequestHead, started: u64) {
         self.stats.backend_requests += 1;
         let link = self.link(ctx, &request);
-        let front = link.map(|(id, _)| id);
+        let front = link.map(|l| l.id);
         if let Some(id) = front {
             if let Some(f) = self.fronts.get_mut(&id) {
+                f.sure_linked |= link.is_some_and(|l| l.sure);
                 f.open_backends += 1;
                 f.unfiled_backends += 1;
                 f.last_activity_ns = ctx.ts;
@@ -854,8 +875,9 @@ impl Tracker {
                 front,
                 tgid: ctx.key.0,
                 relay: Relay::Awaiting,
-                confirmed: link.is_some_and(|(_, strong)| strong),
+                confirmed: link.is_some_and(|l| l.strong),
                 claimable: front.is_some(),
+                sure: link.is_some_and(|l| l.sure),
                 ended: false,
                 exchange: ClientExchange {
                     request,
@@ -883,7 +905,7 @@ impl Tracker {
     /// Earliest first. A frontend request that already has a backend exchange is taken only for a
     /// re-sent request (HAProxy's `retry-on`): when no unlinked one matches and its earlier
     /// attempts are over.
-    fn link(&mut self, ctx: Ctx, request: &RequestHead) -> Option<(u64, bool)> {
+    fn link(&mut self, ctx: Ctx, request: &RequestHead) -> Option<Link> {
         let tgid = ctx.key.0;
         let keys = Candidate::new(0, ctx, Some(request));
         let same_traceparent = |c: &Candidate, f: &FrontRecord| match (&request.traceparent, &f.exchange.request) {
@@ -907,15 +929,23 @@ impl Tracker {
             let by_traceparent = keys
                 .traceparent_key
                 .and_then(|k| find(&same_traceparent, &|c: &Candidate| c.traceparent_key == Some(k)));
+            let same_key = |c: &Candidate| {
+                c.tid == ctx.tid
+                    && c.request_key == keys.request_key
+                    && head::similar_headers(c.header_sig, keys.header_sig)
+            };
             let found = by_traceparent
+                .map(|id| Link { id, strong: true, sure: true })
                 .or_else(|| {
-                    find(&same_request, &|c: &Candidate| {
-                        c.tid == ctx.tid
-                            && c.request_key == keys.request_key
-                            && head::similar_headers(c.header_sig, keys.header_sig)
+                    find(&same_request, &same_key).map(|id| {
+                        let rivals = self
+                            .candidates
+                            .iter()
+                            .filter(|c| c.tgid == tgid && c.id != id && same_key(c))
+                            .any(|c| self.fronts.get(&c.id).is_some_and(|f| same_request(c, f)));
+                        Link { id, strong: true, sure: !rivals }
                     })
                 })
-                .map(|id| (id, true))
                 .or_else(|| {
                     // A rewritten target: the most alike headers among the same method's requests.
                     self.candidates
@@ -939,13 +969,13 @@ impl Tracker {
                                 std::cmp::Reverse(c.id),
                             )
                         })
-                        .map(|c| (c.id, false))
+                        .map(|c| Link { id: c.id, strong: false, sure: false })
                 });
-            if let Some((id, strong)) = found {
-                if let Some(f) = self.fronts.get_mut(&id) {
+            if let Some(link) = found {
+                if let Some(f) = self.fronts.get_mut(&link.id) {
                     f.linked = true;
                 }
-                return Some((id, strong));
+                return Some(link);
             }
         }
         None
@@ -1077,6 +1107,16 @@ impl Connection {
             Direction::Egress => (&mut self.egress, &mut self.egress_start),
         }
     }
+}
+
+/// A tentative link (see [`Tracker::link`]).
+#[derive(Clone, Copy, Debug)]
+struct Link {
+    id: u64,
+    /// By `traceparent` or target: filed even if the relay never confirms it.
+    strong: bool,
+    /// No rival candidate matched as well (see [`BackRecord::sure`]).
+    sure: bool,
 }
 
 /// A frontend request that may still be linked, with what linking compares hashed in advance.
