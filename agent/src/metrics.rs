@@ -59,7 +59,10 @@ metrics! {
     backend_unlinked: "counter", "tracetap_backend_requests_unlinked_total", "Backend requests not tied to any frontend request (health checks, or links missed); not exported";
     backend_late: "counter", "tracetap_backend_exchanges_late_total", "Backend exchanges that ended after their SERVER span was exported; not exported";
     truncated_heads: "counter", "tracetap_request_heads_truncated_total", "Request heads longer than TRACETAP_CAPTURE_BYTES: traced from their first lines, headers past the window unseen";
-    exchanges_expired: "counter", "tracetap_exchanges_expired_total", "Exchanges given up after 300 s without activity";
+    exchanges_expired: "counter", "tracetap_exchanges_expired_total", "Exchanges given up after TRACETAP_EXCHANGE_IDLE_TIMEOUT without activity";
+    capture_gaps: "counter", "tracetap_capture_gaps_total", "Connections on which a record was lost (ring buffer full); their open exchanges end with error.type tracetap.capture_gap";
+    gap_exchanges: "counter", "tracetap_capture_gap_exchanges_total", "Exchanges ended early because their connection lost a record";
+    backend_relinked: "counter", "tracetap_backend_exchanges_relinked_total", "Backend exchanges moved to another frontend request when HAProxy relayed their response (it wrote requests out of order)";
     sampled_in: "counter", "tracetap_requests_sampled_total", "Requests the head sampler kept";
     sampled_out: "counter", "tracetap_requests_sampled_out_total", "Requests dropped by the head sampler";
     spans_built: "counter", "tracetap_spans_built_total", "Spans built";

@@ -651,7 +651,11 @@ mod tests {
         // A call cut by the window whose tail ends part way into the marker.
         let mut f = Framer::new();
         let cut = Chunk { known: b"zz", total: 9000, tail: b"xxxxxxxxxxxxx\r\n0" };
-        let steps = run(&mut f, &[Chunk::complete(head), Chunk { known: b"", total: 10, tail: b"" }, cut, Chunk::complete(b"\r\n\r\n")], BodyFraming::Chunked);
+        let steps = run(
+            &mut f,
+            &[Chunk::complete(head), Chunk { known: b"", total: 10, tail: b"" }, cut, Chunk::complete(b"\r\n\r\n")],
+            BodyFraming::Chunked,
+        );
         assert_eq!(steps, vec![Step::Head, Step::MessageEnd]);
         assert!(f.is_idle());
     }

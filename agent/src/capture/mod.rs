@@ -80,7 +80,8 @@ pub fn run(
         exchange_timeout_ns: config.exchange_idle_timeout.as_nanos() as u64,
         ..Limits::default()
     });
-    let mut builder = SpanBuilder::new(config.sampler, loader::monotonic_to_unix_offset_ns());
+    let mut builder = SpanBuilder::new(config.sampler, loader::monotonic_to_unix_offset_ns())
+        .with_value_length_limit(config.attribute_value_length_limit);
     let mut targets: BTreeSet<u32> = BTreeSet::new();
     let mut batcher =
         Batcher::new(config.max_export_batch_size, config.schedule_delay, export::resource_attributes(config));
@@ -244,6 +245,9 @@ fn publish_tracker(tracker: &Tracker, metrics: &Metrics) {
     metrics::set(&metrics.backend_late, s.late_backend_exchanges);
     metrics::set(&metrics.truncated_heads, s.truncated_heads);
     metrics::set(&metrics.exchanges_expired, s.expired_exchanges);
+    metrics::set(&metrics.capture_gaps, s.capture_gaps);
+    metrics::set(&metrics.gap_exchanges, s.gap_exchanges);
+    metrics::set(&metrics.backend_relinked, s.relinked_backend_exchanges);
     metrics::set(&metrics.connections, tracker.connections() as u64);
     metrics::set(&metrics.open_exchanges, tracker.open_exchanges() as u64);
 }
