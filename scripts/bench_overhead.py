@@ -175,7 +175,7 @@ backend be_origin
                     delta = lambda k: after.get(k, 0) - before.get(k, 0)
                     row["agent_us"] = (after_cpu - before_cpu) * 1e6 / total
                     row["probe_ns"] = delta("tracetap_probe_run_time_ns_total") / total
-                    row["lost"] = delta("tracetap_events_lost_ring_full_total") + delta("tracetap_events_lost_inflight_full_total")
+                    row["lost"] = delta("tracetap_events_lost_ring_full_total")
                     row["spans_per_req"] = delta("tracetap_spans_exported_total") / total
                     row["dropped"] = delta("tracetap_spans_dropped_queue_full_total") + delta("tracetap_spans_dropped_export_failed_total")
                     if mode == "tail 1%":

@@ -48,7 +48,6 @@ macro_rules! metrics {
 metrics! {
     events_captured: "counter", "tracetap_events_captured_total", "Syscall events read from the ring buffer";
     events_lost_ring_full: "counter", "tracetap_events_lost_ring_full_total", "Events the probes could not reserve in the ring buffer";
-    events_lost_inflight_full: "counter", "tracetap_events_lost_inflight_full_total", "Syscalls not captured because the in-flight table was full";
     events_lost_read_failed: "counter", "tracetap_events_lost_read_failed_total", "Payload or address copies from user memory that failed";
     events_malformed: "counter", "tracetap_events_malformed_total", "Ring buffer records the agent could not decode";
     parse_errors: "counter", "tracetap_parse_errors_total", "HTTP/1 heads or bodies that could not be parsed";
@@ -84,6 +83,7 @@ metrics! {
     tail_spans_buffered: "gauge", "tracetap_tail_spans_buffered", "Spans of traces waiting for a tail decision";
     tail_buffered_bytes: "gauge", "tracetap_tail_buffered_bytes", "Bytes of spans held in live partitions of the tail store (what TRACETAP_TAIL_MAX_DISK_BYTES bounds)";
     tail_disk_bytes: "gauge", "tracetap_tail_disk_bytes", "Bytes the tail store occupies on disk (sled's own figure, space amplification included)";
+    config_read_errors: "counter", "tracetap_config_read_errors_total", "HAProxy configuration files (or command lines) that could not be read: missing, not a regular file, over the size caps, or no answer in time; the spans they would name carry addresses";
     k8s_api_errors: "counter", "tracetap_k8s_api_errors_total", "Failed requests of the pod watch (retried with backoff)";
     k8s_api_up: "gauge", "tracetap_k8s_api_up", "1 while the pod watch is in sync with the API server";
     k8s_pods: "gauge", "tracetap_k8s_pods", "Pods of this node known from the API server";

@@ -1,48 +1,281 @@
 //! Names from each traced HAProxy's own configuration: the `-f` files (and directories) on its
 //! command line, read through `/proc/PID/root` so it works for HAProxy in containers. A config that
 //! cannot be read or understood degrades spans to addresses, with one warning per process.
+//!
+//! Those files are hostile input: any process named `haproxy` chooses them, and may point `-f` at a
+//! FIFO, `/dev/zero`, a huge file, a symbolic link loop, a directory of junk, or a file on a FUSE
+//! or NFS mount that never answers. So:
+//!
+//! - Nothing is read on the capture thread. [`Names::of`] never waits: the first time a process
+//!   is asked about (or [`Names::refresh`] sees it among the targets, which is sooner), its load is
+//!   handed to a loader thread, and `of` returns `None` until the names arrive. The trade-off:
+//!   the connections a new HAProxy process handles before that (its first housekeeping tick,
+//!   250 ms at most, plus the time to read its files) get spans named by addresses, and if they
+//!   belong to a `mode tcp` section they are parsed as HTTP (most likely counted as opaque, or
+//!   traced if their bytes look like HTTP) instead of ignored. What it buys: a file whose read
+//!   blocks costs a loader thread, never the capture thread, so it can neither stall capture nor
+//!   fill the ring buffer.
+//! - At most [`MAX_LOADERS`] loads run at once, each in its own short-lived thread. A load that
+//!   has not answered within [`LOAD_TIMEOUT`] is given up (the process gets addresses, counted and
+//!   warned); its thread is left to finish, or to hang, holding its slot. A process that hangs
+//!   every loader thus costs at most [`MAX_LOADERS`] parked threads, and the loads after it time
+//!   out instead of piling up threads.
+//! - Paths resolve inside the process's root, as `openat2(RESOLVE_IN_ROOT)` would: `..` stops at
+//!   the root and symbolic links, absolute ones included, resolve inside it (not on the agent's
+//!   own file system), at most [`MAX_SYMLINKS`] links and [`MAX_PATH_STEPS`] components per
+//!   path. Every step is opened `O_PATH | O_NOFOLLOW`, which never blocks, not even on a FIFO.
+//! - Only regular files are read: the kind is checked with `fstat` on the descriptor that is
+//!   then read (reopened `O_NONBLOCK`, same device and inode), so there is no window between
+//!   the check and the read. At most [`MAX_CONFIG_BYTES`] in all and [`MAX_CONFIG_FILES`] files
+//!   per process, at most [`MAX_DIR_ENTRIES`] entries per directory; what the parser keeps is
+//!   bounded too ([`tracetap_proxy::haproxy_config::MAX_NAMES_BYTES`]).
+//! - One bad file does not spoil the others: the names of the files that could be read are
+//!   kept. Each file that could not be read counts in `tracetap_config_read_errors_total`, and
+//!   the process gets one warning naming the files and why.
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::ffi::OsString;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read as _};
+use std::os::fd::AsRawFd as _;
+use std::os::unix::ffi::OsStrExt as _;
+use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _, OpenOptionsExt as _};
+use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::time::{Duration, Instant};
 
-use tracetap_proxy::haproxy_config::{self, ProxyNames};
+use tracetap_proxy::haproxy_config::{ConfigParser, ProxyNames};
 
-/// Per-process names, loaded on first use.
+use crate::metrics::{self, Metrics};
+
+/// Most configuration bytes read for one process, all its files together (so also for any one
+/// file). HAProxy configurations are kilobytes, and even generated ones with thousands of
+/// backends stay far below this; the cap bounds what a process pointing `-f` at a huge file makes
+/// the agent read and hold (twice over at most, while parsing).
+pub const MAX_CONFIG_BYTES: u64 = 4 << 20;
+/// Most paths opened for one process: `-f` arguments and `*.cfg` directory entries together,
+/// whether they turn out readable or not (so that 10 000 `-f /dev/zero` cost 256 opens).
+pub const MAX_CONFIG_FILES: usize = 256;
+/// Problems kept for the warning (all are counted in the metric).
+pub const MAX_PROBLEMS_KEPT: usize = 16;
+/// Most entries looked at in one `-f` directory. Past it the whole directory is skipped: HAProxy
+/// loads its `*.cfg` files in lexical order, and a partial listing has no order.
+pub const MAX_DIR_ENTRIES: usize = 1024;
+/// Bytes of `/proc/PID/cmdline` read: far more than any HAProxy command line.
+pub const MAX_CMDLINE_BYTES: u64 = 128 << 10;
+/// Path components walked to open one path, those of symbolic links included.
+pub const MAX_PATH_STEPS: usize = 128;
+/// Symbolic links followed to open one path (the kernel's own `MAXSYMLINKS`).
+pub const MAX_SYMLINKS: usize = 40;
+/// Loads running at once.
+pub const MAX_LOADERS: usize = 2;
+/// A load that has not answered by then (counted from the request) is given up.
+pub const LOAD_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the state of a process that is not (or no longer) a target is kept: events may name
+/// a process before discovery sees it, and one that exits before then is never forgotten otherwise.
+const FORGET_AFTER: Duration = Duration::from_secs(10);
+
+/// Reads the configuration of a process (`load`, or a stand-in in tests).
+type Loader = fn(&Path, u32) -> Outcome;
+
+/// Per-process names, loaded in the background.
 #[derive(Debug)]
 pub struct Names {
     proc_root: PathBuf,
-    by_pid: HashMap<u32, Option<Arc<ProxyNames>>>,
+    by_pid: HashMap<u32, State>,
+    /// Loads asked for and not started yet, in order (some may be stale: checked when started).
+    waiting: VecDeque<(u32, u64)>,
+    /// Loader threads started that have not reported back (hung ones included).
+    running: usize,
+    next_id: u64,
+    sender: Sender<Loaded>,
+    results: Receiver<Loaded>,
+    read_errors: u64,
+    loader: Loader,
+    timeout: Duration,
+}
+
+#[derive(Debug)]
+enum State {
+    /// Load `id` asked for at `since`.
+    Pending { id: u64, since: Instant },
+    /// Loaded (`None`: nothing could be read), at `since`.
+    Done { names: Option<Arc<ProxyNames>>, since: Instant },
+}
+
+impl State {
+    fn since(&self) -> Instant {
+        match self {
+            Self::Pending { since, .. } | Self::Done { since, .. } => *since,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Loaded {
+    pid: u32,
+    id: u64,
+    outcome: Outcome,
+}
+
+/// What one load found.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// `None` when no file at all could be read.
+    pub names: Option<ProxyNames>,
+    /// The first [`MAX_PROBLEMS_KEPT`] files (or steps before the files) that could not be read:
+    /// what and why.
+    pub problems: Vec<String>,
+    /// How many there were in all.
+    pub problem_count: usize,
+}
+
+impl Outcome {
+    fn failed(problem: String) -> Self {
+        Self { names: None, problems: vec![problem], problem_count: 1 }
+    }
 }
 
 impl Names {
     #[must_use]
     pub fn new(proc_root: &Path) -> Self {
-        Self { proc_root: proc_root.to_owned(), by_pid: HashMap::new() }
+        Self::with_loader(proc_root, load, LOAD_TIMEOUT)
     }
 
-    /// The names of process `pid`'s configuration, if it could be read.
+    fn with_loader(proc_root: &Path, loader: Loader, timeout: Duration) -> Self {
+        let (sender, results) = mpsc::channel();
+        Self {
+            proc_root: proc_root.to_owned(),
+            by_pid: HashMap::new(),
+            waiting: VecDeque::new(),
+            running: 0,
+            next_id: 0,
+            sender,
+            results,
+            read_errors: 0,
+            loader,
+            timeout,
+        }
+    }
+
+    /// The names of process `pid`'s configuration, once loaded and if it could be read. Never
+    /// waits: `None` while the load runs (which this starts if nothing asked for it yet).
     pub fn of(&mut self, pid: u32) -> Option<Arc<ProxyNames>> {
-        let root = &self.proc_root;
-        self.by_pid
-            .entry(pid)
-            .or_insert_with(|| match load(root, pid) {
-                Ok(names) => {
-                    if !names.skipped.is_empty() {
-                        tracing::warn!(pid, skipped = ?names.skipped, "some bind/server lines of the HAProxy configuration could not be read; those spans carry addresses only");
-                    }
-                    Some(Arc::new(names))
-                }
-                Err(reason) => {
-                    tracing::warn!(pid, %reason, "cannot read the HAProxy configuration; spans carry addresses instead of frontend/backend names");
-                    None
-                }
-            })
-            .clone()
+        match self.by_pid.get(&pid) {
+            Some(State::Done { names, .. }) => return names.clone(),
+            Some(State::Pending { .. }) => {}
+            None => self.request(pid),
+        }
+        self.poll();
+        match self.by_pid.get(&pid) {
+            Some(State::Done { names, .. }) => names.clone(),
+            _ => None,
+        }
+    }
+
+    /// Housekeeping: asks for the names of new targets, collects finished loads, gives up on late
+    /// ones, forgets what is no longer needed and publishes the error count.
+    pub fn refresh(&mut self, targets: &BTreeSet<u32>, metrics: &Metrics) {
+        for &pid in targets {
+            if !self.by_pid.contains_key(&pid) {
+                self.request(pid);
+            }
+        }
+        self.poll();
+        let now = Instant::now();
+        let late: Vec<u32> = self
+            .by_pid
+            .iter()
+            .filter(|(_, s)| matches!(s, State::Pending { since, .. } if now.duration_since(*since) >= self.timeout))
+            .map(|(pid, _)| *pid)
+            .collect();
+        for pid in late {
+            let why = if self.running >= MAX_LOADERS {
+                "every loader thread is still busy (a file that blocks?)"
+            } else {
+                "reading it did not finish (a file that blocks?)"
+            };
+            self.finish(pid, Outcome::failed(format!("no answer within {:?}: {why}", self.timeout)));
+        }
+        self.by_pid.retain(|pid, s| targets.contains(pid) || now.duration_since(s.since()) < FORGET_AFTER);
+        let by_pid = &self.by_pid;
+        self.waiting.retain(|(pid, id)| matches!(by_pid.get(pid), Some(State::Pending { id: i, .. }) if i == id));
+        metrics::set(&metrics.config_read_errors, self.read_errors);
+    }
+
+    /// Files (or command lines) that could not be read, since the start.
+    #[must_use]
+    pub fn read_errors(&self) -> u64 {
+        self.read_errors
     }
 
     pub fn forget_process(&mut self, pid: u32) {
         self.by_pid.remove(&pid);
+    }
+
+    fn request(&mut self, pid: u32) {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.by_pid.insert(pid, State::Pending { id, since: Instant::now() });
+        self.waiting.push_back((pid, id));
+    }
+
+    /// Collects finished loads and starts waiting ones while a loader is free. Never blocks.
+    fn poll(&mut self) {
+        while let Ok(loaded) = self.results.try_recv() {
+            self.running -= 1;
+            if matches!(self.by_pid.get(&loaded.pid), Some(State::Pending { id, .. }) if *id == loaded.id) {
+                self.finish(loaded.pid, loaded.outcome);
+            }
+        }
+        while self.running < MAX_LOADERS
+            && let Some((pid, id)) = self.waiting.pop_front()
+        {
+            if matches!(self.by_pid.get(&pid), Some(State::Pending { id: i, .. }) if *i == id) {
+                self.start(pid, id);
+            }
+        }
+    }
+
+    fn start(&mut self, pid: u32, id: u64) {
+        let (root, sender, loader) = (self.proc_root.clone(), self.sender.clone(), self.loader);
+        let spawned = std::thread::Builder::new().name("names".into()).spawn(move || {
+            let outcome = loader(&root, pid);
+            // The receiver is gone when the capture thread has returned: nothing left to do.
+            let _ = sender.send(Loaded { pid, id, outcome });
+        });
+        match spawned {
+            // Detached: a hung load is never joined.
+            Ok(_) => self.running += 1,
+            Err(e) => self.finish(pid, Outcome::failed(format!("cannot start a loader thread: {e}"))),
+        }
+    }
+
+    fn finish(&mut self, pid: u32, outcome: Outcome) {
+        let Outcome { names, problems, problem_count } = outcome;
+        self.read_errors += problem_count as u64;
+        let (skipped, skipped_lines, over_limit_lines) =
+            names.as_ref().map_or((&[][..], 0, 0), |n| (&n.skipped[..], n.skipped_lines, n.over_limit_lines));
+        if names.is_none() {
+            tracing::warn!(
+                pid,
+                ?problems,
+                problem_count,
+                "cannot read the HAProxy configuration; spans carry addresses instead of frontend/backend names"
+            );
+        } else if problem_count > 0 || skipped_lines > 0 || over_limit_lines > 0 {
+            tracing::warn!(
+                pid,
+                ?problems,
+                problem_count,
+                ?skipped,
+                skipped_lines,
+                over_limit_lines,
+                "parts of the HAProxy configuration could not be read; the spans they would name carry addresses only"
+            );
+        }
+        self.by_pid.insert(pid, State::Done { names: names.map(Arc::new), since: Instant::now() });
     }
 }
 
@@ -68,43 +301,254 @@ pub fn config_paths(cmdline: &[u8]) -> Vec<String> {
     out
 }
 
-fn load(proc_root: &Path, pid: u32) -> Result<ProxyNames, String> {
+/// Reads and parses the configuration of process `pid` (run on a loader thread).
+fn load(proc_root: &Path, pid: u32) -> Outcome {
     let pid_dir = proc_root.join(pid.to_string());
-    let cmdline = std::fs::read(pid_dir.join("cmdline")).map_err(|e| format!("reading cmdline: {e}"))?;
+    let mut cmdline = Vec::new();
+    if let Err(e) =
+        File::open(pid_dir.join("cmdline")).and_then(|f| f.take(MAX_CMDLINE_BYTES).read_to_end(&mut cmdline))
+    {
+        return Outcome::failed(format!("reading cmdline: {e}"));
+    }
     let paths = config_paths(&cmdline);
     if paths.is_empty() {
-        return Err("no -f argument on the command line".into());
+        return Outcome::failed("no -f argument on the command line".into());
     }
     let cwd = std::fs::read_link(pid_dir.join("cwd")).unwrap_or_else(|_| PathBuf::from("/"));
-    let root = pid_dir.join("root");
-    let mut names = ProxyNames::default();
+    let root =
+        match OpenOptions::new().read(true).custom_flags(libc::O_PATH | libc::O_DIRECTORY).open(pid_dir.join("root")) {
+            Ok(root) => root,
+            Err(e) => return Outcome::failed(format!("opening the process's root: {e}")),
+        };
+    let mut reader = Reader {
+        root,
+        parser: ConfigParser::new(),
+        bytes_left: MAX_CONFIG_BYTES,
+        paths: 0,
+        read_any: false,
+        problems: Vec::new(),
+        problem_count: 0,
+    };
     for p in paths {
         let inside = if Path::new(&p).is_absolute() { PathBuf::from(&p) } else { cwd.join(&p) };
-        let host_path = root.join(inside.strip_prefix("/").unwrap_or(&inside));
-        for file in config_files(&host_path).map_err(|e| format!("{p}: {e}"))? {
-            let text = std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?;
-            names.extend(haproxy_config::parse(&text));
-        }
+        reader.argument(&inside);
     }
-    Ok(names)
+    let Reader { parser, read_any, problems, problem_count, .. } = reader;
+    Outcome { names: read_any.then(|| parser.finish()), problems, problem_count }
 }
 
-/// A file, or the `*.cfg` files of a directory in lexical order (as HAProxy loads them).
-fn config_files(path: &Path) -> std::io::Result<Vec<PathBuf>> {
-    if !path.is_dir() {
-        return Ok(vec![path.to_owned()]);
+/// The files of one process's configuration, read within the limits.
+struct Reader {
+    /// The process's root directory (`O_PATH`).
+    root: File,
+    parser: ConfigParser,
+    bytes_left: u64,
+    /// Paths opened, against [`MAX_CONFIG_FILES`].
+    paths: usize,
+    read_any: bool,
+    problems: Vec<String>,
+    problem_count: usize,
+}
+
+impl Reader {
+    /// One `-f` argument: a file, or the `*.cfg` files of a directory in lexical order (as HAProxy
+    /// loads them).
+    fn argument(&mut self, path: &Path) {
+        match self.open(path) {
+            Some((meta, dir)) if meta.is_dir() => self.directory(path, &dir),
+            Some((meta, file)) => self.file(path, &file, &meta),
+            None => {}
+        }
     }
-    let mut files: Vec<PathBuf> = std::fs::read_dir(path)?
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "cfg") && p.is_file())
+
+    /// Opens `path` inside the root (`O_PATH`), counted against [`MAX_CONFIG_FILES`]; `None`, with
+    /// the problem noted, when it cannot be.
+    fn open(&mut self, path: &Path) -> Option<(std::fs::Metadata, File)> {
+        if self.paths >= MAX_CONFIG_FILES {
+            self.problem(path, &format!("more than {MAX_CONFIG_FILES} files: not read"));
+            return None;
+        }
+        self.paths += 1;
+        match open_in_root(&self.root, path).and_then(|f| Ok((f.metadata()?, f))) {
+            Ok(opened) => Some(opened),
+            Err(e) => {
+                self.problem(path, &e.to_string());
+                None
+            }
+        }
+    }
+
+    fn directory(&mut self, path: &Path, dir: &File) {
+        let entries = match std::fs::read_dir(fd_path(dir)) {
+            Ok(entries) => entries,
+            Err(e) => return self.problem(path, &e.to_string()),
+        };
+        let mut names: Vec<OsString> = Vec::new();
+        for (n, entry) in entries.enumerate() {
+            if n >= MAX_DIR_ENTRIES {
+                return self.problem(path, &format!("more than {MAX_DIR_ENTRIES} entries: directory skipped"));
+            }
+            match entry {
+                Ok(entry) => {
+                    let name = entry.file_name();
+                    if Path::new(&name).extension().is_some_and(|e| e == "cfg") {
+                        names.push(name);
+                    }
+                }
+                Err(e) => return self.problem(path, &format!("listing it: {e}")),
+            }
+        }
+        names.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+        for name in names {
+            let file = path.join(name);
+            if let Some((meta, f)) = self.open(&file) {
+                self.file(&file, &f, &meta);
+            }
+        }
+    }
+
+    /// `file` is an `O_PATH` descriptor of something that is not a symbolic link.
+    fn file(&mut self, path: &Path, file: &File, meta: &std::fs::Metadata) {
+        if !meta.is_file() {
+            return self.problem(path, &format!("not a regular file but {}", kind(meta)));
+        }
+        if meta.len() > self.bytes_left {
+            let left = self.bytes_left;
+            return self.problem(
+                path,
+                &format!(
+                    "{} bytes: over the cap of {MAX_CONFIG_BYTES} configuration bytes per process ({left} left)",
+                    meta.len()
+                ),
+            );
+        }
+        match self.read(file, meta) {
+            Ok(text) => {
+                self.parser.add_file(&String::from_utf8_lossy(&text));
+                self.read_any = true;
+            }
+            Err(e) => self.problem(path, &e.to_string()),
+        }
+    }
+
+    /// Reads a regular file through a new descriptor, checked to be the same regular file.
+    fn read(&mut self, file: &File, meta: &std::fs::Metadata) -> io::Result<Vec<u8>> {
+        let readable =
+            OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY).open(fd_path(file))?;
+        let now = readable.metadata()?;
+        if !now.is_file() || (now.dev(), now.ino()) != (meta.dev(), meta.ino()) {
+            return Err(io::Error::other("replaced while being opened"));
+        }
+        let mut text = Vec::with_capacity(now.len().min(self.bytes_left) as usize);
+        readable.take(self.bytes_left + 1).read_to_end(&mut text)?;
+        if text.len() as u64 > self.bytes_left {
+            return Err(io::Error::other(format!("grew past the {MAX_CONFIG_BYTES}-byte cap while being read")));
+        }
+        self.bytes_left -= text.len() as u64;
+        Ok(text)
+    }
+
+    fn problem(&mut self, path: &Path, why: &str) {
+        self.problem_count += 1;
+        if self.problems.len() < MAX_PROBLEMS_KEPT {
+            self.problems.push(format!("{}: {why}", path.display()));
+        }
+    }
+}
+
+fn kind(meta: &std::fs::Metadata) -> &'static str {
+    let t = meta.file_type();
+    if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_dir() {
+        "a directory"
+    } else {
+        "something else"
+    }
+}
+
+/// The path of an open descriptor, to open what it names again or to look under it.
+fn fd_path(file: &File) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()))
+}
+
+enum Step {
+    Root,
+    Up,
+    Name(OsString),
+}
+
+fn push_steps(todo: &mut Vec<Step>, path: &Path) {
+    let steps: Vec<Step> = path
+        .components()
+        .filter_map(|c| match c {
+            Component::RootDir => Some(Step::Root),
+            Component::ParentDir => Some(Step::Up),
+            Component::Normal(name) => Some(Step::Name(name.to_owned())),
+            Component::CurDir | Component::Prefix(_) => None,
+        })
         .collect();
-    files.sort();
-    Ok(files)
+    todo.extend(steps.into_iter().rev());
+}
+
+/// Opens `path` (as the process sees it) with `root` as `/`, the way `openat2(2)` with
+/// `RESOLVE_IN_ROOT` would, using only `open` on `/proc/self/fd/N/NAME`: `..` stops at the root and
+/// symbolic links, absolute ones too, resolve inside it. Each step is opened `O_PATH |
+/// O_NOFOLLOW`: that never blocks (not on a FIFO either), never reads anything, and never follows a
+/// link behind the walk's back. Returns an `O_PATH` descriptor of something that is not a link.
+fn open_in_root(root: &File, path: &Path) -> io::Result<File> {
+    // Directories walked below the root; the last one is where the walk is.
+    let mut dirs: Vec<File> = Vec::new();
+    let mut todo = Vec::new();
+    push_steps(&mut todo, path);
+    let (mut steps, mut links) = (0, 0);
+    while let Some(step) = todo.pop() {
+        let name = match step {
+            Step::Root => {
+                dirs.clear();
+                continue;
+            }
+            Step::Up => {
+                dirs.pop();
+                continue;
+            }
+            Step::Name(name) => name,
+        };
+        steps += 1;
+        if steps > MAX_PATH_STEPS {
+            return Err(io::Error::other(format!("more than {MAX_PATH_STEPS} path components to walk")));
+        }
+        let at = fd_path(dirs.last().unwrap_or(root)).join(&name);
+        let file = OpenOptions::new().read(true).custom_flags(libc::O_PATH | libc::O_NOFOLLOW).open(&at)?;
+        let meta = file.metadata()?;
+        if meta.file_type().is_symlink() {
+            links += 1;
+            if links > MAX_SYMLINKS {
+                return Err(io::Error::from_raw_os_error(libc::ELOOP));
+            }
+            push_steps(&mut todo, &std::fs::read_link(&at)?);
+        } else if meta.is_dir() {
+            dirs.push(file);
+        } else if todo.is_empty() {
+            return Ok(file);
+        } else {
+            return Err(io::Error::from_raw_os_error(libc::ENOTDIR));
+        }
+    }
+    dirs.pop().map_or_else(|| root.try_clone(), Ok)
 }
 
 #[cfg(test)]
 mod tests {
+    use std::process::Command;
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+
     use super::*;
 
     #[test]
@@ -117,15 +561,284 @@ mod tests {
         assert!(config_paths(b"haproxy\0-f").is_empty());
     }
 
+    /// A fake `/proc` with process 7 whose root is `root` (a directory of the test, or `/`) and
+    /// whose command line gives `args` after `-f`.
+    struct FakeProc {
+        dir: tempfile::TempDir,
+    }
+
+    const PID: u32 = 7;
+
+    impl FakeProc {
+        fn new(root: Option<&Path>, cwd: &str, args: &[&str]) -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            let pid_dir = dir.path().join("proc").join(PID.to_string());
+            std::fs::create_dir_all(&pid_dir).unwrap();
+            std::fs::create_dir(dir.path().join("rootfs")).unwrap();
+            let root = root.map_or_else(|| dir.path().join("rootfs"), Path::to_owned);
+            std::os::unix::fs::symlink(root, pid_dir.join("root")).unwrap();
+            std::os::unix::fs::symlink(cwd, pid_dir.join("cwd")).unwrap();
+            let mut cmdline = b"haproxy\0-W\0".to_vec();
+            for a in args {
+                cmdline.extend_from_slice(b"-f\0");
+                cmdline.extend_from_slice(a.as_bytes());
+                cmdline.push(0);
+            }
+            std::fs::write(pid_dir.join("cmdline"), cmdline).unwrap();
+            Self { dir }
+        }
+
+        fn proc_root(&self) -> PathBuf {
+            self.dir.path().join("proc")
+        }
+
+        fn rootfs(&self, name: &str) -> PathBuf {
+            self.dir.path().join("rootfs").join(name)
+        }
+
+        fn load(&self) -> Outcome {
+            load_within_10s(self.proc_root(), PID)
+        }
+    }
+
+    /// Loads in a thread; fails the test if the load has not returned within 10 s (a liveness
+    /// check: every case here returns in milliseconds, a hang never does).
+    fn load_within_10s(proc_root: PathBuf, pid: u32) -> Outcome {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(load(&proc_root, pid));
+        });
+        rx.recv_timeout(Duration::from_secs(10)).expect("the load hung")
+    }
+
+    fn mkfifo(path: &Path) {
+        assert!(Command::new("mkfifo").arg(path).status().unwrap().success());
+    }
+
+    const FE: &str = "frontend fe_good\n bind 127.0.0.1:7001\n";
+
+    fn loaded_good(outcome: &Outcome) -> bool {
+        outcome.names.as_ref().is_some_and(|n| n.frontend("127.0.0.1:7001".parse().unwrap()) == Some("fe_good"))
+    }
+
+    fn problem_about(outcome: &Outcome, what: &str, why: &str) -> bool {
+        outcome.problems.iter().any(|p| p.contains(what) && p.contains(why))
+    }
+
     #[test]
-    fn loads_files_and_directories_through_proc_root() {
-        let dir = std::env::temp_dir().join(format!("tracetap-names-{}", std::process::id()));
-        std::fs::create_dir_all(dir.join("conf.d")).unwrap();
-        std::fs::write(dir.join("conf.d/10-fe.cfg"), "frontend fe_x\n bind 127.0.0.1:7001\n").unwrap();
-        std::fs::write(dir.join("conf.d/20-be.cfg"), "backend be_x\n server s1 127.0.0.1:7002\n").unwrap();
-        std::fs::write(dir.join("conf.d/ignored.txt"), "frontend nope\n bind :1\n").unwrap();
-        let files = config_files(&dir.join("conf.d")).unwrap();
-        assert_eq!(files.len(), 2);
-        std::fs::remove_dir_all(&dir).unwrap();
+    fn hostile_files_fail_promptly_and_regular_files_still_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = dir.path().join("good.cfg");
+        std::fs::write(&good, FE).unwrap();
+        let fifo = dir.path().join("fifo.cfg");
+        mkfifo(&fifo);
+        let big = dir.path().join("big.cfg");
+        File::create(&big).unwrap().set_len(MAX_CONFIG_BYTES + 1).unwrap();
+        let zero_link = dir.path().join("zero.cfg");
+        std::os::unix::fs::symlink("/dev/zero", &zero_link).unwrap();
+        let (loop_a, loop_b) = (dir.path().join("a.cfg"), dir.path().join("b.cfg"));
+        std::os::unix::fs::symlink(&loop_b, &loop_a).unwrap();
+        std::os::unix::fs::symlink(&loop_a, &loop_b).unwrap();
+        let cases: [(&Path, &str); 5] = [
+            (&fifo, "a FIFO"),
+            (&big, "cap"),
+            (Path::new("/dev/zero"), "a character device"),
+            (&zero_link, "a character device"),
+            (&loop_a, "symbolic links"),
+        ];
+        for (bad, why) in cases {
+            let bad_arg = bad.to_str().unwrap();
+            let proc = FakeProc::new(Some(Path::new("/")), "/", &[bad_arg, good.to_str().unwrap()]);
+            let outcome = proc.load();
+            assert!(problem_about(&outcome, bad_arg, why), "{bad_arg}: {:?}", outcome.problems);
+            assert_eq!(outcome.problems.len(), 1, "{:?}", outcome.problems);
+            assert!(loaded_good(&outcome), "{bad_arg}: the regular file still loads");
+            let alone = FakeProc::new(Some(Path::new("/")), "/", &[bad_arg]).load();
+            assert!(alone.names.is_none() && problem_about(&alone, bad_arg, why), "{bad_arg}: {:?}", alone.problems);
+        }
+    }
+
+    #[test]
+    fn a_directory_with_a_fifo_loads_its_regular_files() {
+        let proc = FakeProc::new(None, "/etc/haproxy", &["conf.d"]);
+        let conf = proc.rootfs("etc/haproxy/conf.d");
+        std::fs::create_dir_all(&conf).unwrap();
+        std::fs::write(conf.join("00-defaults.cfg"), "defaults\n mode http\n").unwrap();
+        std::fs::write(conf.join("10-fe.cfg"), FE).unwrap();
+        mkfifo(&conf.join("20-fifo.cfg"));
+        std::fs::write(conf.join("30-be.cfg"), "backend be_x\n server s1 127.0.0.1:7002\n").unwrap();
+        std::fs::write(conf.join("ignored.txt"), "frontend nope\n bind :1\n").unwrap();
+        std::os::unix::fs::symlink("/dev/zero", conf.join("40-zero.cfg")).unwrap();
+        let outcome = proc.load();
+        assert!(loaded_good(&outcome));
+        let names = outcome.names.unwrap();
+        assert!(!names.bind("127.0.0.1:7001".parse().unwrap()).unwrap().tcp, "defaults from an earlier file");
+        assert_eq!(names.server("127.0.0.1:7002".parse().unwrap()), Some(("be_x", "s1")));
+        assert_eq!(names.frontend("127.0.0.1:1".parse().unwrap()), None);
+        assert_eq!(outcome.problems.len(), 2, "{:?}", outcome.problems);
+        assert!(outcome.problems.iter().any(|p| p.contains("20-fifo.cfg") && p.contains("a FIFO")));
+        // Inside this root there is no /dev/zero: the absolute link resolves in the root.
+        assert!(outcome.problems.iter().any(|p| p.contains("40-zero.cfg") && p.contains("No such file")));
+    }
+
+    #[test]
+    fn paths_and_links_stay_inside_the_process_root() {
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("secret.cfg"), "frontend secret\n bind :9\n").unwrap();
+        let escape = format!("../../../../../../../../..{}/secret.cfg", outside.path().display());
+        let proc = FakeProc::new(None, "/etc", &[&escape, "/etc/link.cfg", "/etc/rel.cfg"]);
+        std::fs::create_dir_all(proc.rootfs("etc")).unwrap();
+        std::fs::create_dir_all(proc.rootfs(outside.path().strip_prefix("/").unwrap().to_str().unwrap())).unwrap();
+        std::fs::write(
+            proc.rootfs(&format!("{}/secret.cfg", outside.path().strip_prefix("/").unwrap().display())),
+            "frontend inside\n bind :9\n",
+        )
+        .unwrap();
+        std::fs::write(proc.rootfs("etc/real.cfg"), FE).unwrap();
+        std::os::unix::fs::symlink("/etc/real.cfg", proc.rootfs("etc/link.cfg")).unwrap();
+        std::os::unix::fs::symlink("../../../etc/./real.cfg", proc.rootfs("etc/rel.cfg")).unwrap();
+        let outcome = proc.load();
+        assert!(outcome.problems.is_empty(), "{:?}", outcome.problems);
+        let names = outcome.names.unwrap();
+        assert_eq!(names.frontend("127.0.0.1:9".parse().unwrap()), Some("inside"), "`..` stops at the root");
+        assert_eq!(names.frontends.len(), 3, "both links lead to the file inside the root");
+    }
+
+    #[test]
+    fn directories_files_and_bytes_are_capped() {
+        let dir = tempfile::tempdir().unwrap();
+        let crowded = dir.path().join("crowded");
+        std::fs::create_dir(&crowded).unwrap();
+        for i in 0..=MAX_DIR_ENTRIES {
+            std::fs::write(crowded.join(format!("{i}.junk")), "").unwrap();
+        }
+        let outcome = FakeProc::new(Some(Path::new("/")), "/", &[crowded.to_str().unwrap()]).load();
+        assert!(problem_about(&outcome, "crowded", "entries") && outcome.problems.len() == 1, "{:?}", outcome.problems);
+
+        // The directory is one of the paths opened: it leaves room for MAX_CONFIG_FILES - 1 files.
+        let many = dir.path().join("many");
+        std::fs::create_dir(&many).unwrap();
+        for i in 0..MAX_CONFIG_FILES {
+            std::fs::write(many.join(format!("{i:04}.cfg")), if i == 0 { FE } else { "" }).unwrap();
+        }
+        let outcome = FakeProc::new(Some(Path::new("/")), "/", &[many.to_str().unwrap()]).load();
+        let last = format!("{:04}.cfg", MAX_CONFIG_FILES - 1);
+        assert!(problem_about(&outcome, &last, "files"), "{:?}", outcome.problems);
+        assert_eq!(outcome.problems.len(), 1, "{:?}", outcome.problems);
+        assert!(loaded_good(&outcome));
+        let zeros = vec!["/dev/zero"; 10 * MAX_CONFIG_FILES];
+        let outcome = FakeProc::new(Some(Path::new("/")), "/", &zeros).load();
+        assert_eq!(outcome.problem_count, zeros.len(), "every argument is a problem");
+        assert_eq!(outcome.problems.len(), MAX_PROBLEMS_KEPT, "a few are kept for the warning");
+        assert!(outcome.problems.iter().all(|p| p.contains("character device")), "the first ones");
+
+        let half = dir.path().join("half.cfg");
+        File::create(&half).unwrap().set_len(MAX_CONFIG_BYTES / 2 + 1).unwrap();
+        let good = dir.path().join("good.cfg");
+        std::fs::write(&good, FE).unwrap();
+        let (half, good) = (half.to_str().unwrap(), good.to_str().unwrap());
+        let outcome = FakeProc::new(Some(Path::new("/")), "/", &[half, half, good]).load();
+        assert!(problem_about(&outcome, "half.cfg", "cap"), "the total is capped: {:?}", outcome.problems);
+        assert_eq!(outcome.problems.len(), 1, "{:?}", outcome.problems);
+        assert!(loaded_good(&outcome));
+    }
+
+    #[test]
+    fn unreadable_process_and_missing_arguments() {
+        let none = FakeProc::new(None, "/", &[]).load();
+        assert!(none.names.is_none() && none.problems[0].contains("no -f"));
+        let gone = FakeProc::new(None, "/", &["/x.cfg"]);
+        let outcome = load_within_10s(gone.proc_root(), PID + 1);
+        assert!(outcome.names.is_none() && outcome.problems[0].contains("cmdline"));
+    }
+
+    #[test]
+    fn reads_a_real_process_through_proc() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("h.cfg"), FE).unwrap();
+        // `sh -c SCRIPT -f FILE`: the command line has `-f FILE`, and the `:` keeps sh from
+        // replacing itself with sleep.
+        let mut child =
+            Command::new("sh").args(["-c", "sleep 30; :", "-f", "h.cfg"]).current_dir(dir.path()).spawn().unwrap();
+        let outcome = load_within_10s(PathBuf::from("/proc"), child.id());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(outcome.problems.is_empty(), "{:?}", outcome.problems);
+        assert!(loaded_good(&outcome), "relative to the process's cwd, through /proc/PID/root");
+    }
+
+    fn wait_for(names: &mut Names, pid: u32) -> Option<Arc<ProxyNames>> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(n) = names.of(pid) {
+                return Some(n);
+            }
+            if matches!(names.by_pid.get(&pid), Some(State::Done { .. })) || Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn names_arrive_in_the_background() {
+        let proc = FakeProc::new(None, "/", &["/etc/h.cfg", "/missing.cfg"]);
+        std::fs::create_dir_all(proc.rootfs("etc")).unwrap();
+        std::fs::write(proc.rootfs("etc/h.cfg"), FE).unwrap();
+        let mut names = Names::new(&proc.proc_root());
+        let metrics = Metrics::default();
+        names.refresh(&BTreeSet::from([PID]), &metrics);
+        let got = wait_for(&mut names, PID).expect("names arrive");
+        assert_eq!(got.frontend("127.0.0.1:7001".parse().unwrap()), Some("fe_good"));
+        names.refresh(&BTreeSet::from([PID]), &metrics);
+        assert_eq!(metrics.config_read_errors.load(std::sync::atomic::Ordering::Relaxed), 1, "the missing file");
+        names.forget_process(PID);
+        assert!(names.by_pid.is_empty());
+    }
+
+    static RELEASE: AtomicUsize = AtomicUsize::new(0);
+    static STARTED: AtomicUsize = AtomicUsize::new(0);
+
+    /// A load that hangs until the test lets it go (a FUSE file that never answers).
+    fn hanging(_: &Path, _: u32) -> Outcome {
+        STARTED.fetch_add(1, SeqCst);
+        while RELEASE.load(SeqCst) == 0 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Outcome { names: Some(ProxyNames::default()), ..Outcome::default() }
+    }
+
+    #[test]
+    fn hung_loads_never_block_and_hold_at_most_the_loader_slots() {
+        let mut names = Names::with_loader(Path::new("/nonexistent"), hanging, Duration::from_millis(200));
+        let metrics = Metrics::default();
+        let pids: BTreeSet<u32> = (1..=5).collect();
+        let started = Instant::now();
+        for pid in &pids {
+            assert!(names.of(*pid).is_none());
+        }
+        names.refresh(&pids, &metrics);
+        assert!(started.elapsed() < Duration::from_secs(5), "asking never waits for a load");
+        while STARTED.load(SeqCst) < MAX_LOADERS {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(250));
+        names.refresh(&pids, &metrics);
+        assert_eq!(STARTED.load(SeqCst), MAX_LOADERS, "no more threads than loader slots");
+        assert_eq!(names.running, MAX_LOADERS);
+        for pid in &pids {
+            assert!(names.of(*pid).is_none());
+            assert!(matches!(names.by_pid[pid], State::Done { names: None, .. }), "given up after the timeout");
+        }
+        assert_eq!(metrics.config_read_errors.load(std::sync::atomic::Ordering::Relaxed), 5);
+        // A late answer frees its slot and is not taken for a process it no longer belongs to.
+        RELEASE.store(1, SeqCst);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while names.running > 0 && Instant::now() < deadline {
+            names.poll();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(names.running, 0);
+        assert!(names.of(1).is_none(), "a given-up process stays without names");
     }
 }

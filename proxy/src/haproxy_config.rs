@@ -4,9 +4,30 @@
 //!
 //! The input is hostile (any file a traced process was started with): the parser never fails on
 //! what it does not understand. It skips unknown lines, keeps what it could read, and reports what
-//! it skipped, so the agent can degrade to addresses with one warning.
+//! it skipped, so the agent can degrade to addresses with one warning. It also bounds what a file
+//! can cost: the names it yields take at most [`MAX_NAMES_BYTES`] whatever the text (a long
+//! section name repeated by `bind :1,:2,...` costs its length per address, so the bound is on what
+//! is kept, not on the text), at most [`MAX_BINDS`] bind addresses (scanned on every accepted
+//! connection), a few short skipped lines, and a server is found by a hash lookup (on every
+//! connection HAProxy opens), with std's randomly keyed hasher so that chosen addresses cannot
+//! make it slow.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::OnceLock;
+
+/// Most bytes the names of one configuration (every file of it) may take, entries and strings,
+/// roughly. The reader hands the parser at most 4 MiB of text; a legitimate configuration that
+/// large (tens of thousands of `server` lines) yields about as many bytes of names, and a hostile
+/// one cannot make the agent hold more than this per process.
+pub const MAX_NAMES_BYTES: usize = 4 << 20;
+/// Most `bind` addresses kept: they are matched by a scan on every accepted connection, and real
+/// configurations have a few dozen at most.
+pub const MAX_BINDS: usize = 1024;
+/// Skipped lines kept for the warning (all are counted in [`ProxyNames::skipped_lines`]).
+pub const MAX_SKIPPED_KEPT: usize = 16;
+/// Bytes kept of each skipped line.
+pub const MAX_SKIPPED_LINE_BYTES: usize = 160;
 
 /// A `bind` address: an IP (or any) and a port range.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,14 +73,40 @@ pub struct ServerLine {
 }
 
 /// Names found in a configuration.
+///
+/// The server lookup uses an index built from `servers` on the first lookup (by
+/// [`ConfigParser::finish`] already, off the capture thread): change the lists before looking
+/// anything up, not after.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ProxyNames {
     pub frontends: Vec<Bind>,
     pub servers: Vec<ServerLine>,
-    /// Lines with a `bind` or `server` the parser could not read (hostnames, unix sockets,
-    /// environment variables): their sections degrade to addresses.
+    /// The first [`MAX_SKIPPED_KEPT`] lines (cut to [`MAX_SKIPPED_LINE_BYTES`]) with a `bind` or
+    /// `server` the parser could not read (hostnames, unix sockets, environment variables): their
+    /// sections degrade to addresses.
     pub skipped: Vec<String>,
+    /// How many such lines there were in all.
+    pub skipped_lines: usize,
+    /// Lines whose `bind`/`server` entries were dropped because the names reached
+    /// [`MAX_NAMES_BYTES`] or [`MAX_BINDS`].
+    pub over_limit_lines: usize,
+    /// What the entries take, as counted against [`MAX_NAMES_BYTES`].
+    bytes: usize,
+    server_index: ServerIndex,
 }
+
+/// First `servers` index per (IP, port): what [`ProxyNames::server_line`] used to find by a scan.
+#[derive(Clone, Debug, Default)]
+struct ServerIndex(OnceLock<HashMap<(IpAddr, Option<u16>), usize>>);
+
+impl PartialEq for ServerIndex {
+    /// Derived from the lists, which the enclosing comparison compares.
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for ServerIndex {}
 
 impl ProxyNames {
     /// The frontend a client connected to, by the local address of the accepted socket. Exact
@@ -83,24 +130,43 @@ impl ProxyNames {
         self.server_line(addr).map(|s| (s.backend.as_str(), s.server.as_str()))
     }
 
-    /// The `server` line HAProxy connected to.
+    /// The `server` line HAProxy connected to: the first with this address and port, else the
+    /// first with this address and no port.
     #[must_use]
     pub fn server_line(&self, addr: SocketAddr) -> Option<&ServerLine> {
-        let hit = |with_port: bool| {
-            self.servers.iter().find(|s| {
-                mapped(s.ip) == mapped(addr.ip())
-                    && if with_port { s.port == Some(addr.port()) } else { s.port.is_none() }
-            })
-        };
-        hit(true).or_else(|| hit(false))
+        let index = self.server_index.0.get_or_init(|| index_servers(&self.servers));
+        let ip = mapped(addr.ip());
+        let i = index.get(&(ip, Some(addr.port()))).or_else(|| index.get(&(ip, None)))?;
+        self.servers.get(*i)
     }
 
-    /// Adds the names of another file of the same configuration (`-f` may be given many times).
-    pub fn extend(&mut self, other: Self) {
-        self.frontends.extend(other.frontends);
-        self.servers.extend(other.servers);
-        self.skipped.extend(other.skipped);
+    fn skip(&mut self, line: &str) {
+        self.skipped_lines += 1;
+        if self.skipped.len() < MAX_SKIPPED_KEPT {
+            let mut end = line.len().min(MAX_SKIPPED_LINE_BYTES);
+            while !line.is_char_boundary(end) {
+                end -= 1;
+            }
+            self.skipped.push(line[..end].to_owned());
+        }
     }
+
+    /// Counts `cost` against [`MAX_NAMES_BYTES`]; false (and nothing counted) when it does not fit.
+    fn take(&mut self, cost: usize) -> bool {
+        let fits = self.bytes + cost <= MAX_NAMES_BYTES;
+        if fits {
+            self.bytes += cost;
+        }
+        fits
+    }
+}
+
+fn index_servers(servers: &[ServerLine]) -> HashMap<(IpAddr, Option<u16>), usize> {
+    let mut index = HashMap::with_capacity(servers.len());
+    for (i, s) in servers.iter().enumerate() {
+        index.entry((mapped(s.ip), s.port)).or_insert(i);
+    }
+    index
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -111,83 +177,136 @@ enum Section {
     Listen,
 }
 
-/// Parses one configuration file's text.
+/// Parses one configuration file's text (see [`ConfigParser`] for several).
 #[must_use]
 pub fn parse(text: &str) -> ProxyNames {
-    let mut names = ProxyNames::default();
-    let mut section = Section::Other;
-    let mut name = String::new();
-    // `mode` of the last `defaults` section, inherited by the proxies after it; `tcp` is the
-    // fallback HAProxy itself uses.
-    let mut default_tcp = true;
-    let mut in_defaults = false;
-    let mut tcp = default_tcp;
-    // bind/server lines of the current section, which learn its mode when the section ends.
-    let (mut binds_from, mut servers_from) = (0, 0);
-    for raw in text.lines() {
-        let line = raw.split('#').next().unwrap_or("").trim();
-        let mut words = line.split_whitespace();
-        let Some(keyword) = words.next() else { continue };
-        match keyword {
-            "frontend" | "backend" | "listen" => {
-                finish_section(&mut names, binds_from, servers_from, tcp);
-                (binds_from, servers_from) = (names.frontends.len(), names.servers.len());
-                in_defaults = false;
-                tcp = default_tcp;
-                section = match keyword {
-                    "frontend" => Section::Frontend,
-                    "backend" => Section::Backend,
-                    _ => Section::Listen,
-                };
-                words.next().unwrap_or("").clone_into(&mut name);
-                if name.is_empty() {
+    let mut parser = ConfigParser::new();
+    parser.add_file(text);
+    parser.finish()
+}
+
+/// Reads the files of one configuration in the order HAProxy loads them. The mode of the last
+/// `defaults` section carries over to the files after it, as in HAProxy (a `conf.d` whose
+/// `00-defaults.cfg` says `mode http`); a section ends with its file. The limits
+/// ([`MAX_NAMES_BYTES`], [`MAX_BINDS`]) are for all the files together.
+#[derive(Debug)]
+pub struct ConfigParser {
+    names: ProxyNames,
+    /// `mode` of the last `defaults` section, inherited by the proxies after it; `tcp` is the
+    /// fallback HAProxy itself uses.
+    default_tcp: bool,
+}
+
+impl Default for ConfigParser {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ConfigParser {
+    #[must_use]
+    pub fn new() -> Self {
+        Self { names: ProxyNames::default(), default_tcp: true }
+    }
+
+    /// Parses the next file's text.
+    pub fn add_file(&mut self, text: &str) {
+        let names = &mut self.names;
+        let mut section = Section::Other;
+        let mut name = String::new();
+        let mut in_defaults = false;
+        let mut tcp = self.default_tcp;
+        // bind/server lines of the current section, which learn its mode when the section ends.
+        let (mut binds_from, mut servers_from) = (names.frontends.len(), names.servers.len());
+        for raw in text.lines() {
+            let line = raw.split('#').next().unwrap_or("").trim();
+            let mut words = line.split_whitespace();
+            let Some(keyword) = words.next() else { continue };
+            match keyword {
+                "frontend" | "backend" | "listen" => {
+                    finish_section(names, binds_from, servers_from, tcp);
+                    (binds_from, servers_from) = (names.frontends.len(), names.servers.len());
+                    in_defaults = false;
+                    tcp = self.default_tcp;
+                    section = match keyword {
+                        "frontend" => Section::Frontend,
+                        "backend" => Section::Backend,
+                        _ => Section::Listen,
+                    };
+                    words.next().unwrap_or("").clone_into(&mut name);
+                    if name.is_empty() {
+                        section = Section::Other;
+                    }
+                }
+                "global" | "defaults" | "resolvers" | "peers" | "userlist" | "cache" | "program" | "http-errors"
+                | "ring" | "mailers" | "fcgi-app" | "crt-store" | "traces" | "log-forward" => {
+                    finish_section(names, binds_from, servers_from, tcp);
+                    (binds_from, servers_from) = (names.frontends.len(), names.servers.len());
+                    in_defaults = keyword == "defaults";
                     section = Section::Other;
                 }
-            }
-            "global" | "defaults" | "resolvers" | "peers" | "userlist" | "cache" | "program" | "http-errors"
-            | "ring" | "mailers" | "fcgi-app" | "crt-store" | "traces" | "log-forward" => {
-                finish_section(&mut names, binds_from, servers_from, tcp);
-                (binds_from, servers_from) = (names.frontends.len(), names.servers.len());
-                in_defaults = keyword == "defaults";
-                section = Section::Other;
-            }
-            "mode" => {
-                let is_tcp = words.next() == Some("tcp");
-                if in_defaults {
-                    default_tcp = is_tcp;
-                } else {
-                    tcp = is_tcp;
-                }
-            }
-            "bind" if matches!(section, Section::Frontend | Section::Listen) => {
-                let spec = words.next().unwrap_or("");
-                for part in spec.split(',') {
-                    match parse_bind(part) {
-                        Some(addr) => names.frontends.push(Bind { addr, frontend: name.clone(), tcp }),
-                        None => names.skipped.push(line.to_owned()),
+                "mode" => {
+                    let is_tcp = words.next() == Some("tcp");
+                    if in_defaults {
+                        self.default_tcp = is_tcp;
+                    } else {
+                        tcp = is_tcp;
                     }
                 }
-            }
-            "server" if matches!(section, Section::Backend | Section::Listen) => {
-                let server = words.next().unwrap_or("");
-                match words.next().and_then(parse_server_addr) {
-                    Some((ip, port)) if !server.is_empty() => {
-                        names.servers.push(ServerLine {
-                            backend: name.clone(),
-                            server: server.to_owned(),
-                            tcp,
-                            ip,
-                            port,
-                        });
+                "bind" if matches!(section, Section::Frontend | Section::Listen) => {
+                    let spec = words.next().unwrap_or("");
+                    let (mut unreadable, mut over_limit) = (false, false);
+                    for part in spec.split(',') {
+                        let Some(addr) = parse_bind(part) else {
+                            unreadable = true;
+                            continue;
+                        };
+                        // Checked before the name is cloned: the clone is what a hostile line multiplies.
+                        if names.frontends.len() >= MAX_BINDS || !names.take(size_of::<Bind>() + name.len()) {
+                            over_limit = true;
+                            continue;
+                        }
+                        names.frontends.push(Bind { addr, frontend: name.clone(), tcp });
                     }
-                    _ => names.skipped.push(line.to_owned()),
+                    if unreadable {
+                        names.skip(line);
+                    }
+                    names.over_limit_lines += usize::from(over_limit);
                 }
+                "server" if matches!(section, Section::Backend | Section::Listen) => {
+                    let server = words.next().unwrap_or("");
+                    match words.next().and_then(parse_server_addr) {
+                        Some((ip, port)) if !server.is_empty() => {
+                            if names.take(size_of::<ServerLine>() + name.len() + server.len()) {
+                                names.servers.push(ServerLine {
+                                    backend: name.clone(),
+                                    server: server.to_owned(),
+                                    tcp,
+                                    ip,
+                                    port,
+                                });
+                            } else {
+                                names.over_limit_lines += 1;
+                            }
+                        }
+                        _ => names.skip(line),
+                    }
+                }
+                _ => {}
             }
-            _ => {}
         }
+        finish_section(names, binds_from, servers_from, tcp);
+        names.server_index = ServerIndex::default();
     }
-    finish_section(&mut names, binds_from, servers_from, tcp);
-    names
+
+    /// The names of every file given, with the server index built (here, rather than on the
+    /// first connection the capture thread looks up).
+    #[must_use]
+    pub fn finish(self) -> ProxyNames {
+        let names = self.names;
+        names.server_index.0.get_or_init(|| index_servers(&names.servers));
+        names
+    }
 }
 
 /// `mode` may come after `bind`/`server` in a section: apply the section's final mode.
@@ -244,6 +363,8 @@ fn split_host_port(spec: &str) -> Option<(&str, &str)> {
 
 #[cfg(test)]
 mod tests {
+    use std::fmt::Write as _;
+
     use super::*;
 
     const CFG: &str = "
@@ -297,6 +418,85 @@ backend be_app
         let n = parse("frontend any\n bind :80\nfrontend lo\n bind 127.0.0.1:80\n");
         assert_eq!(n.frontend("127.0.0.1:80".parse().unwrap()), Some("lo"));
         assert_eq!(n.frontend("10.0.0.1:80".parse().unwrap()), Some("any"));
+    }
+
+    #[test]
+    fn defaults_carry_over_to_later_files_and_sections_end_with_their_file() {
+        let mut parser = ConfigParser::new();
+        parser.add_file("global\n daemon\ndefaults\n mode http\n");
+        parser.add_file("frontend fe\n bind :80\nbackend be\n server s 10.0.0.1:80\n");
+        parser.add_file(" bind :81\n server t 10.0.0.2:80\n");
+        let n = parser.finish();
+        assert!(!n.bind("127.0.0.1:80".parse().unwrap()).unwrap().tcp, "mode http from 00-defaults.cfg");
+        assert!(!n.server_line("10.0.0.1:80".parse().unwrap()).unwrap().tcp);
+        assert_eq!(n.frontend("127.0.0.1:81".parse().unwrap()), None, "a bind before any section of its file");
+        assert_eq!(n.server("10.0.0.2:80".parse().unwrap()), None);
+        assert!(parse("frontend fe\n bind :80\n").frontends[0].tcp, "alone, HAProxy's default mode is tcp");
+    }
+
+    #[test]
+    fn skipped_lines_are_counted_once_and_kept_short_and_few() {
+        let long = format!("frontend f\n bind {}\n", vec!["unix@/x"; 10_000].join(","));
+        let n = parse(&long);
+        assert_eq!(n.skipped_lines, 1, "one line, however many addresses it lists");
+        assert!(n.skipped[0].len() <= MAX_SKIPPED_LINE_BYTES);
+        let many = format!("backend b\n{}", " server s host.example:80 é\n".repeat(100));
+        let n = parse(&many);
+        assert_eq!((n.skipped_lines, n.skipped.len()), (100, MAX_SKIPPED_KEPT));
+        let cut = parse(&format!("backend b\n server s {}\n", "é".repeat(200)));
+        assert!(cut.skipped[0].len() <= MAX_SKIPPED_LINE_BYTES, "cut on a character boundary");
+    }
+
+    #[test]
+    fn a_long_name_times_many_addresses_stays_within_the_budget() {
+        // 1 MiB of name, then 1 MiB of `:1,:1,...`: cloned naively, 350 000 copies of the name.
+        let name = "n".repeat(1 << 20);
+        let text = format!(
+            "frontend {name}\n bind {}\nbackend {name}\n{}",
+            vec![":1"; 350_000].join(","),
+            " server s 10.0.0.1:1\n".repeat(10)
+        );
+        let n = parse(&text);
+        assert!(n.bytes <= MAX_NAMES_BYTES);
+        assert!(n.frontends.len() < 4, "a few copies of a 1 MiB name fit, no more");
+        assert!(n.over_limit_lines >= 1);
+        let binds = parse(&format!("frontend f\n{}", " bind :1\n".repeat(MAX_BINDS + 10)));
+        assert_eq!((binds.frontends.len(), binds.over_limit_lines), (MAX_BINDS, 10));
+    }
+
+    proptest::proptest! {
+        /// The server index finds what the first-match scan it replaced found.
+        #[test]
+        fn server_index_agrees_with_a_scan(
+            lines in proptest::collection::vec((0u8..4, 0u8..3, proptest::option::of(0u16..3)), 0..40),
+            ip in 0u8..4,
+            port in 0u16..3,
+        ) {
+            let mut text = String::new();
+            for (i, (backend, host, p)) in lines.iter().enumerate() {
+                let host = if *host == 0 { format!("::ffff:10.0.0.{ip}") } else { format!("10.0.0.{host}") };
+                let host = if host.contains(':') { format!("[{host}]") } else { host };
+                let p = p.map_or(String::new(), |p| format!(":{p}"));
+                let _ = write!(text, "backend b{backend}\n server s{i} {host}{p}\n");
+            }
+            let n = parse(&text);
+            let addr = SocketAddr::from(([10, 0, 0, ip], port));
+            let scan = |with_port: bool| {
+                n.servers.iter().find(|s| {
+                    mapped(s.ip) == mapped(addr.ip())
+                        && if with_port { s.port == Some(addr.port()) } else { s.port.is_none() }
+                })
+            };
+            proptest::prop_assert_eq!(n.server_line(addr), scan(true).or_else(|| scan(false)));
+        }
+
+        /// Any text parses, within the limits.
+        #[test]
+        fn any_text_parses_within_limits(text in "\\PC{0,400}") {
+            let n = parse(&text);
+            proptest::prop_assert!(n.bytes <= MAX_NAMES_BYTES && n.frontends.len() <= MAX_BINDS);
+            proptest::prop_assert!(n.skipped.len() <= MAX_SKIPPED_KEPT);
+        }
     }
 
     #[test]

@@ -103,6 +103,7 @@ pub fn run(
                 pods.forget(pid);
             }
             pods.refresh(&targets, &mut batcher);
+            names.refresh(&targets, metrics);
             tracker.expire(loader::monotonic_ns());
             publish(&probes, &tracker, metrics);
             last_housekeeping = Some(Instant::now());
@@ -225,7 +226,6 @@ fn refresh_targets(
 fn publish(probes: &Probes, tracker: &Tracker, metrics: &Metrics) {
     let losses = probes.losses();
     metrics::set(&metrics.events_lost_ring_full, losses[Loss::RingFull as usize]);
-    metrics::set(&metrics.events_lost_inflight_full, losses[Loss::InflightFull as usize]);
     metrics::set(&metrics.events_lost_read_failed, losses[Loss::ReadFailed as usize]);
     let (runs, ns) = probes.run_stats();
     metrics::set(&metrics.probe_runs, runs);

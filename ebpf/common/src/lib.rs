@@ -101,14 +101,12 @@ impl EventHeader {
 pub enum Loss {
     /// The ring buffer had no room for the record.
     RingFull = 0,
-    /// The in-flight syscall table was full, so the exit could not be matched with its entry.
-    InflightFull = 1,
     /// Copying the payload or address from user memory failed.
-    ReadFailed = 2,
+    ReadFailed = 1,
 }
 
 /// Number of entries in the `LOSSES` array.
-pub const LOSS_SLOTS: u32 = 3;
+pub const LOSS_SLOTS: u32 = 2;
 
 /// Global variables the agent sets before loading the probes (`EbpfLoader::set_global`).
 pub mod globals {
