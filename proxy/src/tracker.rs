@@ -141,8 +141,8 @@ enum Role {
 enum Relay {
     /// No final response head read yet.
     Awaiting,
-    /// Its response head was read on this thread; no frontend response claimed it yet.
-    Pending { tid: u32 },
+    /// Its response head was read on this thread at `read_ns`; no frontend response claimed it yet.
+    Pending { tid: u32, read_ns: u64 },
     /// A frontend response head claimed it: its link is final.
     Claimed,
 }
@@ -163,6 +163,10 @@ struct BackRecord {
     /// request of the thread had. The relay never takes such an exchange from its frontend
     /// request (a lost record must not let another request's response steal it).
     sure: bool,
+    /// Its link was only guessed when a capture gap hit the process: the lost record may have been
+    /// its own frontend request, or the backend request of the one it was guessed for. Never
+    /// exported under any frontend request.
+    tainted: bool,
     /// The exchange is over (response complete, or the connection closed).
     ended: bool,
     exchange: ClientExchange,
@@ -231,6 +235,8 @@ struct FrontRecord {
     unfiled_backends: u32,
     /// At least one backend request was linked to it.
     linked: bool,
+    /// At least one by `traceparent` or target (not only guessed from headers).
+    strong_linked: bool,
     /// A backend request was linked to it without a rival ([`BackRecord::sure`]): its relay only
     /// ever claims its own backend exchanges.
     sure_linked: bool,
@@ -261,6 +267,12 @@ pub struct Tracker {
     head_pool: Vec<RequestHead>,
     clients_pool: Vec<Vec<ClientExchange>>,
 }
+
+/// Longest time between reading a backend response head and relaying it to the client for the
+/// relay to take a backend exchange that is not linked to the relaying request (see
+/// [`Tracker::claim_relay`]). `HAProxy` relays within one pass over its events, microseconds
+/// apart; 100 ms leaves room for a preempted thread on a loaded machine.
+const RELAY_WINDOW_NS: u64 = 100_000_000;
 
 /// Most recycled heads (and client lists) kept for reuse.
 const POOL_LIMIT: usize = 4096;
@@ -382,6 +394,7 @@ impl Tracker {
         conn.egress_start = None;
         let fronts: Vec<u64> = conn.fronts.drain(..).collect();
         let backs: Vec<u64> = conn.backs.drain(..).collect();
+        self.taint_guessed_links(key.0);
         self.stats.gap_exchanges += (fronts.len() + backs.len()) as u64;
         for id in fronts {
             self.finish_front(id, ts, Outcome::CaptureGap);
@@ -703,7 +716,7 @@ impl Tracker {
             }
             back.exchange.response = Some(response);
             if back.claimable && back.relay == Relay::Awaiting {
-                back.relay = Relay::Pending { tid: ctx.tid };
+                back.relay = Relay::Pending { tid: ctx.tid, read_ns: ctx.ts };
                 self.relays.push_back(back_id);
             }
             response.framing(&back.exchange.request.method)
@@ -738,9 +751,14 @@ impl Tracker {
         let tgid = ctx.key.0;
         let relayable = |b: &BackRecord| {
             b.tgid == tgid
-                && b.relay == Relay::Pending { tid: ctx.tid }
+                && !b.tainted
+                && matches!(b.relay, Relay::Pending { tid, .. } if tid == ctx.tid)
                 && b.exchange.response.is_some_and(|r| r.status == status)
         };
+        // HAProxy writes a response head to the client in the same pass over its events as it read
+        // it from the server; an older unclaimed response belongs to a request whose records were
+        // lost, not to this one.
+        let recent = |b: &BackRecord| matches!(b.relay, Relay::Pending { read_ns, .. } if ctx.ts.saturating_sub(read_ns) <= RELAY_WINDOW_NS);
         let only_own = self.fronts.get(&id).is_some_and(|f| f.sure_linked);
         let pos = self
             .relays
@@ -751,7 +769,11 @@ impl Tracker {
                     return None;
                 }
                 self.relays.iter().position(|b| {
-                    self.backs.get(b).is_some_and(|b| relayable(b) && !(b.sure && b.front.is_some_and(|f| f != id)))
+                    self.backs.get(b).is_some_and(|b| {
+                        relayable(b)
+                            && !(b.sure && b.front.is_some_and(|f| f != id))
+                            && (b.front == Some(id) || recent(b))
+                    })
                 })
             });
         let Some(pos) = pos else { return };
@@ -830,6 +852,7 @@ impl Tracker {
                 open_backends: 0,
                 unfiled_backends: 0,
                 linked: false,
+                strong_linked: false,
                 sure_linked: false,
                 responding: false,
                 done: false,
@@ -878,6 +901,7 @@ impl Tracker {
                 confirmed: link.is_some_and(|l| l.strong),
                 claimable: front.is_some(),
                 sure: link.is_some_and(|l| l.sure),
+                tainted: false,
                 ended: false,
                 exchange: ClientExchange {
                     request,
@@ -917,7 +941,9 @@ impl Tracker {
         };
         let same_request = |_: &Candidate, f: &FrontRecord| matches!(&f.exchange.request, Some(r) if r.method == request.method && r.target == request.target);
         for retry in [false, true] {
-            let eligible = |f: &FrontRecord| if retry { f.linked && f.open_backends == 0 } else { !f.linked };
+            // A guessed (header-only) link does not keep a request from its own backend request.
+            let eligible =
+                |f: &FrontRecord| if retry { f.strong_linked && f.open_backends == 0 } else { !f.strong_linked };
             // Keys are compared before the record is looked up, so a scan costs no hashing.
             let find = |rule: &dyn Fn(&Candidate, &FrontRecord) -> bool, key_matches: &dyn Fn(&Candidate) -> bool| {
                 self.candidates
@@ -958,7 +984,9 @@ impl Tracker {
                         })
                         .filter(|c| {
                             self.fronts.get(&c.id).is_some_and(|f| {
-                                eligible(f) && matches!(&f.exchange.request, Some(r) if r.method == request.method)
+                                !retry
+                                    && !f.linked
+                                    && matches!(&f.exchange.request, Some(r) if r.method == request.method)
                             })
                         })
                         .max_by_key(|c| {
@@ -972,13 +1000,63 @@ impl Tracker {
                         .map(|c| Link { id: c.id, strong: false, sure: false })
                 });
             if let Some(link) = found {
+                if link.strong {
+                    self.drop_guessed_links(link.id);
+                }
                 if let Some(f) = self.fronts.get_mut(&link.id) {
                     f.linked = true;
+                    f.strong_linked |= link.strong;
                 }
                 return Some(link);
             }
         }
         None
+    }
+
+    /// A capture gap in process `tgid`: every link guessed from headers alone is given up, and
+    /// those backend exchanges are never exported (see [`BackRecord::tainted`]).
+    fn taint_guessed_links(&mut self, tgid: u32) {
+        let guessed: Vec<u64> = self
+            .backs
+            .iter()
+            .filter(|(_, b)| b.tgid == tgid && b.claimable && !b.confirmed && b.relay != Relay::Claimed)
+            .map(|(bid, _)| *bid)
+            .collect();
+        for bid in guessed {
+            let b = self.backs.get_mut(&bid).expect("present");
+            b.tainted = true;
+            let (front, ended) = (b.front.take(), b.ended);
+            self.move_link_counts(front, u64::MAX, ended);
+            if let Some(front) = front {
+                self.hand_out_if_ready(front);
+            }
+            if ended {
+                self.stats.unlinked_backend_requests += 1;
+                self.file_backend(bid);
+            }
+        }
+    }
+
+    /// A request's own backend request arrived: backend exchanges only guessed to be its own
+    /// (alike headers) are let go; the relay may still give them to the right request.
+    fn drop_guessed_links(&mut self, id: u64) {
+        let guessed: Vec<u64> = self
+            .backs
+            .iter()
+            .filter(|(_, b)| b.front == Some(id) && !b.confirmed && b.relay != Relay::Claimed)
+            .map(|(bid, _)| *bid)
+            .collect();
+        for bid in guessed {
+            let b = self.backs.get_mut(&bid).expect("present");
+            b.front = None;
+            let ended = b.ended;
+            if let Some(f) = self.fronts.get_mut(&id) {
+                f.unfiled_backends = f.unfiled_backends.saturating_sub(1);
+                if !ended {
+                    f.open_backends = f.open_backends.saturating_sub(1);
+                }
+            }
+        }
     }
 
     fn finish_front(&mut self, id: u64, ts: u64, outcome: Outcome) {
@@ -1025,7 +1103,7 @@ impl Tracker {
             front_done = f.done;
         }
         match relay {
-            Relay::Pending { .. } if front.is_none() || !front_done => {} // the relay decides
+            Relay::Pending { .. } if !self.backs[&back_id].tainted && (front.is_none() || !front_done) => {} // the relay decides
             Relay::Pending { .. } | Relay::Awaiting => self.settle_unrelayed(back_id),
             Relay::Claimed => self.file_backend(back_id),
         }
@@ -1036,6 +1114,11 @@ impl Tracker {
     /// claim it while its response waits; otherwise it is dropped and counted as unlinked).
     fn settle_unrelayed(&mut self, back_id: u64) {
         let Some(back) = self.backs.get_mut(&back_id) else { return };
+        if back.tainted {
+            self.stats.unlinked_backend_requests += 1;
+            self.file_backend(back_id);
+            return;
+        }
         if back.confirmed || back.front.is_none() && !matches!(back.relay, Relay::Pending { .. }) {
             self.file_backend(back_id);
             return;

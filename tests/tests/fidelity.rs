@@ -277,3 +277,49 @@ fn tcp_mode_and_garbage_produce_no_spans() {
     let mut agent = s.agent;
     assert!(agent.is_running());
 }
+
+#[test]
+fn proxy_protocol_v1_and_v2_name_the_client_on_every_version() {
+    if !require_root() {
+        return;
+    }
+    for version in tracetap_tests::haproxy::versions() {
+        let s = Stack::with_config_on(
+            version,
+            |port, backend| {
+                haproxy::config(port, &[backend], "").replace(&format!(":{port}\n"), &format!(":{port} accept-proxy\n"))
+            },
+            &[],
+        );
+        let local_port = s.front.port();
+        // v1: a text line naming 192.0.2.7:51234.
+        let mut v1 = Conn::connect(s.front).unwrap();
+        v1.send_raw(format!("PROXY TCP4 192.0.2.7 127.0.0.1 51234 {local_port}\r\n").as_bytes()).unwrap();
+        assert_eq!(v1.get("/pp-v1", &[]).unwrap().status, 200, "{version}");
+        assert_eq!(v1.get("/pp-v1-again", &[]).unwrap().status, 200, "{version}");
+        // v2: the binary header naming [2001:db8::9]:40000.
+        let mut header = b"\r\n\r\n\0\r\nQUIT\n\x21\x21\x00\x24".to_vec();
+        header.extend_from_slice(&"2001:db8::9".parse::<std::net::Ipv6Addr>().unwrap().octets());
+        header.extend_from_slice(&std::net::Ipv6Addr::LOCALHOST.octets());
+        header.extend_from_slice(&40000u16.to_be_bytes());
+        header.extend_from_slice(&local_port.to_be_bytes());
+        let mut v2 = Conn::connect(s.front).unwrap();
+        v2.send_raw(&header).unwrap();
+        assert_eq!(v2.get("/pp-v2", &[]).unwrap().status, 200, "{version}");
+        let spans = s.spans_for(&["/pp-v1", "/pp-v1-again", "/pp-v2"]);
+        for (path, address, port) in
+            [("/pp-v1", "192.0.2.7", 51234), ("/pp-v1-again", "192.0.2.7", 51234), ("/pp-v2", "2001:db8::9", 40000)]
+        {
+            let (server, clients) = Stack::trace_of(&spans, path);
+            assert_eq!(server.str_attr("client.address"), Some(address), "{version}: {path}");
+            assert_eq!(server.int_attr("client.port"), Some(port), "{version}: {path}");
+            assert_eq!(
+                server.str_attr("network.peer.address"),
+                Some("127.0.0.1"),
+                "{version}: {path}: the socket's peer"
+            );
+            assert_eq!(clients.len(), 1, "{version}: {path}");
+        }
+        assert_eq!(s.agent.metric("tracetap_parse_errors_total"), 0, "{version}");
+    }
+}
