@@ -12,7 +12,8 @@ macro_rules! metrics {
         #[derive(Debug, Default)]
         pub struct Metrics {
             $( pub $field: AtomicU64, )*
-            /// Probes are attached and at least one target process is traced.
+            /// Probes are attached, at least one target process is traced and its configuration
+            /// names are loaded (or known unreadable).
             pub ready: AtomicBool,
             /// Tail decisions by (policy, outcome); the policy is `none` when no policy matched.
             pub tail_decisions: Mutex<BTreeMap<(String, &'static str), u64>>,

@@ -204,6 +204,14 @@ impl Names {
         metrics::set(&metrics.config_read_errors, self.read_errors);
     }
 
+    /// True when the names of at least one of `targets` are in, or known to be unavailable.
+    /// Readiness waits for it: the connections made after `/readyz` answers are then named and
+    /// their mode known (one housekeeping tick later than the probes alone would be ready).
+    #[must_use]
+    pub fn any_settled(&self, targets: &BTreeSet<u32>) -> bool {
+        targets.iter().any(|pid| matches!(self.by_pid.get(pid), Some(State::Done { .. })))
+    }
+
     /// Files (or command lines) that could not be read, since the start.
     #[must_use]
     pub fn read_errors(&self) -> u64 {
@@ -788,7 +796,9 @@ mod tests {
         let mut names = Names::new(&proc.proc_root());
         let metrics = Metrics::default();
         names.refresh(&BTreeSet::from([PID]), &metrics);
+        assert!(!names.any_settled(&BTreeSet::from([PID])));
         let got = wait_for(&mut names, PID).expect("names arrive");
+        assert!(names.any_settled(&BTreeSet::from([PID])));
         assert_eq!(got.frontend("127.0.0.1:7001".parse().unwrap()), Some("fe_good"));
         names.refresh(&BTreeSet::from([PID]), &metrics);
         assert_eq!(metrics.config_read_errors.load(std::sync::atomic::Ordering::Relaxed), 1, "the missing file");

@@ -104,6 +104,9 @@ pub fn run(
             }
             pods.refresh(&targets, &mut batcher);
             names.refresh(&targets, metrics);
+            // Ready once a target's configuration names are in (or known unreadable), so that the
+            // connections made after /readyz are named and their mode known.
+            metrics.ready.store(probes.attached > 0 && names.any_settled(&targets), Relaxed);
             tracker.expire(loader::monotonic_ns());
             publish(&probes, &tracker, metrics);
             last_housekeeping = Some(Instant::now());
@@ -219,7 +222,6 @@ fn refresh_targets(
     }
     *targets = now;
     metrics::set(&metrics.targets, targets.len() as u64);
-    metrics.ready.store(probes.attached > 0 && !targets.is_empty(), Relaxed);
     gone
 }
 
