@@ -88,6 +88,10 @@ pub struct TrackerStats {
     pub parse_errors: u64,
     /// Connections that turned out not to speak HTTP/1 (tcp mode, TLS, garbage).
     pub opaque_connections: u64,
+    /// Descriptors never seen opened by `accept`/`connect` whose first bytes are not HTTP/1: files
+    /// `HAProxy` reads (its configuration, certificates, shared libraries at start), its thread
+    /// wake-up pipes, sockets older than the probes. Ignored until closed.
+    pub unknown_descriptors: u64,
     /// Responses seen with no request to pair with.
     pub unpaired_responses: u64,
     /// Backend requests that matched no frontend request (health checks, or a link we missed).
@@ -519,7 +523,7 @@ impl Tracker {
                 (None, _) => Role::Opaque,
             };
             if conn.role == Role::Opaque {
-                self.stats.opaque_connections += 1;
+                self.stats.unknown_descriptors += 1;
             }
         }
         let role = conn.role;

@@ -766,3 +766,18 @@ fn tls_and_dns_on_backend_sockets_are_opaque_not_parse_errors() {
     assert_eq!(t.stats().parse_errors, 0);
     assert_eq!(t.stats().opaque_connections, 3);
 }
+
+#[test]
+fn pipes_and_files_never_seen_opened_are_counted_apart_from_opaque_connections() {
+    let mut t = Tracker::default();
+    let mut s = Script::default();
+    // HAProxy's wake-up pipe (write end 9, read end 8) and a config file read on fd 4.
+    s.push(1, 9, OwnedOp::Write(b"c".to_vec()))
+        .push(2, 8, OwnedOp::Read(b"c".to_vec()))
+        .push(1, 4, OwnedOp::Read(b"global\n    maxconn 10\n".to_vec()))
+        .push(1, 4, OwnedOp::Close);
+    assert!(s.run(&mut t).is_empty());
+    assert_eq!(t.stats().unknown_descriptors, 3);
+    assert_eq!(t.stats().opaque_connections, 0);
+    assert_eq!(t.stats().parse_errors, 0);
+}

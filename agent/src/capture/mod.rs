@@ -240,6 +240,7 @@ fn publish_tracker(tracker: &Tracker, metrics: &Metrics) {
     let s = tracker.stats();
     metrics::set(&metrics.parse_errors, s.parse_errors);
     metrics::set(&metrics.opaque_connections, s.opaque_connections);
+    metrics::set(&metrics.unknown_descriptors, s.unknown_descriptors);
     metrics::set(&metrics.unpaired_responses, s.unpaired_responses);
     metrics::set(&metrics.requests_seen, s.frontend_requests);
     metrics::set(&metrics.backend_requests_seen, s.backend_requests);
