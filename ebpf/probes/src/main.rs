@@ -273,17 +273,25 @@ enum BufShape {
     Msghdr,
 }
 
-/// The first user buffer of a data call and how many bytes of it may hold data.
+/// Most `iovec`s of one vectored call that are walked (copied from, or searched for the end).
+const MAX_IOVECS: u64 = 8;
+/// Later segments of a vectored call are copied only while fewer bytes than this were taken, and
+/// at most this many each: offset and length then each stay below it, which the verifier can see,
+/// so every copy stays inside the staging buffer (`2 * SEGMENT_BYTES == STAGING_BYTES`).
+const SEGMENT_BYTES: u64 = STAGING_BYTES as u64 / 2;
+
+/// Where the buffers of a data call are: `(array of struct iovec, count)`, or one plain buffer.
 #[inline(always)]
-fn first_segment(shape: BufShape, buf: u64, ret: u64) -> Option<(u64, u64)> {
+fn iovecs(shape: BufShape, buf: u64, count: u64) -> Option<(u64, u64)> {
     match shape {
-        BufShape::Plain => Some((buf, ret)),
-        BufShape::Iovec => iovec_at(buf, ret),
+        BufShape::Plain => None,
+        BufShape::Iovec => Some((buf, count)),
         BufShape::Msghdr => {
-            // struct msghdr { void *msg_name; int msg_namelen; struct iovec *msg_iov; ... }
-            // SAFETY: helper read of user memory.
+            // struct msghdr { void *msg_name; int msg_namelen; struct iovec *msg_iov; size_t msg_iovlen; ... }
+            // SAFETY: helper reads of user memory.
             let iov = unsafe { bpf_probe_read_user((buf + 16) as *const u64) }.ok()?;
-            iovec_at(iov, ret)
+            let len = unsafe { bpf_probe_read_user((buf + 24) as *const u64) }.ok()?;
+            Some((iov, len))
         }
     }
 }
@@ -360,7 +368,7 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
             }
             let Some(staging) = stage(kind, fd, ret) else { return 0 };
             staging.header.seq = next_seq(tgid, fd);
-            let copied = if ret > 0 { copy_payload(staging, shape, r.si, ret as u64) } else { 0 };
+            let copied = if ret > 0 { copy_payload(staging, shape, r.si, r.dx, ret as u64) } else { 0 };
             staging.header.captured = copied as u32;
             emit(staging, copied);
         }
@@ -393,36 +401,79 @@ pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
     0
 }
 
-/// Copies the first `CAPTURE_BYTES` of the call's bytes, and the last `TAIL_BYTES` when the
-/// window cut them. Returns how many bytes follow the header.
+/// Copies the first `CAPTURE_BYTES` of the call's bytes (across the `iovec`s of a vectored call,
+/// see [`SEGMENT_BYTES`]), and the last `TAIL_BYTES` of the whole call when the window cut them.
+/// Returns how many bytes follow the header.
 #[inline(always)]
-fn copy_payload(staging: &mut Staging, shape: BufShape, buf: u64, ret: u64) -> u64 {
-    let Some((base, available)) = first_segment(shape, buf, ret) else { return 0 };
+fn copy_payload(staging: &mut Staging, shape: BufShape, buf: u64, count: u64, ret: u64) -> u64 {
     // SAFETY: the agent writes this global before load.
     let window = u64::from(unsafe { core::ptr::read_volatile(&raw const CAPTURE_BYTES) });
-    let want = bounded(if available < window { available } else { window });
-    let mut copied = 0;
-    if want > 0 {
-        // SAFETY: `want` is bounded by the staging buffer size; the helper faults safely on bad
-        // user addresses.
-        let rc = unsafe {
-            raw_probe_read_user(staging.data.as_mut_ptr().cast(), want as u32, base as *const core::ffi::c_void)
-        };
-        if rc == 0 {
-            copied = want;
-        } else {
-            count_loss(Loss::ReadFailed);
+    let Some((iov, count)) = iovecs(shape, buf, count) else {
+        let copied = copy_segment(staging, 0, buf, if ret < window { ret } else { window });
+        if ret > copied && ret >= TAIL_BYTES as u64 {
+            copy_tail(staging, buf + ret - TAIL_BYTES as u64);
         }
-    }
-    if available > want && available >= TAIL_BYTES as u64 {
-        let from = base + available - TAIL_BYTES as u64;
-        // SAFETY: helper read of user memory into a fixed-size field.
-        if let Ok(tail) = unsafe { bpf_probe_read_user(from as *const [u8; TAIL_BYTES]) } {
-            staging.header.tail = tail;
-            staging.header.tail_len = TAIL_BYTES as u32;
+        return copied;
+    };
+    let mut copied = 0u64;
+    let mut seen = 0u64;
+    for i in 0..MAX_IOVECS {
+        if i >= count || seen >= ret {
+            break;
+        }
+        let Some((base, len)) = iovec_at(iov + i * 16, ret - seen) else { break };
+        if i == 0 {
+            copied = copy_segment(staging, 0, base, if len < window { len } else { window });
+        } else if copied < SEGMENT_BYTES && copied < window && copied == seen {
+            let room = window - copied;
+            let want = if len < room { len } else { room };
+            copied += copy_segment(staging, copied, base, if want < SEGMENT_BYTES { want } else { SEGMENT_BYTES });
+        }
+        seen += len;
+        if seen >= ret && ret > copied && len >= TAIL_BYTES as u64 {
+            copy_tail(staging, base + len - TAIL_BYTES as u64);
         }
     }
     copied
+}
+
+/// Copies `len` user bytes from `from` to the payload at `offset`; returns the bytes copied.
+/// `offset == 0` allows up to the whole staging buffer; otherwise both stay below
+/// [`SEGMENT_BYTES`] (masked so that the verifier sees it).
+#[inline(always)]
+fn copy_segment(staging: &mut Staging, offset: u64, from: u64, len: u64) -> u64 {
+    let (offset, len) = if offset == 0 {
+        (0, bounded(len))
+    } else {
+        (offset & (SEGMENT_BYTES - 1), if len > SEGMENT_BYTES { SEGMENT_BYTES } else { len })
+    };
+    if len == 0 {
+        return 0;
+    }
+    // SAFETY: offset + len stays inside `staging.data` (see above); the helper faults safely on
+    // bad user addresses.
+    let rc = unsafe {
+        raw_probe_read_user(
+            staging.data.as_mut_ptr().add(offset as usize).cast(),
+            len as u32,
+            from as *const core::ffi::c_void,
+        )
+    };
+    if rc == 0 {
+        len
+    } else {
+        count_loss(Loss::ReadFailed);
+        0
+    }
+}
+
+#[inline(always)]
+fn copy_tail(staging: &mut Staging, from: u64) {
+    // SAFETY: helper read of user memory into a fixed-size field.
+    if let Ok(tail) = unsafe { bpf_probe_read_user(from as *const [u8; TAIL_BYTES]) } {
+        staging.header.tail = tail;
+        staging.header.tail_len = TAIL_BYTES as u32;
+    }
 }
 
 #[cfg(not(test))]
