@@ -60,7 +60,14 @@ fn request(tracker: &mut Tracker, ts: &mut u64) {
 }
 
 fn open(tracker: &mut Tracker) {
-    tracker.handle(&SyscallEvent { ts_ns: 1, tgid: 7, tid: 1, fd: 10, seq: 0, op: Op::Accept { peer: None, local: None } });
+    tracker.handle(&SyscallEvent {
+        ts_ns: 1,
+        tgid: 7,
+        tid: 1,
+        fd: 10,
+        seq: 0,
+        op: Op::Accept { peer: None, local: None },
+    });
     tracker.handle(&SyscallEvent { ts_ns: 2, tgid: 7, tid: 1, fd: 11, seq: 0, op: Op::Connect { server: None } });
 }
 

@@ -151,6 +151,62 @@ enum Relay {
     Claimed,
 }
 
+/// What a backend exchange's link to its frontend request rests on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Evidence {
+    /// Never linked (a health check, or no waiting request matched): counted, never exported, and
+    /// never taken by a relay.
+    Unlinked,
+    /// Its guessed link was given up on a capture gap in the process: the lost record may have
+    /// been its own frontend request, or the backend request of the one it was guessed for. Never
+    /// exported.
+    Tainted,
+    /// Guessed from alike headers (a rewritten target), or swapped by a relay: exported only once
+    /// a relay confirms it.
+    Guessed,
+    /// The same target, but other waiting requests of the thread had it too.
+    Target,
+    /// The same `traceparent`, or a target no other waiting request of the thread had: a relay
+    /// never takes it from its request (a lost record must not let another request's response
+    /// steal it).
+    Sole,
+    /// Claimed by the relay of its request's response.
+    Relayed,
+}
+
+impl Evidence {
+    fn of(link: Option<Link>) -> Self {
+        match link {
+            None => Self::Unlinked,
+            Some(l) if l.strength == LinkStrength::Sole => Self::Sole,
+            Some(l) if l.strength == LinkStrength::Target => Self::Target,
+            Some(_) => Self::Guessed,
+        }
+    }
+
+    /// A relay may take it (see [`Tracker::claim_relay`]).
+    fn claimable(self) -> bool {
+        matches!(self, Self::Guessed | Self::Target | Self::Sole)
+    }
+
+    /// Filed under its link even if no relay ever confirms it.
+    fn confirmed(self) -> bool {
+        matches!(self, Self::Target | Self::Sole | Self::Relayed)
+    }
+}
+
+/// The strongest link a frontend request received, or what a tentative link rests on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum LinkStrength {
+    None,
+    /// Alike headers only.
+    Guessed,
+    /// The same target, with rivals.
+    Target,
+    /// The same `traceparent`, or a target without rivals.
+    Sole,
+}
+
 /// A backend exchange from its request until it is filed under its frontend exchange.
 #[derive(Debug)]
 struct BackRecord {
@@ -158,19 +214,8 @@ struct BackRecord {
     front: Option<u64>,
     tgid: u32,
     relay: Relay,
-    /// The link is known right: by `traceparent`, by the same target, or by the relay. A link
-    /// guessed from alike headers alone is filed only once the relay confirms it.
-    confirmed: bool,
-    /// It was linked at some point, so the relay may claim it (health checks never are).
-    claimable: bool,
-    /// The tentative link had no rival: the same `traceparent`, or a target no other waiting
-    /// request of the thread had. The relay never takes such an exchange from its frontend
-    /// request (a lost record must not let another request's response steal it).
-    sure: bool,
-    /// Its link was only guessed when a capture gap hit the process: the lost record may have been
-    /// its own frontend request, or the backend request of the one it was guessed for. Never
-    /// exported under any frontend request.
-    tainted: bool,
+    /// What the link rests on.
+    evidence: Evidence,
     /// The exchange is over (response complete, or the connection closed).
     ended: bool,
     exchange: ClientExchange,
@@ -237,13 +282,9 @@ struct FrontRecord {
     open_backends: u32,
     /// Linked backend exchanges not filed under this one yet (ended ones may wait for their relay).
     unfiled_backends: u32,
-    /// At least one backend request was linked to it.
-    linked: bool,
-    /// At least one by `traceparent` or target (not only guessed from headers).
-    strong_linked: bool,
-    /// A backend request was linked to it without a rival ([`BackRecord::sure`]): its relay only
-    /// ever claims its own backend exchanges.
-    sure_linked: bool,
+    /// The strongest link it received. From [`LinkStrength::Sole`] on, its relay only ever claims
+    /// its own backend exchanges; a guessed link does not keep it from its own backend request.
+    links: LinkStrength,
     /// The response started: no more links.
     responding: bool,
     /// The frontend exchange ended; waiting for `open_backends` to reach 0.
@@ -719,7 +760,7 @@ impl Tracker {
                 return BodyFraming::Empty;
             }
             back.exchange.response = Some(response);
-            if back.claimable && back.relay == Relay::Awaiting {
+            if back.evidence.claimable() && back.relay == Relay::Awaiting {
                 back.relay = Relay::Pending { tid: ctx.tid, read_ns: ctx.ts };
                 self.relays.push_back(back_id);
             }
@@ -755,7 +796,7 @@ impl Tracker {
         let tgid = ctx.key.0;
         let relayable = |b: &BackRecord| {
             b.tgid == tgid
-                && !b.tainted
+                && b.evidence.claimable()
                 && matches!(b.relay, Relay::Pending { tid, .. } if tid == ctx.tid)
                 && b.exchange.response.is_some_and(|r| r.status == status)
         };
@@ -763,11 +804,13 @@ impl Tracker {
         // it from the server; an older unclaimed response belongs to a request whose records were
         // lost, not to this one.
         let recent = |b: &BackRecord| matches!(b.relay, Relay::Pending { read_ns, .. } if ctx.ts.saturating_sub(read_ns) <= RELAY_WINDOW_NS);
-        let only_own = self.fronts.get(&id).is_some_and(|f| f.sure_linked);
+        let only_own = self.fronts.get(&id).is_some_and(|f| f.links == LinkStrength::Sole);
         let pos = self
             .relays
             .iter()
-            .position(|b| self.backs.get(b).is_some_and(|b| relayable(b) && b.sure && b.front == Some(id)))
+            .position(|b| {
+                self.backs.get(b).is_some_and(|b| relayable(b) && b.evidence == Evidence::Sole && b.front == Some(id))
+            })
             .or_else(|| {
                 if only_own {
                     return None;
@@ -775,7 +818,7 @@ impl Tracker {
                 self.relays.iter().position(|b| {
                     self.backs.get(b).is_some_and(|b| {
                         relayable(b)
-                            && !(b.sure && b.front.is_some_and(|f| f != id))
+                            && !(b.evidence == Evidence::Sole && b.front.is_some_and(|f| f != id))
                             && (b.front == Some(id) || recent(b))
                     })
                 })
@@ -784,7 +827,7 @@ impl Tracker {
         let back_id = self.relays.remove(pos).expect("in range");
         let back = self.backs.get_mut(&back_id).expect("relays hold live backend exchanges");
         back.relay = Relay::Claimed;
-        back.confirmed = true;
+        back.evidence = Evidence::Relayed;
         let ended = back.ended;
         let previous = back.front.replace(id);
         if previous != Some(id) {
@@ -803,8 +846,7 @@ impl Tracker {
                 if let Some(swapped) = swapped {
                     let b = self.backs.get_mut(&swapped).expect("present");
                     b.front = Some(other);
-                    b.confirmed = false;
-                    b.sure = false;
+                    b.evidence = Evidence::Guessed;
                     let ended = b.ended;
                     self.move_link_counts(Some(id), other, ended);
                 }
@@ -826,7 +868,7 @@ impl Tracker {
         }
         if let Some(f) = self.fronts.get_mut(&to) {
             f.unfiled_backends += 1;
-            f.linked = true;
+            f.links = f.links.max(LinkStrength::Guessed);
             if !ended {
                 f.open_backends += 1;
             }
@@ -855,9 +897,7 @@ impl Tracker {
                 },
                 open_backends: 0,
                 unfiled_backends: 0,
-                linked: false,
-                strong_linked: false,
-                sure_linked: false,
+                links: LinkStrength::None,
                 responding: false,
                 done: false,
                 last_activity_ns: ctx.ts,
@@ -882,7 +922,6 @@ impl Tracker {
         let front = link.map(|l| l.id);
         if let Some(id) = front {
             if let Some(f) = self.fronts.get_mut(&id) {
-                f.sure_linked |= link.is_some_and(|l| l.sure);
                 f.open_backends += 1;
                 f.unfiled_backends += 1;
                 f.last_activity_ns = ctx.ts;
@@ -902,10 +941,7 @@ impl Tracker {
                 front,
                 tgid: ctx.key.0,
                 relay: Relay::Awaiting,
-                confirmed: link.is_some_and(|l| l.strong),
-                claimable: front.is_some(),
-                sure: link.is_some_and(|l| l.sure),
-                tainted: false,
+                evidence: Evidence::of(link),
                 ended: false,
                 exchange: ClientExchange {
                     request,
@@ -946,8 +982,13 @@ impl Tracker {
         let same_request = |_: &Candidate, f: &FrontRecord| matches!(&f.exchange.request, Some(r) if r.method == request.method && r.target == request.target);
         for retry in [false, true] {
             // A guessed (header-only) link does not keep a request from its own backend request.
-            let eligible =
-                |f: &FrontRecord| if retry { f.strong_linked && f.open_backends == 0 } else { !f.strong_linked };
+            let eligible = |f: &FrontRecord| {
+                if retry {
+                    f.links >= LinkStrength::Target && f.open_backends == 0
+                } else {
+                    f.links < LinkStrength::Target
+                }
+            };
             // Keys are compared before the record is looked up, so a scan costs no hashing.
             let find = |rule: &dyn Fn(&Candidate, &FrontRecord) -> bool, key_matches: &dyn Fn(&Candidate) -> bool| {
                 self.candidates
@@ -965,7 +1006,7 @@ impl Tracker {
                     && head::similar_headers(c.header_sig, keys.header_sig)
             };
             let found = by_traceparent
-                .map(|id| Link { id, strong: true, sure: true })
+                .map(|id| Link { id, strength: LinkStrength::Sole })
                 .or_else(|| {
                     find(&same_request, &same_key).map(|id| {
                         let rivals = self
@@ -973,7 +1014,7 @@ impl Tracker {
                             .iter()
                             .filter(|c| c.tgid == tgid && c.id != id && same_key(c))
                             .any(|c| self.fronts.get(&c.id).is_some_and(|f| same_request(c, f)));
-                        Link { id, strong: true, sure: !rivals }
+                        Link { id, strength: if rivals { LinkStrength::Target } else { LinkStrength::Sole } }
                     })
                 })
                 .or_else(|| {
@@ -989,7 +1030,7 @@ impl Tracker {
                         .filter(|c| {
                             self.fronts.get(&c.id).is_some_and(|f| {
                                 !retry
-                                    && !f.linked
+                                    && f.links == LinkStrength::None
                                     && matches!(&f.exchange.request, Some(r) if r.method == request.method)
                             })
                         })
@@ -1001,15 +1042,14 @@ impl Tracker {
                                 std::cmp::Reverse(c.id),
                             )
                         })
-                        .map(|c| Link { id: c.id, strong: false, sure: false })
+                        .map(|c| Link { id: c.id, strength: LinkStrength::Guessed })
                 });
             if let Some(link) = found {
-                if link.strong {
+                if link.strength >= LinkStrength::Target {
                     self.drop_guessed_links(link.id);
                 }
                 if let Some(f) = self.fronts.get_mut(&link.id) {
-                    f.linked = true;
-                    f.strong_linked |= link.strong;
+                    f.links = f.links.max(link.strength);
                 }
                 return Some(link);
             }
@@ -1018,17 +1058,17 @@ impl Tracker {
     }
 
     /// A capture gap in process `tgid`: every link guessed from headers alone is given up, and
-    /// those backend exchanges are never exported (see [`BackRecord::tainted`]).
+    /// those backend exchanges are never exported (see [`Evidence::Tainted`]).
     fn taint_guessed_links(&mut self, tgid: u32) {
         let guessed: Vec<u64> = self
             .backs
             .iter()
-            .filter(|(_, b)| b.tgid == tgid && b.claimable && !b.confirmed && b.relay != Relay::Claimed)
+            .filter(|(_, b)| b.tgid == tgid && b.evidence == Evidence::Guessed && b.relay != Relay::Claimed)
             .map(|(bid, _)| *bid)
             .collect();
         for bid in guessed {
             let b = self.backs.get_mut(&bid).expect("present");
-            b.tainted = true;
+            b.evidence = Evidence::Tainted;
             let (front, ended) = (b.front.take(), b.ended);
             self.move_link_counts(front, u64::MAX, ended);
             if let Some(front) = front {
@@ -1047,7 +1087,7 @@ impl Tracker {
         let guessed: Vec<u64> = self
             .backs
             .iter()
-            .filter(|(_, b)| b.front == Some(id) && !b.confirmed && b.relay != Relay::Claimed)
+            .filter(|(_, b)| b.front == Some(id) && b.evidence == Evidence::Guessed && b.relay != Relay::Claimed)
             .map(|(bid, _)| *bid)
             .collect();
         for bid in guessed {
@@ -1107,7 +1147,8 @@ impl Tracker {
             front_done = f.done;
         }
         match relay {
-            Relay::Pending { .. } if !self.backs[&back_id].tainted && (front.is_none() || !front_done) => {} // the relay decides
+            // The relay decides.
+            Relay::Pending { .. } if self.backs[&back_id].evidence.claimable() && (front.is_none() || !front_done) => {}
             Relay::Pending { .. } | Relay::Awaiting => self.settle_unrelayed(back_id),
             Relay::Claimed => self.file_backend(back_id),
         }
@@ -1118,12 +1159,12 @@ impl Tracker {
     /// claim it while its response waits; otherwise it is dropped and counted as unlinked).
     fn settle_unrelayed(&mut self, back_id: u64) {
         let Some(back) = self.backs.get_mut(&back_id) else { return };
-        if back.tainted {
+        if back.evidence == Evidence::Tainted {
             self.stats.unlinked_backend_requests += 1;
             self.file_backend(back_id);
             return;
         }
-        if back.confirmed || back.front.is_none() && !matches!(back.relay, Relay::Pending { .. }) {
+        if back.evidence.confirmed() || back.front.is_none() && !matches!(back.relay, Relay::Pending { .. }) {
             self.file_backend(back_id);
             return;
         }
@@ -1200,10 +1241,7 @@ impl Connection {
 #[derive(Clone, Copy, Debug)]
 struct Link {
     id: u64,
-    /// By `traceparent` or target: filed even if the relay never confirms it.
-    strong: bool,
-    /// No rival candidate matched as well (see [`BackRecord::sure`]).
-    sure: bool,
+    strength: LinkStrength,
 }
 
 /// A frontend request that may still be linked, with what linking compares hashed in advance.

@@ -283,7 +283,7 @@ fn proxy_protocol_v1_and_v2_name_the_client_on_every_version() {
     if !require_root() {
         return;
     }
-    for version in tracetap_tests::haproxy::versions() {
+    for version in haproxy::versions() {
         let s = Stack::with_config_on(
             version,
             |port, backend| {

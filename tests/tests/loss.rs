@@ -8,6 +8,9 @@ use std::time::Duration;
 use tracetap_tests::client::Conn;
 use tracetap_tests::{Stack, require_root, wait_for};
 
+const CLIENTS: usize = 16;
+const REQUESTS: usize = 60;
+
 /// The status a request asked for, from its path `/ov/{client}/{n}/{status}`.
 fn wanted(path: &str) -> Option<i64> {
     path.rsplit('/').next()?.parse().ok()
@@ -22,8 +25,6 @@ fn forced_ring_overflow_counts_gaps_and_exports_no_mispaired_span() {
         "",
         &[("TRACETAP_RING_BYTES", "65536".to_owned()), ("TRACETAP_CAPTURE_BYTES", "16384".to_owned())],
     );
-    const CLIENTS: usize = 16;
-    const REQUESTS: usize = 60;
     let pad = "p".repeat(9000);
     let front = s.front;
     let threads: Vec<_> = (0..CLIENTS)
@@ -54,7 +55,7 @@ fn forced_ring_overflow_counts_gaps_and_exports_no_mispaired_span() {
     // has been processed.
     let mut marker = Conn::connect(s.front).unwrap();
     assert_eq!(marker.get("/marker", &[]).unwrap().status, 200);
-    let spans = wait_for(Duration::from_secs(60), || {
+    let spans = wait_for(Duration::from_mins(1), || {
         let all = s.receiver.spans();
         all.iter().any(|x| x.is_server() && x.str_attr("url.path") == Some("/marker")).then_some(all)
     })

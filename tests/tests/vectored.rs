@@ -41,6 +41,8 @@ for _ in range(count):
     c.close()
 "#;
 
+const REQUESTS: usize = 5;
+
 #[test]
 fn every_buffer_of_a_vectored_call_is_captured() {
     if !require_root() {
@@ -48,7 +50,6 @@ fn every_buffer_of_a_vectored_call_is_captured() {
     }
     let rig = Rig::new();
     let port = free_port();
-    const REQUESTS: usize = 5;
     let mut proxy = Command::new("python3")
         .args(["-c", PROXY, &rig.comm, &port.to_string(), &rig.backend.addr.port().to_string(), &REQUESTS.to_string()])
         .stdout(Stdio::piped())
