@@ -1,4 +1,4 @@
-//! tracetap: traces `HAProxy` from the outside. See DESIGN.md for the data flow:
+//! tracetap: traces `HAProxy` from the outside. See docs/ARCHITECTURE.md for the data flow:
 //! capture (eBPF) -> proxy (streams, pairing, linking) -> sampling -> spans -> export.
 #![deny(unsafe_code)]
 

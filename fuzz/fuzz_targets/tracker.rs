@@ -22,6 +22,9 @@ enum FuzzOp {
 struct Call {
     fd: u8,
     tid: u8,
+    /// Per-connection record number as the probes give it (0: not numbered); arbitrary values
+    /// exercise capture gaps.
+    seq: u8,
     op: FuzzOp,
 }
 
@@ -51,7 +54,7 @@ fuzz_target!(|calls: Vec<Call>| {
                 continue;
             }
         };
-        tracker.handle(&SyscallEvent { ts_ns: ts, tgid: 1, tid: u32::from(call.tid % 4), fd: i32::from(call.fd % 8), seq: 0, op });
+        tracker.handle(&SyscallEvent { ts_ns: ts, tgid: 1, tid: u32::from(call.tid % 4), fd: i32::from(call.fd % 8), seq: u32::from(call.seq), op });
         for ex in tracker.drain() {
             assert!(ex.end_ns >= ex.start_ns || ex.request.is_none());
         }
