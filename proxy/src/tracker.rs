@@ -1045,7 +1045,11 @@ impl Tracker {
                         .map(|c| Link { id: c.id, strength: LinkStrength::Guessed })
                 });
             if let Some(link) = found {
-                if link.strength >= LinkStrength::Target {
+                // Only a request that holds a guessed link has any to drop (this scans open backend
+                // exchanges, so it is not done per request).
+                if link.strength >= LinkStrength::Target
+                    && self.fronts.get(&link.id).is_some_and(|f| f.links == LinkStrength::Guessed)
+                {
                     self.drop_guessed_links(link.id);
                 }
                 if let Some(f) = self.fronts.get_mut(&link.id) {
