@@ -8,7 +8,7 @@
 //!   decides whether and how to resynchronise);
 //! - Content-Length bodies are counted, so unknown bytes inside them cost nothing;
 //! - chunked bodies are parsed; when unknown bytes hide a chunk-size line the framer switches to
-//!   [`Lost`](BodyState::ChunkedLost) and ends the message at the last-chunk marker `\r\n0\r\n\r\n`
+//!   `ChunkedLost` and ends the message at the last-chunk marker `\r\n0\r\n\r\n`
 //!   (what every HTTP/1 sender `HAProxy` talks to writes without trailers): found in a call's known
 //!   bytes (the bytes after it are the next message), in the tail of a call cut by the window, or
 //!   split between the end of one call and the start of the next.

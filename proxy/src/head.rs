@@ -47,7 +47,7 @@ pub struct RequestHead {
     /// The capture window cut the head: headers after the first `TRACETAP_CAPTURE_BYTES` (a
     /// `traceparent` among them) are unknown.
     pub truncated: bool,
-    /// A fingerprint of the header lines `HAProxy` forwards unchanged (see [`header_signature_bit`]):
+    /// A fingerprint of the header lines `HAProxy` forwards unchanged (see `header_signature_bit`):
     /// a frontend request and the backend request it caused share most bits even when a rule
     /// rewrote the target or added or removed a header.
     pub header_sig: u64,

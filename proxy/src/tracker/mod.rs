@@ -11,7 +11,7 @@
 //!   skipped.
 //! - Each backend request is linked to the frontend request that caused it: tentatively when it is
 //!   written (by `traceparent`, target, or alike headers), for good when `HAProxy` relays its
-//!   response to a client on the same thread; see [`linking`].
+//!   response to a client on the same thread; see the `linking` module.
 //! - A frontend exchange is handed out once its response is done *and* every backend exchange
 //!   linked to it is filed, so a SERVER span always leaves with all its CLIENT spans.
 //! - Capture gaps: records carry a per-connection sequence number ([`SyscallEvent::seq`]). When one
