@@ -64,6 +64,7 @@ metrics! {
     capture_gaps: "counter", "tracetap_capture_gaps_total", "Connections on which a record was lost (ring buffer full); their open exchanges end with error.type tracetap.capture_gap";
     gap_exchanges: "counter", "tracetap_capture_gap_exchanges_total", "Exchanges ended early because their connection lost a record";
     backend_relinked: "counter", "tracetap_backend_exchanges_relinked_total", "Backend exchanges moved to another frontend request when HAProxy relayed their response (it wrote requests out of order)";
+    backend_quarantined: "counter", "tracetap_backend_exchanges_quarantined_total", "Backend exchanges not exported because records were lost while their link was open to doubt (within 1 s of a loss, or linked with rivals or by headers before it); their SERVER spans are exported";
     sampled_in: "counter", "tracetap_requests_sampled_total", "Requests the head sampler kept";
     sampled_out: "counter", "tracetap_requests_sampled_out_total", "Requests dropped by the head sampler";
     spans_built: "counter", "tracetap_spans_built_total", "Spans built";

@@ -74,6 +74,11 @@ const UNSTABLE_HEADERS: [&str; 12] = [
 /// folded, as `HAProxy` lower-cases names towards servers) and the trimmed value, reduced to one
 /// of 64 bits. Collisions only make two requests look a little more alike.
 fn header_signature_bit(name: &str, value: &[u8]) -> u64 {
+    1u64 << (header_line_hash(name, value) >> 58)
+}
+
+/// A 64-bit hash of one header line: the name ASCII case folded, the value trimmed.
+fn header_line_hash(name: &str, value: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in name.bytes() {
         h = (h ^ u64::from(b.to_ascii_lowercase())).wrapping_mul(0x0100_0000_01b3);
@@ -82,17 +87,22 @@ fn header_signature_bit(name: &str, value: &[u8]) -> u64 {
     for b in value.trim_ascii() {
         h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
     }
-    // The high bits of an FNV product are the best mixed.
-    1u64 << (h >> 58)
+    // FNV alone leaves its high bits blind to the last bytes (a value's last digit would not
+    // change them); a finalizer (MurmurHash3's fmix64) spreads every input bit over all 64.
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
 }
 
-/// How alike two header signatures are: true when at least half of the header lines either
-/// carries are shared (and at least two are), or when neither carries any.
+/// True when two header signatures share a header line, or neither carries any: the least a
+/// rewritten request must have in common with the client request it came from to be guessed as
+/// its own. Guesses are ranked by how many lines they share, and only exported once the relayed
+/// response confirms them, so this only rules out requests with nothing in common.
 #[must_use]
-pub fn similar_headers(a: u64, b: u64) -> bool {
-    let union = (a | b).count_ones();
-    let common = (a & b).count_ones();
-    union == 0 || (common >= 2 && 2 * common >= union) || (union == 1 && common == 1)
+pub fn shares_headers(a: u64, b: u64) -> bool {
+    (a & b) != 0 || (a | b) == 0
 }
 
 impl RequestHead {
@@ -126,6 +136,14 @@ pub struct ResponseHead {
     content_length: Option<u64>,
     chunked: bool,
     pub closes: bool,
+    /// The header lines `HAProxy` relays unchanged (hop-by-hop ones left out), as a set of bits
+    /// like [`RequestHead::header_sig`]: a relayed response shares most of them with the backend
+    /// response it came from.
+    pub header_sig: u64,
+    /// The same lines hashed in full and summed (order does not matter): equal for a response
+    /// relayed unchanged, and almost never for two different ones (`Date`, `ETag`, `Set-Cookie`,
+    /// a request id usually differ between responses).
+    pub header_digest: u64,
 }
 
 impl ResponseHead {
@@ -294,9 +312,16 @@ pub fn parse_response(bytes: &[u8]) -> Result<ResponseHead, HeadError> {
         content_length: None,
         chunked: false,
         closes: false,
+        header_sig: 0,
+        header_digest: 0,
     };
     let mut keep_alive = false;
     for h in resp.headers.iter() {
+        if !UNSTABLE_HEADERS.iter().any(|u| h.name.eq_ignore_ascii_case(u)) {
+            let line = header_line_hash(h.name, h.value);
+            head.header_sig |= 1u64 << (line >> 58);
+            head.header_digest = head.header_digest.wrapping_add(line);
+        }
         if h.name.eq_ignore_ascii_case("content-length") {
             head.content_length = Some(parse_content_length(h.value)?);
         } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
@@ -392,7 +417,7 @@ mod tests {
     }
 
     #[test]
-    fn header_signature_survives_case_forwarding_headers_and_one_change() {
+    fn header_signature_survives_case_and_forwarding_headers() {
         let front = parse_request(
             b"GET /a HTTP/1.1\r\nHost: h\r\nUser-Agent: u\r\nAccept: */*\r\nX-Id: 7\r\nConnection: keep-alive\r\n\r\n",
         )
@@ -401,14 +426,30 @@ mod tests {
             b"GET /v2/a HTTP/1.1\r\nhost: h\r\nuser-agent: u\r\naccept: */*\r\nx-id: 7\r\nx-forwarded-for: 1.2.3.4\r\nx-added: 1\r\n\r\n",
         )
         .unwrap();
-        assert!(similar_headers(front.header_sig, back.header_sig));
+        assert_eq!(
+            (front.header_sig & back.header_sig).count_ones(),
+            front.header_sig.count_ones(),
+            "every client line kept"
+        );
+        assert!(shares_headers(front.header_sig, back.header_sig));
+        // A client that sends only Host, and a proxy that rewrites Host and adds three headers.
+        let bare = parse_request(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+        assert!(!shares_headers(bare.header_sig, 0), "a bare request shares nothing with one with headers");
+        let added = parse_request(b"GET /x HTTP/1.1\r\nHost: a\r\nX-Request-ID: 1\r\nX-A: 1\r\n\r\n").unwrap();
+        assert!(shares_headers(bare.header_sig, added.header_sig));
         let check = parse_request(b"OPTIONS / HTTP/1.0\r\n\r\n").unwrap();
-        assert!(!similar_headers(front.header_sig, check.header_sig), "a health check is not like a client request");
-        let other =
-            parse_request(b"GET /a HTTP/1.1\r\nHost: other\r\nUser-Agent: curl\r\nAccept: x\r\nX-Id: 8\r\n\r\n")
-                .unwrap();
-        assert!(!similar_headers(front.header_sig, other.header_sig));
-        assert!(similar_headers(0, 0), "two requests without headers are alike");
+        assert_eq!(check.header_sig, 0);
+        assert!(shares_headers(0, 0), "two requests without headers are alike");
+    }
+
+    #[test]
+    fn header_lines_that_differ_in_their_last_byte_get_different_bits() {
+        let sig = |v: u16| {
+            parse_request(format!("GET / HTTP/1.1\r\nx-want-status: {v}\r\n\r\n").as_bytes()).unwrap().header_sig
+        };
+        let distinct: std::collections::HashSet<u64> = (200..264).map(sig).collect();
+        // 64 values over 64 bits: a good hash leaves about 40 distinct; a blind one leaves 1.
+        assert!(distinct.len() > 30, "only {} distinct bits", distinct.len());
     }
 
     #[test]

@@ -549,6 +549,18 @@ fn health_checks_are_not_linked_to_client_requests() {
 /// Runs `(tid, fd, op)` steps numbering each connection's records as the probes do (from 1 at
 /// accept/connect), leaving out the steps whose index is in `lost`.
 fn run_numbered(tracker: &mut Tracker, steps: &[(u32, i32, OwnedOp)], lost: &[bool]) -> Vec<ServerExchange> {
+    run_numbered_with(tracker, steps, lost, true)
+}
+
+/// [`run_numbered`], telling the tracker of each loss (as the probes' loss epoch does) only when
+/// `tell_losses`; per-connection gaps are seen either way.
+fn run_numbered_with(
+    tracker: &mut Tracker,
+    steps: &[(u32, i32, OwnedOp)],
+    lost: &[bool],
+    tell_losses: bool,
+) -> Vec<ServerExchange> {
+    let mut loss_unseen = false;
     let mut seqs: std::collections::HashMap<i32, u32> = std::collections::HashMap::new();
     let mut out = Vec::new();
     for (i, (tid, fd, op)) in steps.iter().enumerate() {
@@ -567,10 +579,15 @@ fn run_numbered(tracker: &mut Tracker, steps: &[(u32, i32, OwnedOp)], lost: &[bo
             seqs.remove(fd);
         }
         if lost.get(i).copied().unwrap_or(false) {
+            loss_unseen = true;
             continue;
         }
         // 10 ms apart: far enough that a response unclaimed for a few steps is stale.
         let ts = (i as u64 + 1) * 10_000_000;
+        if std::mem::take(&mut loss_unseen) && tell_losses {
+            // The probes' loss epoch changed: the agent says so before the record that shows it.
+            tracker.records_lost(ts);
+        }
         let op = match op {
             OwnedOp::Accept(a) => Op::Accept { peer: Some(*a), local: None },
             OwnedOp::Connect(a) => Op::Connect { server: Some(*a) },
@@ -601,7 +618,8 @@ fn a_lost_response_ends_its_exchange_and_the_next_pairs_right() {
     let mut lost = vec![false; steps.len()];
     lost[4] = true;
     let mut t = Tracker::default();
-    let out = run_numbered(&mut t, &steps, &lost);
+    // Per-connection gaps only (the loss epoch's quarantine would keep the later CLIENT spans).
+    let out = run_numbered_with(&mut t, &steps, &lost, false);
     for ex in &out {
         let Some(request) = &ex.request else { continue };
         let want: u16 = request.path()[2..].parse().unwrap();
@@ -780,4 +798,111 @@ fn pipes_and_files_never_seen_opened_are_counted_apart_from_opaque_connections()
     assert_eq!(t.stats().unknown_descriptors, 3);
     assert_eq!(t.stats().opaque_connections, 0);
     assert_eq!(t.stats().parse_errors, 0);
+}
+
+#[test]
+fn a_lost_frontend_read_does_not_give_its_backend_exchange_to_an_identical_request() {
+    // Two identical requests on one thread; A's frontend read is lost, so when A's backend request
+    // is written, B is the only waiting request with that target.
+    let with_status = |status: u16| format!("GET /same HTTP/1.1\r\nHost: h\r\nX-Want: {status}\r\n\r\n").into_bytes();
+    let steps = vec![
+        (1, 10, OwnedOp::Accept(client())),
+        (1, 11, OwnedOp::Accept(client())),
+        (1, 20, OwnedOp::Connect(server())),
+        (1, 21, OwnedOp::Connect(server())),
+        (1, 10, OwnedOp::Read(with_status(201))), // lost
+        (1, 11, OwnedOp::Read(with_status(202))),
+        (1, 20, OwnedOp::Write(with_status(201))),
+        (1, 21, OwnedOp::Write(with_status(202))),
+        (1, 20, OwnedOp::Read(resp(201, "a"))),
+        (1, 10, OwnedOp::Write(resp(201, "a"))),
+        (1, 21, OwnedOp::Read(resp(202, "b"))),
+        (1, 11, OwnedOp::Write(resp(202, "b"))),
+    ];
+    let mut lost = vec![false; steps.len()];
+    lost[4] = true;
+    let mut t = Tracker::default();
+    let out = run_numbered(&mut t, &steps, &lost);
+    for ex in &out {
+        let status = ex.response.map(|r| r.status);
+        for c in &ex.clients {
+            assert_eq!(c.response.map(|r| r.status), status, "a CLIENT exchange under another request");
+        }
+    }
+    assert!(out.iter().any(|e| e.response.is_some_and(|r| r.status == 202)), "B's SERVER exchange is still traced");
+    assert!(t.stats().quarantined_backend_exchanges >= 1, "what could not be trusted is counted");
+}
+
+#[test]
+fn same_status_responses_relayed_out_of_order_are_told_apart_by_their_headers() {
+    // Two identical requests, both answered 200. HAProxy reads the backend responses "a" (fd 20,
+    // written first, so tentatively the first request's) then "b" (fd 21), and writes "b" to the
+    // first client and "a" to the second: the earliest response read is not the first relayed.
+    let ok = |etag: &str| format!("HTTP/1.1 200 OK\r\nETag: \"{etag}\"\r\nContent-Length: 1\r\n\r\nx").into_bytes();
+    let mut t = Tracker::default();
+    let mut s = Script::default();
+    s.push(1, 10, OwnedOp::Accept(client()))
+        .push(1, 11, OwnedOp::Accept(client()))
+        .push(1, 10, OwnedOp::Read(req_with("/same", "")))
+        .push(1, 11, OwnedOp::Read(req_with("/same", "")))
+        .push(1, 20, OwnedOp::Connect(server()))
+        .push(1, 21, OwnedOp::Connect(server()))
+        .push(1, 20, OwnedOp::Write(req_with("/same", "")))
+        .push(1, 21, OwnedOp::Write(req_with("/same", "")))
+        .push(1, 20, OwnedOp::Read(ok("a")))
+        .push(1, 21, OwnedOp::Read(ok("b")))
+        .push(1, 10, OwnedOp::Write(ok("b")))
+        .push(1, 11, OwnedOp::Write(ok("a")));
+    let out = s.run(&mut t);
+    assert_eq!(out.len(), 2);
+    let first = out.iter().min_by_key(|e| e.start_ns).unwrap();
+    let second = out.iter().max_by_key(|e| e.start_ns).unwrap();
+    assert_eq!((first.clients.len(), second.clients.len()), (1, 1));
+    assert!(
+        first.clients[0].start_ns > second.clients[0].start_ns,
+        "the first request's CLIENT exchange is the one on fd 21, written second"
+    );
+    assert_eq!(t.stats().relinked_backend_exchanges, 1);
+}
+
+#[test]
+fn a_client_sending_only_host_still_links_when_haproxy_adds_headers() {
+    let mut t = Tracker::default();
+    let mut s = Script::default();
+    s.push(1, 10, OwnedOp::Accept(client()))
+        .push(1, 10, OwnedOp::Read(b"GET /w HTTP/1.1\r\nHost: h\r\n\r\n".to_vec()))
+        .push(1, 20, OwnedOp::Connect(server()))
+        .push(
+            1,
+            20,
+            OwnedOp::Write(b"GET /w HTTP/1.1\r\nhost: other\r\nx-request-id: 1\r\nx-a: 1\r\nx-b: 2\r\n\r\n".to_vec()),
+        )
+        .push(1, 20, OwnedOp::Read(resp(200, "")))
+        .push(1, 10, OwnedOp::Write(resp(200, "")));
+    let out = s.run(&mut t);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].clients.len(), 1, "same target: linked whatever the headers");
+    assert_eq!(t.stats().unlinked_backend_requests, 0);
+}
+
+#[test]
+fn requests_told_apart_by_a_header_link_to_their_own_even_when_written_out_of_order() {
+    let w = |st: u16| {
+        format!("GET /same HTTP/1.1\r\nHost: h\r\nUser-Agent: u\r\nx-want-status: {st}\r\nx-delay-ms: 3\r\n\r\n")
+            .into_bytes()
+    };
+    let mut t = Tracker::default();
+    let mut s = Script::default();
+    for (fd, st) in [(10, 201u16), (11, 202), (12, 203)] {
+        s.push(1, fd, OwnedOp::Accept(client())).push(1, fd, OwnedOp::Read(w(st)));
+    }
+    for (fd, st) in [(22, 203u16), (20, 201), (21, 202)] {
+        s.push(1, fd, OwnedOp::Connect(server())).push(1, fd, OwnedOp::Write(w(st)));
+    }
+    for (bfd, ffd, st) in [(22, 12, 203u16), (20, 10, 201), (21, 11, 202)] {
+        s.push(1, bfd, OwnedOp::Read(resp(st, ""))).push(1, ffd, OwnedOp::Write(resp(st, "")));
+    }
+    let out = s.run(&mut t);
+    assert_eq!(statuses(&out), vec![(201, vec![201]), (202, vec![202]), (203, vec![203])]);
+    assert_eq!(t.stats().relinked_backend_exchanges, 0, "linked right at once, by the header: {:?}", t.stats());
 }

@@ -9,6 +9,11 @@
 //! each delay, and the client learns its status from the response.
 //!
 //! [`run`] drives one [`Scenario`] and returns a [`Report`]; [`accuracy`] is the computation alone.
+//!
+//! These scenarios judge links by status, which the tracker itself confirms links with; [`timing`]
+//! judges them independently of statuses, on traffic where every response is 200.
+
+pub mod timing;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -89,6 +89,8 @@ pub fn run(
     let mut listeners = ListenAddrs::new(Path::new("/proc"));
     let mut names = Names::new(Path::new("/proc"));
     let mut last_housekeeping: Option<Instant> = None;
+    // The probes' count of records the ring had no room for, as the last record carried it.
+    let mut loss_epoch: Option<u32> = None;
     while !stop.load(Relaxed) {
         if last_housekeeping.is_none_or(|t| t.elapsed() >= HOUSEKEEPING) {
             let procs = discovery::read_processes(Path::new("/proc"));
@@ -119,6 +121,10 @@ pub fn run(
                 metrics::add(&metrics.events_malformed, 1);
                 continue;
             };
+            if loss_epoch.replace(header.loss_epoch).is_some_and(|e| e != header.loss_epoch) {
+                // Records were lost just before this one: the tracker stops trusting links first.
+                tracker.records_lost(header.ts_ns);
+            }
             match decode::event(&header, &record) {
                 Ok(mut ev) => {
                     if let Op::Accept { local, .. } = &mut ev.op {
@@ -251,6 +257,7 @@ fn publish_tracker(tracker: &Tracker, metrics: &Metrics) {
     metrics::set(&metrics.capture_gaps, s.capture_gaps);
     metrics::set(&metrics.gap_exchanges, s.gap_exchanges);
     metrics::set(&metrics.backend_relinked, s.relinked_backend_exchanges);
+    metrics::set(&metrics.backend_quarantined, s.quarantined_backend_exchanges);
     metrics::set(&metrics.connections, tracker.connections() as u64);
     metrics::set(&metrics.open_exchanges, tracker.open_exchanges() as u64);
 }

@@ -87,8 +87,10 @@ pub struct EventHeader {
     pub tail: [u8; TAIL_BYTES],
     /// Position of this record among its connection's records (see the module notes); 0: none.
     pub seq: u32,
-    /// Keeps the size a multiple of 8.
-    pub reserved: u32,
+    /// How many records the ring had no room for before this one was sent (all CPUs, wrapping):
+    /// when it changes, records were lost somewhere, and the agent knows it before it handles any
+    /// record sent after the loss.
+    pub loss_epoch: u32,
 }
 
 impl EventHeader {

@@ -155,7 +155,7 @@ fn stage(kind: EventKind, fd: i32, ret: i64) -> Option<&'static mut Staging> {
     header.addr_len = 0;
     header.tail_len = 0;
     header.seq = 0;
-    header.reserved = 0;
+    header.loss_epoch = 0;
     Some(staging)
 }
 
@@ -176,8 +176,16 @@ const BPF_RB_FORCE_WAKEUP: u64 = 2;
 /// Emits a staged record. Wake-ups are batched: waking the agent costs the traced thread an
 /// inter-processor interrupt per record, so the agent polls on a short timer instead and is only
 /// woken when `WAKEUP_BYTES` are waiting.
+/// Bumped for every record the ring had no room for (see `EventHeader::loss_epoch`). Two CPUs
+/// losing at once may bump it once: it only has to change. A global (direct access, no lookup
+/// branch) keeps the verifier's work per record path small.
+#[unsafe(no_mangle)]
+static mut LOSS_EPOCH: u32 = 0;
+
 #[inline(always)]
-fn emit(staging: &Staging, payload: u64) {
+fn emit(staging: &mut Staging, payload: u64) {
+    // SAFETY: a plain load of a global; a racing update only delays when the agent notices.
+    staging.header.loss_epoch = unsafe { core::ptr::read_volatile(&raw const LOSS_EPOCH) };
     let size = (EventHeader::SIZE as u64) + bounded(payload);
     // SAFETY: the agent writes this global before load.
     let threshold = u64::from(unsafe { core::ptr::read_volatile(&raw const WAKEUP_BYTES) });
@@ -193,6 +201,11 @@ fn emit(staging: &Staging, payload: u64) {
     };
     if ret < 0 {
         count_loss(Loss::RingFull);
+        // SAFETY: a plain store to a global; see LOSS_EPOCH for why a lost update does not matter.
+        unsafe {
+            let epoch = core::ptr::read_volatile(&raw const LOSS_EPOCH);
+            core::ptr::write_volatile(&raw mut LOSS_EPOCH, epoch.wrapping_add(1));
+        }
     }
 }
 

@@ -23,7 +23,7 @@ use rustc_hash::FxBuildHasher;
 
 use super::{Ctx, FrontRecord, POOL_LIMIT, Tracker};
 use crate::exchange::{ClientExchange, Outcome};
-use crate::head::{self, RequestHead, TraceparentField};
+use crate::head::{self, RequestHead, ResponseHead, TraceparentField};
 
 /// Where a backend exchange stands with the relay of its response (see [`Tracker::claim_relay`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -159,7 +159,8 @@ impl Tracker {
     /// status. A claim that takes a backend exchange tentatively linked elsewhere moves it here,
     /// and moves one of this exchange's unclaimed backend exchanges the other way (the two were
     /// swapped; that one stays unconfirmed until its own relay).
-    pub(super) fn claim_relay(&mut self, id: u64, ctx: Ctx, status: u16) {
+    pub(super) fn claim_relay(&mut self, id: u64, ctx: Ctx, relayed: ResponseHead) {
+        let status = relayed.status;
         let tgid = ctx.key.0;
         let relayable = |b: &BackRecord| {
             b.tgid == tgid
@@ -171,25 +172,42 @@ impl Tracker {
         // it from the server; an older unclaimed response belongs to a request whose records were
         // lost, not to this one.
         let recent = |b: &BackRecord| matches!(b.relay, Relay::Pending { read_ns, .. } if ctx.ts.saturating_sub(read_ns) <= RELAY_WINDOW_NS);
-        let only_own = self.fronts.get(&id).is_some_and(|f| f.links == LinkStrength::Sole);
-        let pos = self
-            .relays
-            .iter()
-            .position(|b| {
-                self.backs.get(b).is_some_and(|b| relayable(b) && b.evidence == Evidence::Sole && b.front == Some(id))
+        let Some(links) = self.fronts.get(&id).map(|f| f.links) else { return };
+        if links == LinkStrength::None {
+            // No backend request was ever linked to it: HAProxy answered by itself (`return`,
+            // `deny`, `redirect`, a cache hit), and another request's response is not its own.
+            return;
+        }
+        // Shortly after a loss, only a request's own sole link is trusted (a lost response read
+        // would let a request take another's).
+        let only_own = links == LinkStrength::Sole || self.quarantined(ctx.ts);
+        let own_sole = |b: &BackRecord| relayable(b) && b.evidence == Evidence::Sole && b.front == Some(id);
+        // HAProxy cannot have written a backend request before it read the client's request.
+        let front_start = self.fronts.get(&id).map_or(0, |f| f.exchange.start_ns);
+        let open_to_claim = |b: &BackRecord| {
+            relayable(b)
+                && !(b.evidence == Evidence::Sole && b.front.is_some_and(|f| f != id))
+                && (b.front == Some(id) || recent(b))
+                && b.exchange.start_ns >= front_start
+        };
+        // Among those, the response relayed unchanged (same header lines) first, else the most
+        // alike headers, else the earliest read: HAProxy does not always relay responses of one
+        // thread in the order it read them, and identical requests often get responses that only
+        // their headers (`Date`, `ETag`, a request id, `Content-Length`) tell apart.
+        let closeness = |b: &BackRecord| {
+            b.exchange.response.map_or((false, 0), |r| {
+                (r.header_digest == relayed.header_digest, (r.header_sig & relayed.header_sig).count_ones())
             })
-            .or_else(|| {
-                if only_own {
-                    return None;
-                }
-                self.relays.iter().position(|b| {
-                    self.backs.get(b).is_some_and(|b| {
-                        relayable(b)
-                            && !(b.evidence == Evidence::Sole && b.front.is_some_and(|f| f != id))
-                            && (b.front == Some(id) || recent(b))
-                    })
-                })
-            });
+        };
+        let best = |accept: &dyn Fn(&BackRecord) -> bool| {
+            self.relays
+                .iter()
+                .enumerate()
+                .filter_map(|(pos, b)| self.backs.get(b).filter(|b| accept(b)).map(|b| (pos, closeness(b))))
+                .max_by_key(|(pos, close)| (*close, std::cmp::Reverse(*pos)))
+                .map(|(pos, _)| pos)
+        };
+        let pos = best(&own_sole).or_else(|| if only_own { None } else { best(&open_to_claim) });
         let Some(pos) = pos else { return };
         let back_id = self.relays.remove(pos).expect("in range");
         let back = self.backs.get_mut(&back_id).expect("relays hold live backend exchanges");
@@ -216,6 +234,10 @@ impl Tracker {
                     b.evidence = Evidence::Guessed;
                     let ended = b.ended;
                     self.move_link_counts(Some(id), other, ended);
+                    if ended && self.fronts.get(&other).is_some_and(|f| f.done) {
+                        // Nothing will settle it later: its new request is done already.
+                        self.settle_unrelayed(swapped);
+                    }
                 }
                 self.hand_out_if_ready(other);
             }
@@ -287,21 +309,30 @@ impl Tracker {
             let by_traceparent = keys
                 .traceparent_key
                 .and_then(|k| find(&same_traceparent, &|c: &Candidate| c.traceparent_key == Some(k)));
-            let same_key = |c: &Candidate| {
-                c.tid == ctx.tid
-                    && c.request_key == keys.request_key
-                    && head::similar_headers(c.header_sig, keys.header_sig)
-            };
+            // HAProxy forwards a client's header lines (adding and rewriting some), so a backend
+            // request without any header line is no client request that had some: a health check.
+            let forwarded = |c: &Candidate| keys.header_sig != 0 || c.header_sig == 0;
+            let same_key = |c: &Candidate| c.tid == ctx.tid && c.request_key == keys.request_key && forwarded(c);
             let found = by_traceparent
                 .map(|id| Link { id, strength: LinkStrength::Sole })
                 .or_else(|| {
-                    find(&same_request, &same_key).map(|id| {
-                        let rivals = self
-                            .candidates
+                    // Among the same target's requests, the one whose header lines the backend
+                    // request carries most of (a cookie, a token, a request id tell clients apart),
+                    // earliest among equals; a rival is another as alike.
+                    let alike = |c: &Candidate| (c.header_sig & keys.header_sig).count_ones();
+                    let matching = || {
+                        self.candidates
                             .iter()
-                            .filter(|c| c.tgid == tgid && c.id != id && same_key(c))
-                            .any(|c| self.fronts.get(&c.id).is_some_and(|f| same_request(c, f)));
-                        Link { id, strength: if rivals { LinkStrength::Target } else { LinkStrength::Sole } }
+                            .filter(|c| c.tgid == tgid && same_key(c))
+                            .filter(|c| self.fronts.get(&c.id).is_some_and(|f| same_request(c, f)))
+                    };
+                    let chosen = matching()
+                        .filter(|c| self.fronts.get(&c.id).is_some_and(&eligible))
+                        .max_by_key(|c| (alike(c), std::cmp::Reverse(c.id)))?;
+                    let rivals = matching().any(|c| c.id != chosen.id && alike(c) >= alike(chosen));
+                    Some(Link {
+                        id: chosen.id,
+                        strength: if rivals { LinkStrength::Target } else { LinkStrength::Sole },
                     })
                 })
                 .or_else(|| {
@@ -312,7 +343,7 @@ impl Tracker {
                             c.tgid == tgid
                                 && c.tid == ctx.tid
                                 && c.method_key == keys.method_key
-                                && head::similar_headers(c.header_sig, keys.header_sig)
+                                && head::shares_headers(c.header_sig, keys.header_sig)
                         })
                         .filter(|c| {
                             self.fronts.get(&c.id).is_some_and(|f| {
@@ -358,17 +389,38 @@ impl Tracker {
             .map(|(bid, _)| *bid)
             .collect();
         for bid in guessed {
-            let b = self.backs.get_mut(&bid).expect("present");
-            b.evidence = Evidence::Tainted;
-            let (front, ended) = (b.front.take(), b.ended);
-            self.move_link_counts(front, u64::MAX, ended);
-            if let Some(front) = front {
-                self.hand_out_if_ready(front);
-            }
-            if ended {
-                self.stats.unlinked_backend_requests += 1;
-                self.file_backend(bid);
-            }
+            self.stats.unlinked_backend_requests += 1;
+            self.taint(bid);
+        }
+    }
+
+    /// Records were lost somewhere: links whose evidence matches `doubtful` (and that no relay
+    /// confirmed) are given up and counted as quarantined.
+    pub(super) fn quarantine_links(&mut self, doubtful: impl Fn(Evidence) -> bool) {
+        let ids: Vec<u64> = self
+            .backs
+            .iter()
+            .filter(|(_, b)| doubtful(b.evidence) && b.relay != Relay::Claimed)
+            .map(|(bid, _)| *bid)
+            .collect();
+        for bid in ids {
+            self.stats.quarantined_backend_exchanges += 1;
+            self.taint(bid);
+        }
+    }
+
+    /// Gives up a backend exchange's link for good: detached from its request (which no longer
+    /// waits for it), never claimed, dropped when it ends (the caller counts it).
+    fn taint(&mut self, bid: u64) {
+        let b = self.backs.get_mut(&bid).expect("present");
+        b.evidence = Evidence::Tainted;
+        let (front, ended) = (b.front.take(), b.ended);
+        self.move_link_counts(front, u64::MAX, ended);
+        if let Some(front) = front {
+            self.hand_out_if_ready(front);
+        }
+        if ended {
+            self.file_backend(bid);
         }
     }
 
@@ -421,12 +473,9 @@ impl Tracker {
     /// claim it while its response waits; otherwise it is dropped and counted as unlinked).
     pub(super) fn settle_unrelayed(&mut self, back_id: u64) {
         let Some(back) = self.backs.get_mut(&back_id) else { return };
-        if back.evidence == Evidence::Tainted {
-            self.stats.unlinked_backend_requests += 1;
-            self.file_backend(back_id);
-            return;
-        }
-        if back.evidence.confirmed() || back.front.is_none() && !matches!(back.relay, Relay::Pending { .. }) {
+        // Tainted ones were counted when given up, unlinked ones when they found no link (file_backend
+        // drops both); confirmed ones are filed under their link.
+        if matches!(back.evidence, Evidence::Tainted | Evidence::Unlinked) || back.evidence.confirmed() {
             self.file_backend(back_id);
             return;
         }

@@ -97,6 +97,10 @@ pub struct TrackerStats {
     pub gap_exchanges: u64,
     /// Backend exchanges moved to another frontend request when their response was relayed.
     pub relinked_backend_exchanges: u64,
+    /// Backend exchanges not exported because records were lost (anywhere) while their link was
+    /// still open to doubt: linked with rivals or by headers before the loss, or linked at all
+    /// within [`QUARANTINE_NS`] after it.
+    pub quarantined_backend_exchanges: u64,
     /// Frontend requests parsed.
     pub frontend_requests: u64,
     /// Backend requests parsed.
@@ -211,6 +215,8 @@ pub struct Tracker {
     backs: FxHashMap<u64, BackRecord>,
     /// Ids of backend exchanges in [`Relay::Pending`], in the order their response heads were read.
     relays: VecDeque<u64>,
+    /// Until then, records were lost too recently to trust a new link (see [`Tracker::records_lost`]).
+    quarantine_until_ns: u64,
     next_id: u64,
     stats: TrackerStats,
     finished: Vec<ServerExchange>,
@@ -219,6 +225,10 @@ pub struct Tracker {
     head_pool: Vec<RequestHead>,
     clients_pool: Vec<Vec<ClientExchange>>,
 }
+
+/// How long after a loss of records no new link is trusted: the lost record may have been a
+/// frontend request whose backend request is still to come, and would link to the wrong one.
+pub const QUARANTINE_NS: u64 = 1_000_000_000;
 
 /// Most recycled heads (and client lists) kept for reuse.
 const POOL_LIMIT: usize = 4096;
@@ -289,6 +299,8 @@ impl Tracker {
                 return;
             }
             Op::Close => {
+                // Numbered like the rest: a record lost just before the close is a gap too.
+                self.check_sequence(key, ev);
                 self.close(key, ev.ts_ns);
                 return;
             }
@@ -350,6 +362,21 @@ impl Tracker {
         }
     }
 
+    /// Records were lost (the probes' loss epoch changed) before the record about to be handled,
+    /// which came at `ts_ns`: which connection lost them is not known yet (a gap shows when its next
+    /// record comes), but any link could now join a request to another's backend exchange. Links
+    /// that had rivals or rest on headers alone are given up, and for [`QUARANTINE_NS`] no new link
+    /// is made and a relay only confirms a request's own sole link. What is given up is counted in
+    /// [`TrackerStats::quarantined_backend_exchanges`]; SERVER spans are still exported.
+    pub fn records_lost(&mut self, ts_ns: u64) {
+        self.quarantine_until_ns = ts_ns.saturating_add(QUARANTINE_NS);
+        self.quarantine_links(|e| matches!(e, Evidence::Guessed | Evidence::Target));
+    }
+
+    fn quarantined(&self, ts_ns: u64) -> bool {
+        ts_ns < self.quarantine_until_ns
+    }
+
     /// Forgets a process that exited: its open exchanges end as if its sockets closed.
     pub fn forget_process(&mut self, tgid: u32, now_ns: u64) {
         let keys: Vec<_> = self.conns.keys().filter(|(t, _)| *t == tgid).copied().collect();
@@ -388,11 +415,12 @@ impl Tracker {
             self.file_backend(bid);
         }
         for id in stale {
-            // Backend exchanges that ended and only waited for a relay go with it.
+            // Backend exchanges that ended and only waited for a relay are settled (a guessed
+            // link is not exported unconfirmed).
             let waiting: Vec<u64> =
                 self.backs.iter().filter(|(_, b)| b.ended && b.front == Some(id)).map(|(bid, _)| *bid).collect();
             for bid in waiting {
-                self.file_backend(bid);
+                self.settle_unrelayed(bid);
             }
             let Some(mut front) = self.fronts.remove(&id) else { continue };
             if !front.done {
@@ -486,15 +514,18 @@ impl Tracker {
                     let skip = usize::try_from(len).map_or(chunk.known.len(), |l| l.min(chunk.known.len()));
                     chunk = Chunk { known: &chunk.known[skip..], total: rest, tail: chunk.tail };
                 }
-                // HAProxy peeks at the header and then reads exactly it, so a header arrives whole.
-                proxy_protocol::Start::Incomplete | proxy_protocol::Start::Invalid => {
+                proxy_protocol::Start::Invalid => {
                     conn.expect_proxy_header = false;
                     self.stats.parse_errors += 1;
                     conn.role = Role::Opaque;
                     self.stats.opaque_connections += 1;
                     return;
                 }
-                proxy_protocol::Start::NotProxy => conn.expect_proxy_header = false,
+                // HAProxy peeks at a header and then reads exactly it, so a header arrives whole: a
+                // call that only starts like one (a lone CRLF before a request) is no header.
+                proxy_protocol::Start::NotProxy | proxy_protocol::Start::Incomplete => {
+                    conn.expect_proxy_header = false;
+                }
             }
         }
         let ctx = Ctx { key, tid: ev.tid, ts: ev.ts_ns };
@@ -649,7 +680,7 @@ impl Tracker {
             let method = front.exchange.request.as_ref().map_or("GET", |r| r.method.as_str());
             let framing = response.framing(method);
             self.drop_candidate(id);
-            self.claim_relay(id, ctx, response.status);
+            self.claim_relay(id, ctx, response);
             framing
         } else {
             let Some(back_id) = conn.backs.front().copied() else {
@@ -731,7 +762,8 @@ impl Tracker {
 
     fn new_backend(&mut self, ctx: Ctx, request: RequestHead, started: u64) {
         self.stats.backend_requests += 1;
-        let link = self.link(ctx, &request);
+        let quarantined = self.quarantined(ctx.ts);
+        let link = if quarantined { None } else { self.link(ctx, &request) };
         let front = link.map(|l| l.id);
         if let Some(id) = front {
             if let Some(f) = self.fronts.get_mut(&id) {
@@ -739,6 +771,8 @@ impl Tracker {
                 f.unfiled_backends += 1;
                 f.last_activity_ns = ctx.ts;
             }
+        } else if quarantined {
+            self.stats.quarantined_backend_exchanges += 1;
         } else {
             self.stats.unlinked_backend_requests += 1;
         }
@@ -754,7 +788,7 @@ impl Tracker {
                 front,
                 tgid: ctx.key.0,
                 relay: Relay::Awaiting,
-                evidence: Evidence::of(link),
+                evidence: if quarantined { Evidence::Tainted } else { Evidence::of(link) },
                 ended: false,
                 exchange: ClientExchange {
                     request,
