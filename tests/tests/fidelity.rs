@@ -323,3 +323,50 @@ fn proxy_protocol_v1_and_v2_name_the_client_on_every_version() {
         assert_eq!(s.agent.metric("tracetap_parse_errors_total"), 0, "{version}");
     }
 }
+
+#[test]
+fn send_proxy_headers_to_servers_are_not_requests_on_every_version() {
+    if !require_root() {
+        return;
+    }
+    for version in haproxy::versions() {
+        // The server side: another HAProxy (not traced: a command name of its own) that expects
+        // a PROXY header on every connection, in front of the test backend.
+        let mut inner = None;
+        let s = Stack::with_config_on(
+            version,
+            |port, backend| {
+                let inner_port = free_port();
+                let inner_config = format!(
+                    "global\n    maxconn 100\ndefaults\n    mode http\n    timeout connect 2s\n    timeout client 10s\n    timeout server 10s\n\
+                     frontend fe_in\n    bind 127.0.0.1:{inner_port} accept-proxy\n    default_backend be_in\n\
+                     backend be_in\n    server b {backend}\n"
+                );
+                inner = Some(haproxy::Haproxy::start(&haproxy::unique_comm(), &inner_config, inner_port));
+                format!(
+                    "global\n    maxconn 100\ndefaults\n    mode http\n    timeout connect 2s\n    timeout client 10s\n    timeout server 10s\n\
+                     frontend fe_main\n    bind 127.0.0.1:{port}\n    use_backend be_v2 if {{ path_beg /sp-v2 }}\n    default_backend be_v1\n\
+                     backend be_v1\n    server s1 127.0.0.1:{inner_port} send-proxy\n\
+                     backend be_v2\n    server s2 127.0.0.1:{inner_port} send-proxy-v2\n"
+                )
+            },
+            &[],
+        );
+        let mut conn = Conn::connect(s.front).unwrap();
+        let paths = ["/sp-v1/a", "/sp-v1/b", "/sp-v2/a", "/sp-v2/b"];
+        for path in paths {
+            assert_eq!(conn.get(path, &[]).unwrap().status, 200, "{version}: {path}");
+        }
+        let spans = s.spans_for(&paths);
+        for path in paths {
+            let (server, clients) = Stack::trace_of(&spans, path);
+            assert_eq!(status(server), Some(200), "{version}: {path}");
+            assert_eq!(clients.len(), 1, "{version}: {path}: the header is not a request");
+            assert_eq!(clients[0].str_attr("url.path"), Some(path), "{version}");
+            assert_eq!(status(clients[0]), Some(200), "{version}: {path}");
+        }
+        assert_eq!(s.agent.metric("tracetap_parse_errors_total"), 0, "{version}");
+        assert_eq!(s.agent.metric("tracetap_opaque_connections_total"), 0, "{version}");
+        drop(inner);
+    }
+}

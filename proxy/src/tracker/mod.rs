@@ -352,7 +352,10 @@ impl Tracker {
         conn.egress_start = None;
         let fronts: Vec<u64> = conn.fronts.drain(..).collect();
         let backs: Vec<u64> = conn.backs.drain(..).collect();
-        self.taint_guessed_links(key.0);
+        if !self.quarantined(ts) {
+            // (In a quarantine no guessed link exists: they were given up when it began.)
+            self.taint_guessed_links(key.0);
+        }
         self.stats.gap_exchanges += (fronts.len() + backs.len()) as u64;
         for id in fronts {
             self.finish_front(id, ts, Outcome::CaptureGap);
@@ -369,8 +372,13 @@ impl Tracker {
     /// is made and a relay only confirms a request's own sole link. What is given up is counted in
     /// [`TrackerStats::quarantined_backend_exchanges`]; SERVER spans are still exported.
     pub fn records_lost(&mut self, ts_ns: u64) {
+        let already = self.quarantined(ts_ns);
         self.quarantine_until_ns = ts_ns.saturating_add(QUARANTINE_NS);
-        self.quarantine_links(|e| matches!(e, Evidence::Guessed | Evidence::Target));
+        if !already {
+            // Within a quarantine no link is made, and those open to doubt were given up when it
+            // began: under sustained loss this scan runs once, not per record.
+            self.quarantine_links(|e| matches!(e, Evidence::Guessed | Evidence::Target));
+        }
     }
 
     fn quarantined(&self, ts_ns: u64) -> bool {
