@@ -63,6 +63,7 @@ metrics! {
     exchanges_expired: "counter", "tracetap_exchanges_expired_total", "Exchanges given up after TRACETAP_EXCHANGE_IDLE_TIMEOUT without activity";
     capture_gaps: "counter", "tracetap_capture_gaps_total", "Connections on which a record was lost (ring buffer full); their open exchanges end with error.type tracetap.capture_gap";
     gap_exchanges: "counter", "tracetap_capture_gap_exchanges_total", "Exchanges ended early because their connection lost a record";
+    unnumbered_connections: "counter", "tracetap_connections_unnumbered_total", "Connections whose records stopped being numbered (more than 65536 connections numbered at once): their gaps can no longer be seen";
     backend_relinked: "counter", "tracetap_backend_exchanges_relinked_total", "Backend exchanges moved to another frontend request when HAProxy relayed their response (it wrote requests out of order)";
     backend_quarantined: "counter", "tracetap_backend_exchanges_quarantined_total", "Backend exchanges not exported because records were lost while their link was open to doubt (within 1 s of a loss, or linked with rivals or by headers before it); their SERVER spans are exported";
     sampled_in: "counter", "tracetap_requests_sampled_total", "Requests the head sampler kept";

@@ -906,3 +906,15 @@ fn requests_told_apart_by_a_header_link_to_their_own_even_when_written_out_of_or
     assert_eq!(statuses(&out), vec![(201, vec![201]), (202, vec![202]), (203, vec![203])]);
     assert_eq!(t.stats().relinked_backend_exchanges, 0, "linked right at once, by the header: {:?}", t.stats());
 }
+
+#[test]
+fn a_connection_that_stops_being_numbered_is_counted() {
+    let mut t = Tracker::default();
+    let ev = |seq, op| SyscallEvent { ts_ns: 1, tgid: PID, tid: 1, fd: 10, seq, op };
+    t.handle(&ev(1, Op::Accept { peer: None, local: None }));
+    t.handle(&ev(2, Op::Read(Chunk::complete(b"GET / HTTP/1.1\r\n\r\n"))));
+    t.handle(&ev(0, Op::Write(Chunk::complete(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"))));
+    t.handle(&ev(0, Op::Read(Chunk::complete(b"GET / HTTP/1.1\r\n\r\n"))));
+    assert_eq!(t.stats().unnumbered_connections, 1);
+    assert_eq!(t.stats().capture_gaps, 0);
+}

@@ -256,6 +256,7 @@ fn publish_tracker(tracker: &Tracker, metrics: &Metrics) {
     metrics::set(&metrics.exchanges_expired, s.expired_exchanges);
     metrics::set(&metrics.capture_gaps, s.capture_gaps);
     metrics::set(&metrics.gap_exchanges, s.gap_exchanges);
+    metrics::set(&metrics.unnumbered_connections, s.unnumbered_connections);
     metrics::set(&metrics.backend_relinked, s.relinked_backend_exchanges);
     metrics::set(&metrics.backend_quarantined, s.quarantined_backend_exchanges);
     metrics::set(&metrics.connections, tracker.connections() as u64);

@@ -95,6 +95,9 @@ pub struct TrackerStats {
     pub capture_gaps: u64,
     /// Exchanges ended because of a capture gap.
     pub gap_exchanges: u64,
+    /// Connections whose records stopped being numbered (the probes' table of connections was
+    /// full): gaps on them can no longer be seen.
+    pub unnumbered_connections: u64,
     /// Backend exchanges moved to another frontend request when their response was relayed.
     pub relinked_backend_exchanges: u64,
     /// Backend exchanges not exported because records were lost (anywhere) while their link was
@@ -325,6 +328,14 @@ impl Tracker {
     /// starts the count.
     fn check_sequence(&mut self, key: (u32, i32), ev: &SyscallEvent<'_>) {
         if ev.seq == 0 {
+            // A numbered connection that is no longer numbered: the probes' table forgot it (more
+            // connections than it holds). Its gaps can no longer be seen: counted once.
+            if let Some(conn) = self.conns.get_mut(&key)
+                && conn.last_seq != 0
+            {
+                conn.last_seq = 0;
+                self.stats.unnumbered_connections += 1;
+            }
             return;
         }
         let Some(conn) = self.conns.get_mut(&key) else { return };
