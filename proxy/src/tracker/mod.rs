@@ -314,9 +314,11 @@ impl Tracker {
             }
             Op::Read(_) | Op::Write(_) => {}
         }
-        self.check_sequence(key, ev);
         match ev.op {
-            Op::Read(chunk) if chunk.total == 0 => self.end_of_stream(key, ev.ts_ns),
+            Op::Read(chunk) if chunk.total == 0 => {
+                self.check_sequence(key, ev);
+                self.end_of_stream(key, ev.ts_ns);
+            }
             Op::Read(chunk) => self.data(key, ev, chunk, Direction::Ingress),
             Op::Write(chunk) => self.data(key, ev, chunk, Direction::Egress),
             _ => {}
@@ -497,9 +499,20 @@ impl Tracker {
     }
 
     fn data(&mut self, key: (u32, i32), ev: &SyscallEvent<'_>, chunk: Chunk<'_>, dir: Direction) {
-        let conn = self.conns.entry(key).or_insert_with(|| Connection::new(Role::Unknown, None));
-        if conn.last_seq == 0 {
+        let mut conn = self.conns.entry(key).or_insert_with(|| Connection::new(Role::Unknown, None));
+        // The sequence check of `check_sequence`, on the lookup this record needs anyway.
+        if ev.seq == 0 {
+            if conn.last_seq != 0 {
+                conn.last_seq = 0;
+                self.stats.unnumbered_connections += 1;
+            }
+        } else {
+            let gap = conn.last_seq != 0 && ev.seq != conn.last_seq.wrapping_add(1);
             conn.last_seq = ev.seq;
+            if gap {
+                self.capture_gap(key, ev.ts_ns);
+                conn = self.conns.get_mut(&key).expect("present");
+            }
         }
         if conn.role == Role::Unknown && chunk.known.is_empty() {
             // Bytes we cannot see (spliced, or cut by the window) say nothing about the role.
@@ -548,13 +561,16 @@ impl Tracker {
             }
         }
         let ctx = Ctx { key, tid: ev.tid, ts: ev.ts_ns };
-        self.touch(key, role, ev.ts_ns);
-        match (role, dir) {
+        let framed = match (role, dir) {
             (Role::Frontend, Direction::Ingress) | (Role::Backend, Direction::Egress) => self.requests(ctx, chunk, dir),
             (Role::Frontend, Direction::Egress) | (Role::Backend, Direction::Ingress) => {
-                self.responses(ctx, chunk, dir);
+                self.responses(ctx, chunk, dir)
             }
-            (Role::Unknown | Role::Opaque, _) => {}
+            (Role::Unknown | Role::Opaque, _) => true,
+        };
+        if !framed {
+            // Only body bytes: a head or a message end already counted as activity.
+            self.touch(key, role, ev.ts_ns);
         }
     }
 
@@ -572,12 +588,14 @@ impl Tracker {
         }
     }
 
-    /// Frames requests flowing in `dir` on the connection.
-    fn requests(&mut self, ctx: Ctx, chunk: Chunk<'_>, dir: Direction) {
+    /// Frames requests flowing in `dir` on the connection; true when a head or a message end was
+    /// found (which marks the exchange active), false for bytes inside a message.
+    fn requests(&mut self, ctx: Ctx, chunk: Chunk<'_>, dir: Direction) -> bool {
         let mut cursor = Cursor::new(chunk);
+        let mut found_message = false;
         let mut first_step = true;
         loop {
-            let Some(conn) = self.conns.get_mut(&ctx.key) else { return };
+            let Some(conn) = self.conns.get_mut(&ctx.key) else { return found_message };
             let role = conn.role;
             let (framer, start) = conn.direction(dir);
             if framer.is_desynced() && first_step && classify(chunk.known) == Some(Kind::Request) {
@@ -589,8 +607,8 @@ impl Tracker {
                 *start = Some(ctx.ts);
             }
             match framer.step(&mut cursor) {
-                Step::NeedMore => return,
-                Step::MessageEnd => {}
+                Step::NeedMore => return found_message,
+                Step::MessageEnd => found_message = true,
                 Step::Error(_) => {
                     *start = None;
                     if conn.spoke_http {
@@ -598,10 +616,11 @@ impl Tracker {
                     } else {
                         conn.role = Role::Opaque;
                         self.stats.opaque_connections += 1;
-                        return;
+                        return found_message;
                     }
                 }
                 Step::Head => {
+                    found_message = true;
                     let started = start.take().unwrap_or(ctx.ts);
                     let mut request = self.head_pool.pop().unwrap_or_default();
                     if head::parse_request_into(framer.head_bytes(), &mut request).is_ok() {
@@ -623,12 +642,13 @@ impl Tracker {
         }
     }
 
-    /// Frames responses flowing in `dir` on the connection.
-    fn responses(&mut self, ctx: Ctx, chunk: Chunk<'_>, dir: Direction) {
+    /// Frames responses flowing in `dir` on the connection; see [`Tracker::requests`].
+    fn responses(&mut self, ctx: Ctx, chunk: Chunk<'_>, dir: Direction) -> bool {
         let mut cursor = Cursor::new(chunk);
+        let mut found_message = false;
         let mut first_step = true;
         loop {
-            let Some(conn) = self.conns.get_mut(&ctx.key) else { return };
+            let Some(conn) = self.conns.get_mut(&ctx.key) else { return found_message };
             let role = conn.role;
             let spoke_http = conn.spoke_http;
             let (framer, _) = conn.direction(dir);
@@ -638,16 +658,20 @@ impl Tracker {
             }
             first_step = false;
             match framer.step(&mut cursor) {
-                Step::NeedMore => return,
+                Step::NeedMore => return found_message,
                 Step::Error(_) if !spoke_http => {
                     let conn = self.conns.get_mut(&ctx.key).expect("present");
                     conn.role = Role::Opaque;
                     self.stats.opaque_connections += 1;
-                    return;
+                    return found_message;
                 }
                 Step::Error(_) => self.stats.parse_errors += 1,
-                Step::MessageEnd => self.response_done(ctx, role, Outcome::Complete),
+                Step::MessageEnd => {
+                    found_message = true;
+                    self.response_done(ctx, role, Outcome::Complete);
+                }
                 Step::Head => {
+                    found_message = true;
                     let Ok(response) = head::parse_response(framer.head_bytes()) else {
                         self.stats.parse_errors += 1;
                         framer.abandon();
