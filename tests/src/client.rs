@@ -34,6 +34,11 @@ impl Conn {
         Ok(Self { stream, buf: Vec::new() })
     }
 
+    /// The connection's local port: the `network.peer.port` of its SERVER spans.
+    pub fn local_port(&self) -> std::io::Result<u16> {
+        Ok(self.stream.local_addr()?.port())
+    }
+
     /// Writes raw bytes (for partial or malformed requests).
     pub fn send_raw(&mut self, bytes: &[u8]) -> std::io::Result<()> {
         self.stream.write_all(bytes)

@@ -33,15 +33,14 @@
 //! the same traffic. Every report also gives the status judge's figure ([`super::accuracy`]).
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::{Read as _, Write as _};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
 
 use super::{Accuracy, Scenario, accuracy, agent_env, premise_problem};
 use crate::backend::TokenExchange;
-use crate::client::Response;
+use crate::client::{Conn, Response};
 use crate::otlp::Received;
 use crate::{Stack, haproxy, wait_for};
 
@@ -469,62 +468,23 @@ impl Report {
     }
 }
 
-/// A blocking keep-alive connection that knows its local port (the SERVER spans' peer port).
+/// A keep-alive client connection and its local port (the SERVER spans' peer port).
 struct TokenConn {
-    stream: TcpStream,
-    buf: Vec<u8>,
+    conn: Conn,
     port: u16,
 }
 
 impl TokenConn {
     fn connect(front: SocketAddr) -> std::io::Result<Self> {
-        let stream = TcpStream::connect(front)?;
-        stream.set_read_timeout(Some(Duration::from_secs(15)))?;
-        stream.set_nodelay(true)?;
-        let port = stream.local_addr()?.port();
-        Ok(Self { stream, buf: Vec::new(), port })
+        let conn = Conn::connect(front)?;
+        let port = conn.local_port()?;
+        Ok(Self { conn, port })
     }
 
-    /// Writes `request` and reads one response with a `Content-Length` body (what the backend
-    /// sends and `HAProxy` relays).
+    /// Writes `request` and reads one response.
     fn exchange(&mut self, request: &[u8]) -> std::io::Result<Response> {
-        self.stream.write_all(request)?;
-        let (status, headers, head_len) = loop {
-            let mut headers = [httparse::EMPTY_HEADER; 64];
-            let mut resp = httparse::Response::new(&mut headers);
-            if let httparse::Status::Complete(n) =
-                resp.parse(&self.buf).map_err(|e| std::io::Error::other(format!("bad response: {e}")))?
-            {
-                let headers: Vec<(String, String)> = resp
-                    .headers
-                    .iter()
-                    .map(|h| (h.name.to_owned(), String::from_utf8_lossy(h.value).into_owned()))
-                    .collect();
-                break (resp.code.unwrap_or(0), headers, n);
-            }
-            self.fill()?;
-        };
-        self.buf.drain(..head_len);
-        let response = Response { status, headers, body: Vec::new() };
-        let len = response
-            .header("content-length")
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .ok_or_else(|| std::io::Error::other(format!("response {status} without Content-Length")))?;
-        while self.buf.len() < len {
-            self.fill()?;
-        }
-        let body = self.buf.drain(..len).collect();
-        Ok(Response { body, ..response })
-    }
-
-    fn fill(&mut self) -> std::io::Result<()> {
-        let mut chunk = [0u8; 16384];
-        let n = self.stream.read(&mut chunk)?;
-        if n == 0 {
-            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "connection closed"));
-        }
-        self.buf.extend_from_slice(&chunk[..n]);
-        Ok(())
+        self.conn.send_raw(request)?;
+        self.conn.read_response()
     }
 }
 
