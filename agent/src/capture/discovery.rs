@@ -1,9 +1,18 @@
 //! Finds the processes to trace by walking `/proc`: every process with the target command name,
 //! or the configured pids and their descendants (`HAProxy`'s master forks its workers).
+//!
+//! The walk reads one file per process on the host, so it runs on a thread of its own
+//! ([`Discovery`]), never on the capture thread: a slow `/proc` (thousands of processes, a loaded
+//! host) must not delay draining the ring. The capture thread takes the latest result without
+//! waiting, and keeps the previous one until a new one is there.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::time::Duration;
 
 use crate::config::Targets;
 
@@ -61,9 +70,80 @@ pub fn select(targets: &Targets, procs: &[ProcInfo]) -> BTreeSet<u32> {
     }
 }
 
+/// The discovery thread: walks `proc_root` every `period` and offers the selected pids.
+#[derive(Debug)]
+pub struct Discovery {
+    results: Receiver<BTreeSet<u32>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Discovery {
+    /// Starts the thread. It stops when the `Discovery` is dropped.
+    ///
+    /// # Errors
+    /// When the thread cannot be spawned.
+    pub fn start(proc_root: PathBuf, targets: Targets, period: Duration) -> std::io::Result<Self> {
+        // One slot: a result the capture thread has not taken yet is replaced by a newer one.
+        let (tx, results) = mpsc::sync_channel(1);
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::clone(&stop);
+        std::thread::Builder::new()
+            .name("discovery".into())
+            .spawn(move || walk_until_stopped(&proc_root, &targets, period, &tx, &stopped))?;
+        Ok(Self { results, stop })
+    }
+
+    /// The newest selection since the last call, if the thread made one.
+    #[must_use]
+    pub fn latest(&self) -> Option<BTreeSet<u32>> {
+        self.results.try_iter().last()
+    }
+}
+
+impl Drop for Discovery {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn walk_until_stopped(
+    proc_root: &Path,
+    targets: &Targets,
+    period: Duration,
+    tx: &SyncSender<BTreeSet<u32>>,
+    stop: &AtomicBool,
+) {
+    while !stop.load(Ordering::Relaxed) {
+        let selected = select(targets, &read_processes(proc_root));
+        match tx.try_send(selected) {
+            // Full: the capture thread has not taken the previous one; the next walk replaces it.
+            Ok(()) | Err(TrySendError::Full(_)) => {}
+            Err(TrySendError::Disconnected(_)) => return,
+        }
+        std::thread::sleep(period);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_thread_offers_selections_and_stops() {
+        let me = std::process::id();
+        let comm = read_processes(Path::new("/proc")).into_iter().find(|p| p.pid == me).expect("self").comm;
+        let d = Discovery::start("/proc".into(), Targets::Comm(comm), Duration::from_millis(10)).unwrap();
+        let mut got = None;
+        for _ in 0..500 {
+            if let Some(set) = d.latest() {
+                got = Some(set);
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(got.expect("a selection within 5 s").contains(&me));
+        drop(d);
+    }
 
     #[test]
     fn stat_with_odd_comm() {

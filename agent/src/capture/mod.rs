@@ -89,12 +89,22 @@ pub fn run(
     let mut listeners = ListenAddrs::new(Path::new("/proc"));
     let mut names = Names::new(Path::new("/proc"));
     let mut last_housekeeping: Option<Instant> = None;
+    // Walking /proc happens on the discovery thread; until its first result, nothing is selected.
+    let discovery = match discovery::Discovery::start("/proc".into(), config.targets.clone(), HOUSEKEEPING) {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the discovery thread; no process will be traced");
+            return;
+        }
+    };
+    let mut candidates: BTreeSet<u32> = BTreeSet::new();
     // The probes' count of records the ring had no room for, as the last record carried it.
     let mut loss_epoch: Option<u32> = None;
     while !stop.load(Relaxed) {
         if last_housekeeping.is_none_or(|t| t.elapsed() >= HOUSEKEEPING) {
-            let procs = discovery::read_processes(Path::new("/proc"));
-            let candidates = discovery::select(&config.targets, &procs);
+            if let Some(latest) = discovery.latest() {
+                candidates = latest;
+            }
             pods.keep_only(&candidates);
             let selected: BTreeSet<u32> = candidates.iter().copied().filter(|pid| pods.selected(*pid)).collect();
             metrics::set(&metrics.k8s_targets_not_selected, (candidates.len() - selected.len()) as u64);
