@@ -172,7 +172,7 @@ impl Tracker {
         // it from the server; an older unclaimed response belongs to a request whose records were
         // lost, not to this one.
         let recent = |b: &BackRecord| matches!(b.relay, Relay::Pending { read_ns, .. } if ctx.ts.saturating_sub(read_ns) <= RELAY_WINDOW_NS);
-        let Some(links) = self.fronts.get(&id).map(|f| f.links) else { return };
+        let Some((links, front_start)) = self.fronts.get(&id).map(|f| (f.links, f.exchange.start_ns)) else { return };
         if links == LinkStrength::None {
             // No backend request was ever linked to it: HAProxy answered by itself (`return`,
             // `deny`, `redirect`, a cache hit), and another request's response is not its own.
@@ -183,7 +183,6 @@ impl Tracker {
         let only_own = links == LinkStrength::Sole || self.quarantined(ctx.ts);
         let own_sole = |b: &BackRecord| relayable(b) && b.evidence == Evidence::Sole && b.front == Some(id);
         // HAProxy cannot have written a backend request before it read the client's request.
-        let front_start = self.fronts.get(&id).map_or(0, |f| f.exchange.start_ns);
         let open_to_claim = |b: &BackRecord| {
             relayable(b)
                 && !(b.evidence == Evidence::Sole && b.front.is_some_and(|f| f != id))

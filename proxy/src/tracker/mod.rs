@@ -329,22 +329,9 @@ impl Tracker {
     /// connection the tracker does not know (its `accept`/`connect` was lost, or it predates us)
     /// starts the count.
     fn check_sequence(&mut self, key: (u32, i32), ev: &SyscallEvent<'_>) {
-        if ev.seq == 0 {
-            // A numbered connection that is no longer numbered: the probes' table forgot it (more
-            // connections than it holds). Its gaps can no longer be seen: counted once.
-            if let Some(conn) = self.conns.get_mut(&key)
-                && conn.last_seq != 0
-            {
-                conn.last_seq = 0;
-                self.stats.unnumbered_connections += 1;
-            }
-            return;
-        }
-        let Some(conn) = self.conns.get_mut(&key) else { return };
-        let expected = conn.last_seq.wrapping_add(1);
-        let gap = conn.last_seq != 0 && ev.seq != expected;
-        conn.last_seq = ev.seq;
-        if gap {
+        if let Some(conn) = self.conns.get_mut(&key)
+            && conn.take_seq(ev.seq, &mut self.stats)
+        {
             self.capture_gap(key, ev.ts_ns);
         }
     }
@@ -500,19 +487,10 @@ impl Tracker {
 
     fn data(&mut self, key: (u32, i32), ev: &SyscallEvent<'_>, chunk: Chunk<'_>, dir: Direction) {
         let mut conn = self.conns.entry(key).or_insert_with(|| Connection::new(Role::Unknown, None));
-        // The sequence check of `check_sequence`, on the lookup this record needs anyway.
-        if ev.seq == 0 {
-            if conn.last_seq != 0 {
-                conn.last_seq = 0;
-                self.stats.unnumbered_connections += 1;
-            }
-        } else {
-            let gap = conn.last_seq != 0 && ev.seq != conn.last_seq.wrapping_add(1);
-            conn.last_seq = ev.seq;
-            if gap {
-                self.capture_gap(key, ev.ts_ns);
-                conn = self.conns.get_mut(&key).expect("present");
-            }
+        // The sequence check, on the lookup this record needs anyway.
+        if conn.take_seq(ev.seq, &mut self.stats) {
+            self.capture_gap(key, ev.ts_ns);
+            conn = self.conns.get_mut(&key).expect("present");
         }
         if conn.role == Role::Unknown && chunk.known.is_empty() {
             // Bytes we cannot see (spliced, or cut by the window) say nothing about the role.
@@ -596,13 +574,11 @@ impl Tracker {
         let mut first_step = true;
         loop {
             let Some(conn) = self.conns.get_mut(&ctx.key) else { return found_message };
+            if std::mem::take(&mut first_step) {
+                conn.resync_at_message_start(dir, chunk, Kind::Request);
+            }
             let role = conn.role;
             let (framer, start) = conn.direction(dir);
-            if framer.is_desynced() && first_step && classify(chunk.known) == Some(Kind::Request) {
-                // A new read or write that starts with a request line: the next request.
-                framer.resync();
-            }
-            first_step = false;
             if framer.is_idle() && start.is_none() && !cursor.is_empty() {
                 *start = Some(ctx.ts);
             }
@@ -649,14 +625,12 @@ impl Tracker {
         let mut first_step = true;
         loop {
             let Some(conn) = self.conns.get_mut(&ctx.key) else { return found_message };
+            if std::mem::take(&mut first_step) {
+                conn.resync_at_message_start(dir, chunk, Kind::Response);
+            }
             let role = conn.role;
             let spoke_http = conn.spoke_http;
             let (framer, _) = conn.direction(dir);
-            if framer.is_desynced() && first_step && classify(chunk.known) == Some(Kind::Response) {
-                // After a capture gap: a read or write that starts with a status line.
-                framer.resync();
-            }
-            first_step = false;
             match framer.step(&mut cursor) {
                 Step::NeedMore => return found_message,
                 Step::Error(_) if !spoke_http => {
@@ -891,6 +865,31 @@ impl Direction {
 }
 
 impl Connection {
+    /// Takes a record's sequence number; true when records of this connection were lost before
+    /// it. A numbered connection whose records arrive unnumbered (the probes' table forgot it)
+    /// can no longer show gaps: counted once.
+    fn take_seq(&mut self, seq: u32, stats: &mut TrackerStats) -> bool {
+        if seq == 0 {
+            if self.last_seq != 0 {
+                self.last_seq = 0;
+                stats.unnumbered_connections += 1;
+            }
+            return false;
+        }
+        let gap = self.last_seq != 0 && seq != self.last_seq.wrapping_add(1);
+        self.last_seq = seq;
+        gap
+    }
+
+    /// At the first step over a call whose bytes begin with a `kind` start line, a direction that
+    /// lost its framing (a parse error, a capture gap) starts over there.
+    fn resync_at_message_start(&mut self, dir: Direction, chunk: Chunk<'_>, kind: Kind) {
+        let (framer, _) = self.direction(dir);
+        if framer.is_desynced() && classify(chunk.known) == Some(kind) {
+            framer.resync();
+        }
+    }
+
     /// True when a capture gap hit this connection and no request was read since: a response now
     /// answers a request the gap swallowed.
     fn egress_resynced_after_gap(&self) -> bool {
