@@ -768,6 +768,13 @@ mod tests {
         // replacing itself with sleep.
         let mut child =
             Command::new("sh").args(["-c", "sleep 30; :", "-f", "h.cfg"]).current_dir(dir.path()).spawn().unwrap();
+        // Until the child has exec'd, /proc/PID/cmdline is still the test binary's.
+        let cmdline = PathBuf::from(format!("/proc/{}/cmdline", child.id()));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !std::fs::read(&cmdline).is_ok_and(|c| c.windows(4).any(|w| w == b"\0-f\0")) && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
         let outcome = load_within_10s(PathBuf::from("/proc"), child.id());
         child.kill().unwrap();
         child.wait().unwrap();
