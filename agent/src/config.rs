@@ -63,6 +63,16 @@ pub enum Targets {
     Pids(Vec<u32>),
 }
 
+/// What the attached programs do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeMode {
+    /// Capture and trace (the default).
+    Capture,
+    /// Attach programs to the same hooks that return at once and capture nothing: the cost a
+    /// traced process pays for the hooks alone, which `make bench` measures as the floor.
+    Floor,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     pub sink: Sink,
@@ -80,6 +90,8 @@ pub struct Config {
     pub targets: Targets,
     pub ring_bytes: u32,
     pub probe_stats: bool,
+    /// `TRACETAP_PROBE_MODE`: what the attached programs do (`floor` is for the benchmark).
+    pub probe_mode: ProbeMode,
     pub log_filter: String,
     /// Tail sampling, when `TRACETAP_TAIL_ENABLED=true`.
     pub tail: Option<TailConfig>,
@@ -140,6 +152,11 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
         "TRACETAP_PROBE_STATS",
         "false",
         "`true` enables the kernel's BPF run-time statistics (about 20 ns per probe run) and exports them in /metrics",
+    ),
+    (
+        "TRACETAP_PROBE_MODE",
+        "capture",
+        "`floor` attaches programs that return at once and traces nothing: the hooks' own cost, for benchmarks",
     ),
     (
         "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT",
@@ -448,6 +465,11 @@ impl Config {
             return Err(err("TRACETAP_RING_BYTES", &ring_bytes.to_string(), "a power of two of at least 65536 bytes"));
         }
         let probe_stats = src.flag("TRACETAP_PROBE_STATS", false)?;
+        let probe_mode = match src.get("TRACETAP_PROBE_MODE").as_deref().map(str::trim) {
+            None | Some("capture") => ProbeMode::Capture,
+            Some("floor") => ProbeMode::Floor,
+            Some(v) => return Err(err("TRACETAP_PROBE_MODE", v, "capture or floor")),
+        };
         let log_filter = src.get("TRACETAP_LOG").unwrap_or_else(|| "info".to_owned());
         let tail = if src.flag("TRACETAP_TAIL_ENABLED", false)? { Some(parse_tail(&src)?) } else { None };
 
@@ -467,6 +489,7 @@ impl Config {
             targets,
             ring_bytes,
             probe_stats,
+            probe_mode,
             log_filter,
             tail,
             node_name: src.get("NODE_NAME").map(|n| n.trim().to_owned()),
@@ -615,6 +638,7 @@ mod tests {
             ("TRACETAP_ADMIN_ADDR", "nowhere"),
             ("TRACETAP_CAPTURE_BYTES", "100000"),
             ("TRACETAP_CAPTURE_BYTES", "12"),
+            ("TRACETAP_PROBE_MODE", "empty"),
             ("TRACETAP_TARGET_COMM", "a-very-long-command-name"),
             ("TRACETAP_TARGET_PIDS", "12,abc"),
             ("TRACETAP_RING_BYTES", "100000"),

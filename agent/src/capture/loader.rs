@@ -11,10 +11,12 @@ use aya::programs::RawTracePoint;
 use aya::{Ebpf, EbpfLoader};
 use tracetap_ebpf_common::{COMM_BYTES, EventHeader, LOSS_SLOTS, globals, maps};
 
-use crate::config::{Config, Targets};
+use crate::config::{Config, ProbeMode, Targets};
 
 /// The programs of the probe object and the raw tracepoints they attach to.
 const PROGRAMS: [(&str, &str); 2] = [("sys_exit", "sys_exit"), ("sys_enter", "sys_enter")];
+/// Programs that return at once, on the same hooks (`TRACETAP_PROBE_MODE=floor`).
+const FLOOR_PROGRAMS: [(&str, &str); 2] = [("sys_exit_floor", "sys_exit"), ("sys_enter_floor", "sys_enter")];
 
 /// The probe object, built by `build.rs`.
 static PROBES: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracetap"));
@@ -78,7 +80,11 @@ impl Probes {
             .map_max_entries(maps::EVENTS, config.ring_bytes)
             .load(PROBES)
             .map_err(|e| LoadError::Load(Box::new(e)))?;
-        for (name, tracepoint) in PROGRAMS {
+        let programs = match config.probe_mode {
+            ProbeMode::Capture => PROGRAMS,
+            ProbeMode::Floor => FLOOR_PROGRAMS,
+        };
+        for (name, tracepoint) in programs {
             let attach_error = |source| LoadError::Attach { program: name.to_owned(), source: Box::new(source) };
             let program: &mut RawTracePoint = ebpf
                 .program_mut(name)
@@ -88,7 +94,7 @@ impl Probes {
             program.load().map_err(attach_error)?;
             program.attach(tracepoint).map_err(attach_error)?;
         }
-        let attached = PROGRAMS.len();
+        let attached = programs.len();
         let take = |ebpf: &mut Ebpf, name: &'static str| ebpf.take_map(name).ok_or(LoadError::MissingMap(name));
         let ring = RingBuf::try_from(take(&mut ebpf, maps::EVENTS)?)
             .map_err(|source| LoadError::Map { name: maps::EVENTS, source: Box::new(source) })?;

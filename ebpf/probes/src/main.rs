@@ -489,6 +489,19 @@ fn copy_tail(staging: &mut Staging, from: u64) {
     }
 }
 
+/// The floor of `make bench`: the same hooks with nothing done, so that a measurement can tell
+/// what the hooks cost from what the work in them costs (`TRACETAP_PROBE_MODE=floor`).
+#[raw_tracepoint(tracepoint = "sys_exit")]
+pub fn sys_exit_floor(_ctx: RawTracePointContext) -> i32 {
+    0
+}
+
+/// See [`sys_exit_floor`].
+#[raw_tracepoint(tracepoint = "sys_enter")]
+pub fn sys_enter_floor(_ctx: RawTracePointContext) -> i32 {
+    0
+}
+
 #[cfg(not(test))]
 #[panic_handler]
 fn panic(_info: &core::panic::PanicInfo) -> ! {
