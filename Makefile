@@ -69,11 +69,21 @@ demo: setup
 	cargo build -p tracetap
 	./scripts/demo.sh
 
-# End-to-end overhead: HAProxy req/s without the agent, with it at ratio 1.0 and at ratio 0.0
-# (BENCH_SECONDS per run, BENCH_REPEAT runs per mode); prints a markdown table for
-# docs/PERFORMANCE.md. Then the criterion micro-benchmarks of span encoding, the tail store (sled
-# against an in-memory store) and the tail engine (CPU per span, RSS with 5 million spans buffered).
+# End-to-end overhead, one alternated run (BENCH_ROUNDS rounds, default 5; BENCH_SECONDS per
+# measurement, default 8): no tracing, the agent's empty-program floor, the agent at ratio 1.0 and
+# 0.0, and HAProxy's own OpenTracing filter (Datadog tracer) at rate-limit 100 and 0; saturated
+# req/s (wrk) and CPU per request at 12 000 req/s (h2load). Prints a markdown table for
+# docs/PERFORMANCE.md (scripts/bench_overhead.py says what is measured and why). Then the criterion
+# micro-benchmarks of span encoding, the tail store (sled against an in-memory store) and the tail
+# engine (CPU per span, RSS with 5 million spans buffered).
+# Only the benchmark needs these (h2load; the tracer plugin for HAProxy's filter), so not in setup.
+BENCH_PACKAGES := nghttp2-client libdd-opentracing0
 bench: setup
+	@missing=""; for p in $(BENCH_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
+	fi
 	cargo build --release -p tracetap -p tracetap-tests --bin tracetap --bin otlp-discard
 	python3 scripts/bench_overhead.py
 	cargo bench -p tracetap --bench encode
