@@ -1,5 +1,6 @@
-//! The agent's one place for `unsafe` and kernel plumbing: loading and attaching the probes (a raw
-//! tracepoint, so tracefs is not needed), reading raw records, polling the ring buffer, and the monotonic clock.
+//! The agent's one place for `unsafe` and kernel plumbing: loading and attaching the probes (BTF
+//! tracepoints, so tracefs is not needed), reading raw records, polling the ring buffer, and the
+//! monotonic clock.
 #![expect(unsafe_code, reason = "kernel interfaces: poll(2), clock_gettime(2), raw records")]
 
 use std::os::fd::AsRawFd as _;
@@ -7,16 +8,22 @@ use std::path::Path;
 use std::time::Duration;
 
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
-use aya::programs::RawTracePoint;
+use aya::Btf;
+use aya::programs::BtfTracePoint;
 use aya::{Ebpf, EbpfLoader};
 use tracetap_ebpf_common::{COMM_BYTES, EventHeader, LOSS_SLOTS, globals, maps};
 
 use crate::config::{Config, ProbeMode, Targets};
 
-/// The programs of the probe object and the raw tracepoints they attach to.
-const PROGRAMS: [(&str, &str); 2] = [("sys_exit", "sys_exit"), ("sys_enter", "sys_enter")];
-/// Programs that return at once, on the same hooks (`TRACETAP_PROBE_MODE=floor`).
-const FLOOR_PROGRAMS: [(&str, &str); 2] = [("sys_exit_floor", "sys_exit"), ("sys_enter_floor", "sys_enter")];
+/// The programs of the probe object and the BTF tracepoints they attach to.
+const PROGRAMS: &[(&str, &str)] = &[
+    ("sys_exit", "sys_exit"),
+    ("sys_enter", "sys_enter"),
+    ("sched_process_exec", "sched_process_exec"),
+    ("sched_process_exit", "sched_process_exit"),
+];
+/// Programs that return at once, on the syscall hooks (`TRACETAP_PROBE_MODE=floor`).
+const FLOOR_PROGRAMS: &[(&str, &str)] = &[("sys_exit_floor", "sys_exit"), ("sys_enter_floor", "sys_enter")];
 
 /// The probe object, built by `build.rs`.
 static PROBES: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracetap"));
@@ -32,10 +39,12 @@ pub enum LoadError {
         "loading the eBPF probes failed: {0}. tracetap needs root (or CAP_BPF, CAP_PERFMON and CAP_DAC_READ_SEARCH) and Linux 5.8+ with BPF ring buffers"
     )]
     Load(#[source] Box<aya::EbpfError>),
+    #[error("reading the kernel's BTF (/sys/kernel/btf/vmlinux): {0}")]
+    Btf(#[source] Box<aya::BtfError>),
     #[error("the probe object has no program {0}")]
     MissingProgram(String),
     #[error(
-        "loading or attaching the raw tracepoint program {program} failed: {source}; run as root or grant CAP_BPF and CAP_PERFMON"
+        "loading or attaching the BTF tracepoint program {program} failed: {source}; run as root or grant CAP_BPF and CAP_PERFMON"
     )]
     Attach { program: String, source: Box<aya::programs::ProgramError> },
     #[error("the probe object has no map {0}")]
@@ -84,15 +93,20 @@ impl Probes {
             ProbeMode::Capture => PROGRAMS,
             ProbeMode::Floor => FLOOR_PROGRAMS,
         };
-        for (name, tracepoint) in programs {
+        let btf = Btf::from_sys_fs().map_err(|e| LoadError::Btf(Box::new(e)))?;
+        for &(name, tracepoint) in programs {
             let attach_error = |source| LoadError::Attach { program: name.to_owned(), source: Box::new(source) };
-            let program: &mut RawTracePoint = ebpf
+            let program: &mut BtfTracePoint = ebpf
                 .program_mut(name)
                 .ok_or_else(|| LoadError::MissingProgram(name.to_owned()))?
                 .try_into()
                 .map_err(attach_error)?;
-            program.load().map_err(attach_error)?;
-            program.attach(tracepoint).map_err(attach_error)?;
+            program.load(tracepoint, &btf).map_err(attach_error)?;
+            program.attach().map_err(attach_error)?;
+            // How close a program is to the verifier's limit of 1M instructions, for whoever
+            // changes the probes next.
+            let verified = program.info().ok().and_then(|i| i.verified_instruction_count());
+            tracing::debug!(program = name, verified_instructions = ?verified, "probe attached");
         }
         let attached = programs.len();
         let take = |ebpf: &mut Ebpf, name: &'static str| ebpf.take_map(name).ok_or(LoadError::MissingMap(name));

@@ -22,6 +22,8 @@ pub const SOCKADDR_BYTES: usize = 28;
 /// Connections whose records the probes number (`CONNS`); the least recently used are forgotten
 /// beyond this, and their records then carry `seq == 0`.
 pub const MAX_NUMBERED_CONNECTIONS: u32 = 65_536;
+/// Processes whose verdict (traced or not) the probes keep (`TARGET_PIDS`, LRU).
+pub const MAX_PROCESS_VERDICTS: u32 = 16_384;
 /// Bytes copied from the end of a payload that is longer than the capture window.
 pub const TAIL_BYTES: usize = 16;
 /// Smallest capture window a user may configure.

@@ -1,14 +1,14 @@
-//! tracetap's kernel side: a raw tracepoint on `sys_exit` (and one on `sys_enter` for `close`)
-//! that copies what a target process
-//! read from and wrote to its sockets into one BPF ring buffer.
+//! tracetap's kernel side: a BTF tracepoint (`tp_btf`) on `sys_exit` (and one on `sys_enter` for
+//! `close`) that copies what a target process read from and wrote to its sockets into one BPF
+//! ring buffer.
 //!
 //! How a call flows:
 //! - `sys_exit` runs at the exit of every syscall of every process (`sys_enter` only reports
-//!   `close`, see there). It reads the syscall number
-//!   and the first three arguments from the saved user registers (`pt_regs`, which still hold the
-//!   arguments at exit) and stops at once for syscalls it does not follow.
-//! - For the syscalls it follows it asks [`is_target`] (one hash lookup, plus a 16-byte compare of
-//!   the command name when a command filter is set); non-targets stop there.
+//!   `close`, see there). It loads the syscall number from the saved user registers (`pt_regs`,
+//!   which still hold the arguments at exit; a plain load, see [`reg`]) and stops at once for
+//!   syscalls it does not follow.
+//! - For the syscalls it follows it asks [`is_target`] (one hash lookup; a process seen for the
+//!   first time under a command filter has its name compared once); non-targets stop there.
 //! - For a target it emits a record: an `EventHeader` followed by the first `CAPTURE_BYTES` bytes
 //!   the syscall moved (and the last few, when the window cut them).
 //! - Records are staged in a per-CPU buffer and copied into the ring buffer with one
@@ -28,17 +28,19 @@
 #![no_std]
 #![no_main]
 
+use core::ffi::c_void;
+
 use aya_ebpf::{
     helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user,
-        generated::{bpf_probe_read_user as raw_probe_read_user, bpf_ringbuf_output},
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
+        generated::{bpf_loop, bpf_probe_read_user as raw_probe_read_user, bpf_ringbuf_output},
     },
-    macros::{map, raw_tracepoint},
-    maps::{HashMap, LruHashMap, PerCpuArray, RingBuf},
-    programs::RawTracePointContext,
+    macros::{btf_tracepoint, map},
+    maps::{LruHashMap, PerCpuArray, RingBuf},
+    programs::BtfTracePointContext,
 };
 use tracetap_ebpf_common::{
-    COMM_BYTES, EventHeader, EventKind, LOSS_SLOTS, Loss, MAX_NUMBERED_CONNECTIONS, SOCKADDR_BYTES, STAGING_BYTES,
+    COMM_BYTES, EventHeader, EventKind, LOSS_SLOTS, Loss, MAX_NUMBERED_CONNECTIONS, MAX_PROCESS_VERDICTS, SOCKADDR_BYTES, STAGING_BYTES,
     TAIL_BYTES,
 };
 
@@ -63,9 +65,12 @@ static EVENTS: RingBuf = RingBuf::with_byte_size(DEFAULT_RING_BYTES, 0);
 #[map]
 static LOSSES: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOSS_SLOTS, 0);
 
-/// Processes (tgid) to trace, kept current by the agent's discovery loop.
+/// Processes (tgid) and whether to trace them (1) or not (0). The agent's discovery writes 1 for
+/// the processes it selected and removes them when they go; with a command filter the probes add
+/// their own verdicts (see [`is_target`]). LRU, so cached verdicts of short-lived processes never
+/// fill it; the agent's entries are the busiest and stay.
 #[map]
-static TARGET_PIDS: HashMap<u32, u8> = HashMap::with_max_entries(4096, 0);
+static TARGET_PIDS: LruHashMap<u32, u8> = LruHashMap::with_max_entries(MAX_PROCESS_VERDICTS, 0);
 
 /// Per connection (`tgid << 32 | fd`) seen opened by `accept`/`connect`: the sequence number of
 /// its last record. Numbering happens before delivery, so a record the ring had no room for leaves
@@ -119,21 +124,57 @@ fn count_loss(loss: Loss) {
     }
 }
 
+/// Whether the current process is traced: one lookup in `TARGET_PIDS` for every process that
+/// makes a followed call. With a command filter, a process seen for the first time has its name
+/// compared once and the verdict cached (`0`: not traced), so that other processes do not pay a
+/// name read per call. `sched_process_exec` refreshes a cached verdict (a new program, a new
+/// name) and `sched_process_exit` forgets it, so a reused pid starts over.
 #[inline(always)]
 fn is_target(tgid: u32) -> bool {
-    // SAFETY: read-only lookup; the value is not used.
-    if unsafe { TARGET_PIDS.get(&tgid) }.is_some() {
-        return true;
+    // SAFETY: read-only lookup of a plain value.
+    if let Some(verdict) = unsafe { TARGET_PIDS.get(&tgid) } {
+        return *verdict != 0;
     }
+    let Some(verdict) = comm_verdict() else { return false };
+    // NOEXIST: never overwrite what the agent wrote meanwhile.
+    let _ = TARGET_PIDS.insert(&tgid, &u8::from(verdict), BPF_NOEXIST);
+    verdict
+}
+
+/// Whether the current task's command name is the one traced; `None` without a command filter.
+#[inline(always)]
+fn comm_verdict() -> Option<bool> {
     // SAFETY: the agent writes this global before load; it is constant afterwards.
     let want: [u8; COMM_BYTES] = unsafe { core::ptr::read_volatile(&raw const TARGET_COMM) };
     if want[0] == 0 {
-        return false;
+        return None;
     }
-    match bpf_get_current_comm() {
-        Ok(comm) => comm == want,
-        Err(_) => false,
+    Some(bpf_get_current_comm().is_ok_and(|comm| comm == want))
+}
+
+/// `bpf_map_update_elem` flag: only create.
+const BPF_NOEXIST: u64 = 1;
+
+/// A process replaced its program: with a command filter, its cached verdict is redone from the
+/// new name (HAProxy's master re-executes itself on reload, keeping its pid).
+#[btf_tracepoint(function = "sched_process_exec")]
+pub fn sched_process_exec(_ctx: BtfTracePointContext) -> i32 {
+    if let Some(verdict) = comm_verdict() {
+        let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+        let _ = TARGET_PIDS.insert(&tgid, &u8::from(verdict), 0);
     }
+    0
+}
+
+/// A process ended (its main thread exits): with a command filter, its cached verdict goes, so a
+/// later process with the same pid is judged afresh.
+#[btf_tracepoint(function = "sched_process_exit")]
+pub fn sched_process_exit(_ctx: BtfTracePointContext) -> i32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    if (pid_tgid >> 32) as u32 == pid_tgid as u32 && comm_verdict().is_some() {
+        let _ = TARGET_PIDS.remove(&((pid_tgid >> 32) as u32));
+    }
+    0
 }
 
 /// Fills the common header fields in the staging buffer and returns it.
@@ -250,17 +291,6 @@ mod nr {
     pub const ACCEPT4: u64 = 288;
 }
 
-/// `struct pt_regs` (x86_64) from `dx` to `orig_ax`: the first three syscall arguments
-/// (`di`, `si`, `dx`) and the syscall number, in one read.
-#[repr(C)]
-#[derive(Copy, Clone)]
-struct SyscallRegs {
-    dx: u64,
-    si: u64,
-    di: u64,
-    orig_ax: u64,
-}
-
 /// Offset of `dx` in `struct pt_regs` (x86_64).
 const PT_REGS_DX: usize = 96;
 /// Offset of `r10` (the fourth syscall argument) in `struct pt_regs` (x86_64).
@@ -269,10 +299,19 @@ const PT_REGS_R10: usize = 56;
 const MSG_PEEK: u64 = 2;
 const EINPROGRESS: i64 = 115;
 
+/// Offset of `orig_ax` (the syscall number) in `struct pt_regs` (x86_64).
+const PT_REGS_ORIG_AX: usize = 120;
+/// Offsets of `si` and `di` (the second and first syscall arguments) in `struct pt_regs`.
+const PT_REGS_SI: usize = 104;
+const PT_REGS_DI: usize = 112;
+
+/// Reads a saved register. `regs` is the BTF-typed `struct pt_regs *` of a `tp_btf` program, so
+/// this is a plain load the verifier checks against the kernel's BTF (and that faults safely),
+/// not a helper call: the cheapest way to learn the syscall number on every syscall exit.
 #[inline(always)]
-fn syscall_regs(regs: u64) -> Option<SyscallRegs> {
-    // SAFETY: kernel read through the helper, which faults safely.
-    unsafe { bpf_probe_read_kernel((regs as usize + PT_REGS_DX) as *const SyscallRegs) }.ok()
+fn reg(regs: u64, offset: usize) -> u64 {
+    // SAFETY: see above; the offsets are those of x86_64's `struct pt_regs`.
+    unsafe { core::ptr::read_volatile((regs as usize + offset) as *const u64) }
 }
 
 /// How the user buffer of a data syscall is described.
@@ -309,13 +348,13 @@ fn iovecs(shape: BufShape, buf: u64, count: u64) -> Option<(u64, u64)> {
     }
 }
 
-#[raw_tracepoint(tracepoint = "sys_exit")]
-pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
+#[btf_tracepoint(function = "sys_exit")]
+pub fn sys_exit(ctx: BtfTracePointContext) -> i32 {
     // TP_PROTO(struct pt_regs *regs, long ret)
     let regs: u64 = ctx.arg(0);
     let ret: i64 = ctx.arg(1);
-    let Some(r) = syscall_regs(regs) else { return 0 };
-    let (kind, shape) = match r.orig_ax {
+    let nr = reg(regs, PT_REGS_ORIG_AX);
+    let (kind, shape) = match nr {
         nr::READ | nr::RECVFROM => (EventKind::Read, BufShape::Plain),
         nr::READV => (EventKind::Read, BufShape::Iovec),
         nr::RECVMSG => (EventKind::Read, BufShape::Msghdr),
@@ -337,37 +376,37 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
         return 0;
     }
     // A peek leaves the bytes in the socket: the real read that follows reports them.
-    let recv_flags = match r.orig_ax {
-        nr::RECVMSG => r.dx,
-        // SAFETY: kernel read through the helper, which faults safely.
-        nr::RECVFROM => unsafe { bpf_probe_read_kernel((regs as usize + PT_REGS_R10) as *const u64) }.unwrap_or(0),
+    let recv_flags = match nr {
+        nr::RECVMSG => reg(regs, PT_REGS_DX),
+        nr::RECVFROM => reg(regs, PT_REGS_R10),
         _ => 0,
     };
     if recv_flags & MSG_PEEK != 0 {
         return 0;
     }
-    let fd = r.di as i32;
+    let fd = reg(regs, PT_REGS_DI) as i32;
+    let (si, dx) = (reg(regs, PT_REGS_SI), reg(regs, PT_REGS_DX));
     match kind {
         EventKind::Accept => {
             // `fd` is the new connection; `ret` carries the listening fd for the bind address.
             let Some(staging) = stage(EventKind::Accept, ret as i32, i64::from(fd)) else { return 0 };
             staging.header.seq = open_conn(tgid, ret as i32);
-            read_addr(staging, r.si);
+            read_addr(staging, si);
             emit(staging, 0);
         }
         EventKind::Connect => {
             let Some(staging) = stage(EventKind::Connect, fd, 0) else { return 0 };
             staging.header.seq = open_conn(tgid, fd);
-            read_addr(staging, r.si);
+            read_addr(staging, si);
             emit(staging, 0);
         }
         EventKind::Close => {}
-        EventKind::Read | EventKind::Write if r.orig_ax == nr::SPLICE => {
+        EventKind::Read | EventKind::Write if nr == nr::SPLICE => {
             // splice(fd_in, off_in, fd_out, ...): bytes moved in the kernel (HAProxy's
             // `option splice-*`); the process read them from one fd and wrote them to the other
             // without seeing them.
             if ret > 0 {
-                for (kind, fd) in [(EventKind::Read, fd), (EventKind::Write, r.dx as i32)] {
+                for (kind, fd) in [(EventKind::Read, fd), (EventKind::Write, dx as i32)] {
                     if let Some(staging) = stage(kind, fd, ret) {
                         staging.header.seq = next_seq(tgid, fd);
                         emit(staging, 0);
@@ -381,7 +420,7 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
             }
             let Some(staging) = stage(kind, fd, ret) else { return 0 };
             staging.header.seq = next_seq(tgid, fd);
-            let copied = if ret > 0 { copy_payload(staging, shape, r.si, r.dx, ret as u64) } else { 0 };
+            let copied = if ret > 0 { copy_payload(staging, shape, si, dx, ret as u64) } else { 0 };
             staging.header.captured = copied as u32;
             emit(staging, copied);
         }
@@ -392,8 +431,8 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
 /// `close` is reported at entry, while the fd still belongs to the connection: at exit another
 /// thread may already have been handed the same fd number by `accept`, and its record could reach
 /// the ring buffer first.
-#[raw_tracepoint(tracepoint = "sys_enter")]
-pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
+#[btf_tracepoint(function = "sys_enter")]
+pub fn sys_enter(ctx: BtfTracePointContext) -> i32 {
     // TP_PROTO(struct pt_regs *regs, long id)
     let id: u64 = ctx.arg(1);
     if id != nr::CLOSE {
@@ -403,9 +442,7 @@ pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
     if !is_target(tgid) {
         return 0;
     }
-    let regs: u64 = ctx.arg(0);
-    let Some(r) = syscall_regs(regs) else { return 0 };
-    let fd = r.di as i32;
+    let fd = reg(ctx.arg(0), PT_REGS_DI) as i32;
     if let Some(staging) = stage(EventKind::Close, fd, 0) {
         staging.header.seq = next_seq(tgid, fd);
         let _ = CONNS.remove(&conn_key(tgid, fd));
@@ -428,26 +465,53 @@ fn copy_payload(staging: &mut Staging, shape: BufShape, buf: u64, count: u64, re
         }
         return copied;
     };
-    let mut copied = 0u64;
-    let mut seen = 0u64;
-    for i in 0..MAX_IOVECS {
-        if i >= count || seen >= ret {
-            break;
-        }
-        let Some((base, len)) = iovec_at(iov + i * 16, ret - seen) else { break };
-        if i == 0 {
-            copied = copy_segment(staging, 0, base, if len < window { len } else { window });
-        } else if copied < SEGMENT_BYTES && copied < window && copied == seen {
-            let room = window - copied;
-            let want = if len < room { len } else { room };
-            copied += copy_segment(staging, copied, base, if want < SEGMENT_BYTES { want } else { SEGMENT_BYTES });
-        }
-        seen += len;
-        if seen >= ret && ret > copied && len >= TAIL_BYTES as u64 {
-            copy_tail(staging, base + len - TAIL_BYTES as u64);
-        }
+    let mut walk = IovecWalk { iov, count, ret, window, copied: 0, seen: 0 };
+    // A loop helper rather than an unrolled loop: the verifier checks the body once instead of
+    // once per iteration and per path into it, which keeps the program far below its limit.
+    // SAFETY: the callback only touches `walk` through the pointer given here.
+    unsafe {
+        bpf_loop(MAX_IOVECS as u32, walk_iovec as *mut c_void, (&raw mut walk).cast(), 0);
     }
-    copied
+    walk.copied
+}
+
+/// The state of a walk over the `iovec`s of one vectored call (see [`walk_iovec`]).
+#[repr(C)]
+struct IovecWalk {
+    iov: u64,
+    count: u64,
+    ret: u64,
+    window: u64,
+    copied: u64,
+    seen: u64,
+}
+
+/// One `iovec` of a vectored call: the first is copied up to the window; later ones while the
+/// copy is contiguous (see [`SEGMENT_BYTES`]); the call's last bytes go to the tail when the
+/// window cut them. Returns 1 to stop the loop.
+extern "C" fn walk_iovec(i: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: `ctx` is the `IovecWalk` on the caller's stack, alive for the whole loop.
+    let walk = unsafe { &mut *ctx.cast::<IovecWalk>() };
+    if i >= walk.count || walk.seen >= walk.ret {
+        return 1;
+    }
+    let Some(staging) = STAGING.get_ptr_mut(0) else { return 1 };
+    // SAFETY: per-CPU buffer, exclusively ours for the duration of this program run.
+    let staging = unsafe { &mut *staging };
+    let Some((base, len)) = iovec_at(walk.iov + i * 16, walk.ret - walk.seen) else { return 1 };
+    if i == 0 {
+        walk.copied = copy_segment(staging, 0, base, if len < walk.window { len } else { walk.window });
+    } else if walk.copied < SEGMENT_BYTES && walk.copied < walk.window && walk.copied == walk.seen {
+        let room = walk.window - walk.copied;
+        let want = if len < room { len } else { room };
+        walk.copied +=
+            copy_segment(staging, walk.copied, base, if want < SEGMENT_BYTES { want } else { SEGMENT_BYTES });
+    }
+    walk.seen += len;
+    if walk.seen >= walk.ret && walk.ret > walk.copied && len >= TAIL_BYTES as u64 {
+        copy_tail(staging, base + len - TAIL_BYTES as u64);
+    }
+    0
 }
 
 /// Copies `len` user bytes from `from` to the payload at `offset`; returns the bytes copied.
@@ -491,14 +555,14 @@ fn copy_tail(staging: &mut Staging, from: u64) {
 
 /// The floor of `make bench`: the same hooks with nothing done, so that a measurement can tell
 /// what the hooks cost from what the work in them costs (`TRACETAP_PROBE_MODE=floor`).
-#[raw_tracepoint(tracepoint = "sys_exit")]
-pub fn sys_exit_floor(_ctx: RawTracePointContext) -> i32 {
+#[btf_tracepoint(function = "sys_exit")]
+pub fn sys_exit_floor(_ctx: BtfTracePointContext) -> i32 {
     0
 }
 
 /// See [`sys_exit_floor`].
-#[raw_tracepoint(tracepoint = "sys_enter")]
-pub fn sys_enter_floor(_ctx: RawTracePointContext) -> i32 {
+#[btf_tracepoint(function = "sys_enter")]
+pub fn sys_enter_floor(_ctx: BtfTracePointContext) -> i32 {
     0
 }
 
