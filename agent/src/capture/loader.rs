@@ -7,11 +7,11 @@ use std::os::fd::AsRawFd as _;
 use std::path::Path;
 use std::time::Duration;
 
-use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
+use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::Btf;
 use aya::programs::BtfTracePoint;
 use aya::{Ebpf, EbpfLoader};
-use tracetap_ebpf_common::{COMM_BYTES, EventHeader, LOSS_SLOTS, globals, maps};
+use tracetap_ebpf_common::{COMM_BYTES, EventHeader, LOSS_SLOTS, TARGET_SLOTS, TargetSet, globals, maps};
 
 use crate::config::{Config, ProbeMode, Targets};
 
@@ -59,7 +59,12 @@ pub struct Probes {
     ebpf: Ebpf,
     pub ring: RingBuf<MapData>,
     pub losses: PerCpuArray<MapData, u64>,
-    pub target_pids: BpfHashMap<MapData, u32, u8>,
+    target_pids: BpfHashMap<MapData, u32, u8>,
+    target_set: Array<MapData, TargetSet>,
+    /// Whether the probes judge processes by command name (then `TARGET_SET` is never complete).
+    comm_filter: bool,
+    /// What `TARGET_SET` holds, so that an unchanged set costs no syscall.
+    target_set_written: Option<TargetSet>,
     pub attached: usize,
     /// Keeps the kernel's BPF run-time statistics on while held (`TRACETAP_PROBE_STATS`).
     _stats: Option<std::os::fd::OwnedFd>,
@@ -116,6 +121,8 @@ impl Probes {
             .map_err(|source| LoadError::Map { name: maps::LOSSES, source: Box::new(source) })?;
         let target_pids = BpfHashMap::try_from(take(&mut ebpf, maps::TARGET_PIDS)?)
             .map_err(|source| LoadError::Map { name: maps::TARGET_PIDS, source: Box::new(source) })?;
+        let target_set = Array::try_from(take(&mut ebpf, maps::TARGET_SET)?)
+            .map_err(|source| LoadError::Map { name: maps::TARGET_SET, source: Box::new(source) })?;
         let stats = if config.probe_stats {
             match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
                 Ok(fd) => Some(fd),
@@ -127,7 +134,39 @@ impl Probes {
         } else {
             None
         };
-        Ok(Self { ebpf, ring, losses, target_pids, attached, _stats: stats })
+        let comm_filter = comm[0] != 0;
+        let mut probes = Self { ebpf, ring, losses, target_pids, target_set, comm_filter, target_set_written: None, attached, _stats: stats };
+        // Nothing is traced yet; with no command filter, every process can be ruled out at once.
+        probes.write_target_set(&[]);
+        Ok(probes)
+    }
+
+    /// Starts tracing a process (it stays traced until [`Probes::untrace`]).
+    pub fn trace(&mut self, pid: u32) -> Result<(), aya::maps::MapError> {
+        self.target_pids.insert(pid, 1, 0)
+    }
+
+    /// Stops tracing a process.
+    pub fn untrace(&mut self, pid: u32) {
+        let _ = self.target_pids.remove(&pid);
+    }
+
+    /// Publishes the whole traced set to the probes' fast path, after [`Probes::trace`] and
+    /// [`Probes::untrace`] updated `TARGET_PIDS` (so that a process falls back to the map, never
+    /// out of both). Up to [`TARGET_SLOTS`] processes fit; more leave the set incomplete.
+    pub fn write_target_set(&mut self, traced: &[u32]) {
+        let mut set = TargetSet::default();
+        for (slot, pid) in set.tgids.iter_mut().zip(traced) {
+            *slot = *pid;
+        }
+        set.complete = u32::from(traced.len() <= TARGET_SLOTS && !self.comm_filter);
+        if self.target_set_written == Some(set) {
+            return;
+        }
+        self.target_set_written = Some(set);
+        if let Err(e) = self.target_set.set(0, set, 0) {
+            tracing::warn!(error = %e, "cannot update the probes' target set; they fall back to the pid map");
+        }
     }
 
     /// Sums the per-CPU loss counters, by [`tracetap_ebpf_common::Loss`] slot.

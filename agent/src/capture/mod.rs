@@ -224,7 +224,7 @@ fn refresh_targets(
     metrics: &Metrics,
 ) -> Vec<u32> {
     for pid in now.difference(targets) {
-        if let Err(e) = probes.target_pids.insert(pid, 1, 0) {
+        if let Err(e) = probes.trace(*pid) {
             tracing::warn!(pid, error = %e, "cannot add target process to the probe filter");
         } else {
             tracing::info!(pid, "tracing process");
@@ -232,11 +232,12 @@ fn refresh_targets(
     }
     let gone: Vec<u32> = targets.difference(&now).copied().collect();
     for pid in &gone {
-        let _ = probes.target_pids.remove(pid);
+        probes.untrace(*pid);
         tracker.forget_process(*pid, loader::monotonic_ns());
         tracing::info!(pid, "process gone");
     }
     *targets = now;
+    probes.write_target_set(&targets.iter().copied().collect::<Vec<_>>());
     metrics::set(&metrics.targets, targets.len() as u64);
     gone
 }

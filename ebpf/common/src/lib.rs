@@ -99,6 +99,24 @@ impl EventHeader {
     pub const SIZE: usize = size_of::<Self>();
 }
 
+/// How many traced processes [`TargetSet`] holds.
+pub const TARGET_SLOTS: usize = 8;
+
+/// The traced processes, when there are few (the usual case: an `HAProxy` master and its
+/// worker), as the single value of the `TARGET_SET` array. The probes compare the current tgid
+/// with each slot, which is cheaper than a hash lookup on every followed syscall. The agent
+/// writes it after `TARGET_PIDS`, and it is its only writer.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct TargetSet {
+    /// Traced tgids; 0 marks an unused slot (no process has tgid 0).
+    pub tgids: [u32; TARGET_SLOTS],
+    /// 1 when `tgids` holds every traced process and the probes judge no process by its name:
+    /// a tgid not in the slots is then not traced, without a lookup in `TARGET_PIDS`.
+    pub complete: u32,
+    pub _pad: u32,
+}
+
 /// Indexes into the per-CPU `LOSSES` array: why an event never reached the ring buffer.
 #[repr(u32)]
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -127,6 +145,7 @@ pub mod maps {
     pub const EVENTS: &str = "EVENTS";
     pub const LOSSES: &str = "LOSSES";
     pub const TARGET_PIDS: &str = "TARGET_PIDS";
+    pub const TARGET_SET: &str = "TARGET_SET";
     pub const CONNS: &str = "CONNS";
 }
 
@@ -134,6 +153,8 @@ pub mod maps {
 mod pod {
     // SAFETY: plain-old-data, repr(C), every bit pattern is a valid value.
     unsafe impl aya::Pod for super::EventHeader {}
+    // SAFETY: plain-old-data, repr(C), every bit pattern is a valid value.
+    unsafe impl aya::Pod for super::TargetSet {}
 }
 
 #[cfg(test)]

@@ -36,11 +36,11 @@ use aya_ebpf::{
         generated::{bpf_loop, bpf_probe_read_user as raw_probe_read_user, bpf_ringbuf_output},
     },
     macros::{btf_tracepoint, map},
-    maps::{LruHashMap, PerCpuArray, RingBuf},
+    maps::{Array, LruHashMap, PerCpuArray, RingBuf},
     programs::BtfTracePointContext,
 };
 use tracetap_ebpf_common::{
-    COMM_BYTES, EventHeader, EventKind, LOSS_SLOTS, Loss, MAX_NUMBERED_CONNECTIONS, MAX_PROCESS_VERDICTS, SOCKADDR_BYTES, STAGING_BYTES,
+    COMM_BYTES, EventHeader, EventKind, LOSS_SLOTS, Loss, MAX_NUMBERED_CONNECTIONS, MAX_PROCESS_VERDICTS, SOCKADDR_BYTES, STAGING_BYTES, TargetSet,
     TAIL_BYTES,
 };
 
@@ -71,6 +71,10 @@ static LOSSES: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOSS_SLOTS, 0);
 /// fill it; the agent's entries are the busiest and stay.
 #[map]
 static TARGET_PIDS: LruHashMap<u32, u8> = LruHashMap::with_max_entries(MAX_PROCESS_VERDICTS, 0);
+
+/// The traced processes when they are few (see [`TargetSet`]): the fast path of [`is_target`].
+#[map]
+static TARGET_SET: Array<TargetSet> = Array::with_max_entries(1, 0);
 
 /// Per connection (`tgid << 32 | fd`) seen opened by `accept`/`connect`: the sequence number of
 /// its last record. Numbering happens before delivery, so a record the ring had no room for leaves
@@ -124,13 +128,24 @@ fn count_loss(loss: Loss) {
     }
 }
 
-/// Whether the current process is traced: one lookup in `TARGET_PIDS` for every process that
-/// makes a followed call. With a command filter, a process seen for the first time has its name
+/// Whether the current process is traced: the few traced processes are found in `TARGET_SET`;
+/// otherwise one lookup in `TARGET_PIDS`. With a command filter, a process seen for the first time has its name
 /// compared once and the verdict cached (`0`: not traced), so that other processes do not pay a
 /// name read per call. `sched_process_exec` refreshes a cached verdict (a new program, a new
 /// name) and `sched_process_exit` forgets it, so a reused pid starts over.
 #[inline(always)]
 fn is_target(tgid: u32) -> bool {
+    // An array lookup the JIT inlines, then at most eight compares.
+    if let Some(set) = TARGET_SET.get(0) {
+        for slot in set.tgids {
+            if slot == tgid {
+                return true;
+            }
+        }
+        if set.complete != 0 {
+            return false;
+        }
+    }
     // SAFETY: read-only lookup of a plain value.
     if let Some(verdict) = unsafe { TARGET_PIDS.get(&tgid) } {
         return *verdict != 0;
