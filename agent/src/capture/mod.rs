@@ -3,8 +3,9 @@
 //!
 //! One thread owns the tracker, so the per-event path takes no lock. The probes do not wake it per
 //! record (that would cost the traced thread an interrupt per syscall): it drains the ring every
-//! [`POLL`], or earlier when the probes force a wake-up because the ring is filling, and does its
-//! housekeeping (discovery, expiry, loss counters) at most every 250 ms.
+//! [`POLL`] while records arrive, backing off to [`IDLE_POLL`] while none do, or earlier when the
+//! probes force a wake-up because the ring is filling, and does its housekeeping (discovery,
+//! expiry, loss counters) every 250 ms.
 
 pub mod decode;
 pub mod discovery;
@@ -35,7 +36,11 @@ use sockets::ListenAddrs;
 use tracetap_proxy::Op;
 
 const HOUSEKEEPING: Duration = Duration::from_millis(250);
+/// The ring is drained this often while records arrive...
 const POLL: Duration = Duration::from_millis(5);
+/// ...and, while none do, at intervals that double up to this (an idle agent wakes a few times a
+/// second, not 200). The probes still wake the agent when the ring is an eighth full.
+const IDLE_POLL: Duration = Duration::from_millis(200);
 
 /// Where encoded batches go: straight to the exporter, or to the tail thread.
 #[derive(Debug)]
@@ -90,7 +95,14 @@ pub fn run(
     let mut names = Names::new(Path::new("/proc"));
     let mut last_housekeeping: Option<Instant> = None;
     // Walking /proc happens on the discovery thread; until its first result, nothing is selected.
-    let discovery = match discovery::Discovery::start("/proc".into(), config.targets.clone(), HOUSEKEEPING) {
+    // A command filter also acts in the kernel, which traces a new HAProxy from its first
+    // syscall: discovery then only has to learn of it for names and metrics, and walks half as
+    // often. Traced pids have children only discovery can find (forked workers).
+    let walk_period = match config.targets {
+        crate::config::Targets::Comm(_) => 2 * HOUSEKEEPING,
+        crate::config::Targets::Pids(_) => HOUSEKEEPING,
+    };
+    let discovery = match discovery::Discovery::start("/proc".into(), config.targets.clone(), walk_period) {
         Ok(d) => d,
         Err(e) => {
             tracing::error!(error = %e, "cannot start the discovery thread; no process will be traced");
@@ -100,6 +112,7 @@ pub fn run(
     let mut candidates: BTreeSet<u32> = BTreeSet::new();
     // The probes' count of records the ring had no room for, as the last record carried it.
     let mut loss_epoch: Option<u32> = None;
+    let mut poll = POLL;
     while !stop.load(Relaxed) {
         if last_housekeeping.is_none_or(|t| t.elapsed() >= HOUSEKEEPING) {
             if let Some(latest) = discovery.latest() {
@@ -123,7 +136,7 @@ pub fn run(
             publish(&probes, &tracker, metrics);
             last_housekeeping = Some(Instant::now());
         }
-        probes.wait(POLL);
+        probes.wait(poll.min(HOUSEKEEPING.saturating_sub(last_housekeeping.map_or(Duration::ZERO, |t| t.elapsed()))));
         let mut events = 0u64;
         while let Some(record) = probes.ring.next() {
             events += 1;
@@ -151,6 +164,7 @@ pub fn run(
                 hand_out(&mut tracker, &mut scratch, &mut builder, &mut names, &mut batcher, &queue, metrics);
             }
         }
+        poll = if events == 0 { (poll * 2).min(IDLE_POLL) } else { POLL };
         metrics::add(&metrics.events_captured, events);
         hand_out(&mut tracker, &mut scratch, &mut builder, &mut names, &mut batcher, &queue, metrics);
         publish_tracker(&tracker, metrics);
