@@ -198,8 +198,14 @@ fn stage(kind: EventKind, fd: i32, ret: i64) -> Option<&'static mut Staging> {
     let staging = STAGING.get_ptr_mut(0)?;
     // SAFETY: per-CPU buffer, exclusively ours for the duration of this program run.
     let staging = unsafe { &mut *staging };
+    fill_header(&mut staging.header, kind, fd, ret);
+    Some(staging)
+}
+
+/// Sets every header field: the common ones from the call, the rest to "none".
+#[inline(always)]
+fn fill_header(header: &mut EventHeader, kind: EventKind, fd: i32, ret: i64) {
     let pid_tgid = bpf_get_current_pid_tgid();
-    let header = &mut staging.header;
     // SAFETY: bpf_ktime_get_ns has no preconditions.
     header.ts_ns = unsafe { bpf_ktime_get_ns() };
     header.ret = ret;
@@ -212,7 +218,6 @@ fn stage(kind: EventKind, fd: i32, ret: i64) -> Option<&'static mut Staging> {
     header.tail_len = 0;
     header.seq = 0;
     header.loss_epoch = 0;
-    Some(staging)
 }
 
 /// Clamps a length to the staging buffer in a way the verifier sees: the comparison with a
@@ -243,9 +248,7 @@ fn emit(staging: &mut Staging, payload: u64) {
     // SAFETY: a plain load of a global; a racing update only delays when the agent notices.
     staging.header.loss_epoch = unsafe { core::ptr::read_volatile(&raw const LOSS_EPOCH) };
     let size = (EventHeader::SIZE as u64) + bounded(payload);
-    // SAFETY: the agent writes this global before load.
-    let threshold = u64::from(unsafe { core::ptr::read_volatile(&raw const WAKEUP_BYTES) });
-    let flags = if EVENTS.query(BPF_RB_AVAIL_DATA) >= threshold { BPF_RB_FORCE_WAKEUP } else { BPF_RB_NO_WAKEUP };
+    let flags = wakeup_flags();
     // SAFETY: `size` is at most the size of `Staging`, which `staging` points to.
     let ret = unsafe {
         bpf_ringbuf_output(
@@ -256,13 +259,68 @@ fn emit(staging: &mut Staging, payload: u64) {
         )
     };
     if ret < 0 {
-        count_loss(Loss::RingFull);
-        // SAFETY: a plain store to a global; see LOSS_EPOCH for why a lost update does not matter.
-        unsafe {
-            let epoch = core::ptr::read_volatile(&raw const LOSS_EPOCH);
-            core::ptr::write_volatile(&raw mut LOSS_EPOCH, epoch.wrapping_add(1));
-        }
+        ring_full();
     }
+}
+
+/// Wake the agent only when `WAKEUP_BYTES` are waiting (see [`emit`]).
+#[inline(always)]
+fn wakeup_flags() -> u64 {
+    // SAFETY: the agent writes this global before load.
+    let threshold = u64::from(unsafe { core::ptr::read_volatile(&raw const WAKEUP_BYTES) });
+    if EVENTS.query(BPF_RB_AVAIL_DATA) >= threshold { BPF_RB_FORCE_WAKEUP } else { BPF_RB_NO_WAKEUP }
+}
+
+/// Counts a record the ring had no room for, and moves the loss epoch on.
+#[inline(always)]
+fn ring_full() {
+    count_loss(Loss::RingFull);
+    // SAFETY: a plain store to a global; see LOSS_EPOCH for why a lost update does not matter.
+    unsafe {
+        let epoch = core::ptr::read_volatile(&raw const LOSS_EPOCH);
+        core::ptr::write_volatile(&raw mut LOSS_EPOCH, epoch.wrapping_add(1));
+    }
+}
+
+/// Payloads up to this many bytes (most HTTP heads and small bodies) are copied straight into a
+/// ring record reserved at the fixed size of a [`SmallRecord`]: no staging, no second copy. A
+/// record then takes this much ring space whatever it holds, so larger payloads keep the
+/// staging path, where a record is sized to its payload.
+const SMALL_PAYLOAD: usize = 512;
+
+/// A ring record reserved in place (see [`SMALL_PAYLOAD`]); the agent reads `captured` bytes.
+#[repr(C)]
+struct SmallRecord {
+    header: EventHeader,
+    data: [u8; SMALL_PAYLOAD],
+}
+
+/// Emits a plain read or write of `len` bytes (`0 < len <= SMALL_PAYLOAD`, and within the
+/// capture window) at `buf`, copied straight into the ring.
+#[inline(always)]
+fn emit_small(kind: EventKind, fd: i32, ret: i64, seq: u32, buf: u64, len: u64) {
+    let Some(mut entry) = EVENTS.reserve::<SmallRecord>(0) else {
+        ring_full();
+        return;
+    };
+    // SAFETY: the reservation is ours until submitted; every header field is written below.
+    let record = unsafe { &mut *entry.as_mut_ptr() };
+    fill_header(&mut record.header, kind, fd, ret);
+    record.header.seq = seq;
+    // SAFETY: a plain load of a global; a racing update only delays when the agent notices.
+    record.header.loss_epoch = unsafe { core::ptr::read_volatile(&raw const LOSS_EPOCH) };
+    let len = core::hint::black_box(len);
+    let len = if len > SMALL_PAYLOAD as u64 { SMALL_PAYLOAD as u64 } else { len };
+    // SAFETY: `len` is at most the size of `data`; the helper faults safely on bad user addresses.
+    let rc = unsafe {
+        raw_probe_read_user(record.data.as_mut_ptr().cast(), len as u32, buf as *const core::ffi::c_void)
+    };
+    if rc == 0 {
+        record.header.captured = len as u32;
+    } else {
+        count_loss(Loss::ReadFailed);
+    }
+    entry.submit(wakeup_flags());
 }
 
 #[inline(always)]
@@ -433,8 +491,15 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> i32 {
             if ret == 0 && kind == EventKind::Write {
                 return 0;
             }
+            let seq = next_seq(tgid, fd);
+            // SAFETY: the agent writes this global before load.
+            let window = u64::from(unsafe { core::ptr::read_volatile(&raw const CAPTURE_BYTES) });
+            if shape == BufShape::Plain && ret > 0 && ret as u64 <= SMALL_PAYLOAD as u64 && ret as u64 <= window {
+                emit_small(kind, fd, ret, seq, si, ret as u64);
+                return 0;
+            }
             let Some(staging) = stage(kind, fd, ret) else { return 0 };
-            staging.header.seq = next_seq(tgid, fd);
+            staging.header.seq = seq;
             let copied = if ret > 0 { copy_payload(staging, shape, si, dx, ret as u64) } else { 0 };
             staging.header.captured = copied as u32;
             emit(staging, copied);
