@@ -37,7 +37,7 @@ use tracetap_proxy::Op;
 
 const HOUSEKEEPING: Duration = Duration::from_millis(250);
 /// The ring is drained this often while records arrive...
-const POLL: Duration = Duration::from_millis(5);
+const POLL: Duration = Duration::from_millis(10);
 /// ...and, while none do, at intervals that double up to this (an idle agent wakes 50 times a
 /// second, not 200). Not longer: what arrives in one interval is handed out at once, and at
 /// 20 000 req/s 20 ms of spans (800) must fit the export queue (2048 by default), or a burst
