@@ -450,26 +450,11 @@ impl Config {
             SocketAddr::from(([127, 0, 0, 1], 9464)),
             "an address like 127.0.0.1:9464",
         )?;
-        let capture_bytes: u32 = src.parse("TRACETAP_CAPTURE_BYTES", 4096, "a whole number of bytes")?;
-        if !(MIN_CAPTURE_BYTES..=MAX_CAPTURE_BYTES).contains(&capture_bytes) {
-            return Err(err(
-                "TRACETAP_CAPTURE_BYTES",
-                &capture_bytes.to_string(),
-                format!("a whole number of bytes from {MIN_CAPTURE_BYTES} to {MAX_CAPTURE_BYTES}"),
-            ));
-        }
+        let capture_bytes = parse_capture_bytes(&src)?;
         let targets = parse_targets(&src)?;
-        let ring_bytes: u32 =
-            src.parse("TRACETAP_RING_BYTES", 8 * 1024 * 1024, "a power of two of at least 65536 bytes")?;
-        if !ring_bytes.is_power_of_two() || ring_bytes < 65536 {
-            return Err(err("TRACETAP_RING_BYTES", &ring_bytes.to_string(), "a power of two of at least 65536 bytes"));
-        }
+        let ring_bytes = parse_ring_bytes(&src)?;
         let probe_stats = src.flag("TRACETAP_PROBE_STATS", false)?;
-        let probe_mode = match src.get("TRACETAP_PROBE_MODE").as_deref().map(str::trim) {
-            None | Some("capture") => ProbeMode::Capture,
-            Some("floor") => ProbeMode::Floor,
-            Some(v) => return Err(err("TRACETAP_PROBE_MODE", v, "capture or floor")),
-        };
+        let probe_mode = parse_probe_mode(&src)?;
         let log_filter = src.get("TRACETAP_LOG").unwrap_or_else(|| "info".to_owned());
         let tail = if src.flag("TRACETAP_TAIL_ENABLED", false)? { Some(parse_tail(&src)?) } else { None };
 
@@ -497,6 +482,35 @@ impl Config {
             attribute_value_length_limit: parse_value_length_limit(&src)?,
             exchange_idle_timeout: parse_exchange_idle_timeout(&src)?,
         })
+    }
+}
+
+fn parse_capture_bytes(src: &Source<impl Fn(&str) -> Option<String>>) -> Result<u32, ConfigError> {
+    let capture_bytes: u32 = src.parse("TRACETAP_CAPTURE_BYTES", 4096, "a whole number of bytes")?;
+    if !(MIN_CAPTURE_BYTES..=MAX_CAPTURE_BYTES).contains(&capture_bytes) {
+        return Err(err(
+            "TRACETAP_CAPTURE_BYTES",
+            &capture_bytes.to_string(),
+            format!("a whole number of bytes from {MIN_CAPTURE_BYTES} to {MAX_CAPTURE_BYTES}"),
+        ));
+    }
+    Ok(capture_bytes)
+}
+
+fn parse_ring_bytes(src: &Source<impl Fn(&str) -> Option<String>>) -> Result<u32, ConfigError> {
+    let expected = "a power of two of at least 65536 bytes";
+    let ring_bytes: u32 = src.parse("TRACETAP_RING_BYTES", 8 * 1024 * 1024, expected)?;
+    if !ring_bytes.is_power_of_two() || ring_bytes < 65536 {
+        return Err(err("TRACETAP_RING_BYTES", &ring_bytes.to_string(), expected));
+    }
+    Ok(ring_bytes)
+}
+
+fn parse_probe_mode(src: &Source<impl Fn(&str) -> Option<String>>) -> Result<ProbeMode, ConfigError> {
+    match src.get("TRACETAP_PROBE_MODE").as_deref().map(str::trim) {
+        None | Some("capture") => Ok(ProbeMode::Capture),
+        Some("floor") => Ok(ProbeMode::Floor),
+        Some(v) => Err(err("TRACETAP_PROBE_MODE", v, "capture or floor")),
     }
 }
 

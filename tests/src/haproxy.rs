@@ -129,7 +129,9 @@ struct Chroot {
     init: Option<u32>,
 }
 
-fn haproxy_binary() -> PathBuf {
+/// The Debian 12 `haproxy` binary of this host.
+#[must_use]
+pub fn haproxy_binary() -> PathBuf {
     for p in ["/usr/sbin/haproxy", "/usr/local/sbin/haproxy", "/usr/bin/haproxy"] {
         if std::path::Path::new(p).exists() {
             return p.into();

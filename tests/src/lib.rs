@@ -62,6 +62,18 @@ pub fn wait_for<T>(timeout: Duration, mut check: impl FnMut() -> Option<T>) -> O
     }
 }
 
+/// A child process killed and reaped when the guard drops, so that a failed assertion does not
+/// leave it running (holding the test's output pipes open, and its port).
+#[derive(Debug)]
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A runtime shared by the servers of one test.
 #[must_use]
 pub fn runtime() -> tokio::runtime::Runtime {

@@ -370,3 +370,33 @@ fn send_proxy_headers_to_servers_are_not_requests_on_every_version() {
         drop(inner);
     }
 }
+
+/// Reads and writes of up to 512 bytes go into ring records reserved in place, larger ones
+/// through the staging buffer (ebpf/probes, `SMALL_PAYLOAD`): heads of every size around that
+/// bound, each read by HAProxy in one call, come out whole on both sides.
+#[test]
+fn heads_on_both_sides_of_the_in_place_record_size_are_captured_whole() {
+    if !require_root() {
+        return;
+    }
+    let s = Stack::start("", &[]);
+    let sizes = 505..=520usize;
+    let paths: Vec<String> = sizes.clone().map(|n| format!("/size/{n}")).collect();
+    for (n, path) in sizes.zip(&paths) {
+        let start = format!("GET {path} HTTP/1.1\r\nHost: t\r\nX-Pad: ");
+        let pad = n - start.len() - "\r\n\r\n".len();
+        let head = format!("{start}{}\r\n\r\n", "p".repeat(pad));
+        assert_eq!(head.len(), n);
+        let mut conn = Conn::connect(s.front).unwrap();
+        conn.send_raw(head.as_bytes()).unwrap();
+        assert_eq!(conn.read_response().unwrap().status, 200, "{path}");
+    }
+    let wanted: Vec<&str> = paths.iter().map(String::as_str).collect();
+    let spans = s.spans_for(&wanted);
+    for path in &wanted {
+        let (server, clients) = Stack::trace_of(&spans, path);
+        assert_eq!(status(server), Some(200), "{path}");
+        assert_eq!(clients.len(), 1, "{path}: one CLIENT span");
+        assert_eq!(clients[0].str_attr("url.path"), Some(*path));
+    }
+}

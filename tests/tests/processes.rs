@@ -10,7 +10,7 @@ use std::time::Duration;
 use tracetap_tests::agent::Agent;
 use tracetap_tests::client::Conn;
 use tracetap_tests::haproxy::{self, Haproxy};
-use tracetap_tests::{Rig, free_port, require_root, wait_for};
+use tracetap_tests::{KillOnDrop, Rig, free_port, require_root, wait_for};
 
 #[test]
 fn several_instances_are_traced_as_separate_processes() {
@@ -36,6 +36,71 @@ fn several_instances_are_traced_as_separate_processes() {
     assert_eq!(pid_of("/one"), Some(i64::from(h1.pid())));
     assert_eq!(pid_of("/two"), Some(i64::from(h2.pid())));
     assert_eq!(agent.metric("tracetap_targets"), 2);
+}
+
+/// The probes keep up to 8 traced processes in a fast-path array (`TARGET_SET`); past that they
+/// fall back to the pid map. Ten instances named by pid (no command filter, where a process not in
+/// a complete set is ruled out at once) must all be traced.
+#[test]
+fn more_instances_than_the_probes_fast_path_holds_are_all_traced() {
+    if !require_root() {
+        return;
+    }
+    let rig = Rig::new();
+    let (receiver, backend, comm) = (&rig.receiver, rig.backend, rig.comm.clone());
+    let instances: Vec<(u16, Haproxy)> = (0..10)
+        .map(|i| {
+            let port = free_port();
+            (port, Haproxy::start_in(&comm, &format!("i{i}"), &haproxy::config(port, &[backend.addr], ""), port))
+        })
+        .collect();
+    let pids: Vec<String> = instances.iter().map(|(_, h)| h.pid().to_string()).collect();
+    let agent =
+        Agent::start(&[("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint()), ("TRACETAP_TARGET_PIDS", pids.join(","))]);
+    assert!(wait_for(Duration::from_secs(10), || (agent.metric("tracetap_targets") == 10).then_some(())).is_some());
+    for (i, (port, _)) in instances.iter().enumerate() {
+        let front = SocketAddr::from(([127, 0, 0, 1], *port));
+        assert_eq!(Conn::connect(front).unwrap().get(&format!("/instance/{i}"), &[]).unwrap().status, 200);
+    }
+    let spans = receiver.wait_for_spans(20);
+    for (i, (_, h)) in instances.iter().enumerate() {
+        let path = format!("/instance/{i}");
+        let server = spans.iter().find(|s| s.is_server() && s.str_attr("url.path") == Some(&path));
+        assert_eq!(server.map(|s| s.pid), Some(i64::from(h.pid())), "{path} traced, in its own process");
+    }
+}
+
+/// Under a command filter the probes judge a process by its name once and cache the verdict; the
+/// exec of a new program must redo it. A shell that reads (judged: not HAProxy) and then execs
+/// HAProxy is traced from its first request, sent at once, long before discovery (every 500 ms)
+/// could have added it.
+#[test]
+fn a_process_that_execs_haproxy_is_traced_from_its_first_request() {
+    if !require_root() {
+        return;
+    }
+    let rig = Rig::new();
+    let (receiver, backend, comm) = (&rig.receiver, rig.backend, rig.comm.clone());
+    // Not ready until a target runs: wait for the admin endpoint only.
+    let mut agent =
+        Agent::spawn(&[("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint()), ("TRACETAP_TARGET_COMM", comm.clone())]);
+    wait_for(Duration::from_secs(20), || agent.get("/readyz")).expect("admin endpoint up");
+    let port = free_port();
+    let dir = std::env::temp_dir().join(format!("tracetap-e2e-exec-{comm}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::os::unix::fs::symlink(haproxy::haproxy_binary(), dir.join(&comm)).unwrap();
+    std::fs::write(dir.join("haproxy.cfg"), haproxy::config(port, &[backend.addr], "")).unwrap();
+    let script =
+        format!("read x </dev/null; exec {} -db -f {}", dir.join(&comm).display(), dir.join("haproxy.cfg").display());
+    let child = KillOnDrop(std::process::Command::new("sh").args(["-c", &script]).spawn().unwrap());
+    let front = SocketAddr::from(([127, 0, 0, 1], port));
+    let mut conn = wait_for(Duration::from_secs(5), || Conn::connect(front).ok()).expect("HAProxy listens");
+    assert_eq!(conn.get("/first", &[]).unwrap().status, 200);
+    let spans = receiver.wait_for_spans(2);
+    let server = spans.iter().find(|s| s.is_server() && s.str_attr("url.path") == Some("/first"));
+    assert_eq!(server.map(|s| s.pid), Some(i64::from(child.0.id())), "the exec'd HAProxy keeps the shell's pid");
+    assert!(agent.is_running());
 }
 
 #[test]

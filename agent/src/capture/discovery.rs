@@ -1,5 +1,6 @@
-//! Finds the processes to trace by walking `/proc`: every process with the target command name,
-//! or the configured pids and their descendants (`HAProxy`'s master forks its workers).
+//! Finds the processes to trace by walking `/proc`: every process with the target command name
+//! (one small file per process), or the configured pids and their descendants (`HAProxy`'s master
+//! forks its workers), followed down their `children` files.
 //!
 //! The walk reads one file per process on the host, so it runs on a thread of its own
 //! ([`Discovery`]), never on the capture thread: a slow `/proc` (thousands of processes, a loaded
@@ -44,6 +45,27 @@ pub fn read_command_names(proc_root: &Path) -> Vec<ProcInfo> {
             Some(ProcInfo { pid, ppid: 0, comm: comm.strip_suffix('\n').unwrap_or(&comm).to_owned() })
         })
         .collect()
+}
+
+/// The living processes among `roots` and all their descendants, found through
+/// `/proc/PID/task/TID/children` of the processes found so far: it reads a few files per traced
+/// process, not one per process on the host.
+#[must_use]
+pub fn read_descendants(proc_root: &Path, roots: &[u32]) -> BTreeSet<u32> {
+    let mut out = BTreeSet::new();
+    let mut stack: Vec<u32> = roots.to_vec();
+    while let Some(pid) = stack.pop() {
+        let Ok(tasks) = fs::read_dir(proc_root.join(pid.to_string()).join("task")) else { continue };
+        if !out.insert(pid) {
+            continue;
+        }
+        for task in tasks.filter_map(Result::ok) {
+            if let Ok(children) = fs::read_to_string(task.path().join("children")) {
+                stack.extend(children.split_ascii_whitespace().filter_map(|c| c.parse::<u32>().ok()));
+            }
+        }
+    }
+    out
 }
 
 fn pids(proc_root: &Path) -> impl Iterator<Item = u32> {
@@ -133,11 +155,10 @@ fn walk_until_stopped(
     stop: &AtomicBool,
 ) {
     while !stop.load(Ordering::Relaxed) {
-        let procs = match targets {
-            Targets::Comm(_) => read_command_names(proc_root),
-            Targets::Pids(_) => read_processes(proc_root),
+        let selected = match targets {
+            Targets::Comm(_) => select(targets, &read_command_names(proc_root)),
+            Targets::Pids(roots) => read_descendants(proc_root, roots),
         };
-        let selected = select(targets, &procs);
         match tx.try_send(selected) {
             // Full: the capture thread has not taken the previous one; the next walk replaces it.
             Ok(()) | Err(TrySendError::Full(_)) => {}
@@ -186,6 +207,27 @@ mod tests {
         ];
         assert_eq!(select(&Targets::Comm("haproxy".into()), &procs), BTreeSet::from([10, 11]));
         assert_eq!(select(&Targets::Pids(vec![11, 99]), &procs), BTreeSet::from([11, 12]));
+    }
+
+    #[test]
+    fn descendants_agree_with_the_full_walk() {
+        let mut shell = std::process::Command::new("sh").args(["-c", "sleep 30 & wait"]).spawn().expect("sh");
+        let (me, sh) = (std::process::id(), shell.id());
+        let mut found = BTreeSet::new();
+        for _ in 0..500 {
+            found = read_descendants(Path::new("/proc"), &[sh]);
+            if found.len() == 2 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(found.len(), 2, "the shell and its sleep: {found:?}");
+        let walked = select(&Targets::Pids(vec![sh]), &read_processes(Path::new("/proc")));
+        assert_eq!(found, walked, "children files and the ppid walk find the same tree");
+        assert!(read_descendants(Path::new("/proc"), &[me]).is_superset(&found), "a tree reaches its grandchildren");
+        assert!(read_descendants(Path::new("/proc"), &[u32::MAX]).is_empty(), "a gone root is skipped");
+        let _ = shell.kill();
+        let _ = shell.wait();
     }
 
     #[test]

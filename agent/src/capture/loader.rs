@@ -7,8 +7,8 @@ use std::os::fd::AsRawFd as _;
 use std::path::Path;
 use std::time::Duration;
 
-use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::Btf;
+use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::BtfTracePoint;
 use aya::{Ebpf, EbpfLoader};
 use tracetap_ebpf_common::{COMM_BYTES, EventHeader, LOSS_SLOTS, TARGET_SLOTS, TargetSet, globals, maps};
@@ -32,11 +32,11 @@ static PROBES: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tr
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     #[error(
-        "this kernel has no BTF (/sys/kernel/btf/vmlinux is missing); tracetap needs Linux 5.8+ built with CONFIG_DEBUG_INFO_BTF"
+        "this kernel has no BTF (/sys/kernel/btf/vmlinux is missing); tracetap needs Linux 5.17+ built with CONFIG_DEBUG_INFO_BTF"
     )]
     NoBtf,
     #[error(
-        "loading the eBPF probes failed: {0}. tracetap needs root (or CAP_BPF, CAP_PERFMON and CAP_DAC_READ_SEARCH) and Linux 5.8+ with BPF ring buffers"
+        "loading the eBPF probes failed: {0}. tracetap needs root (or CAP_BPF, CAP_PERFMON and CAP_DAC_READ_SEARCH) and Linux 5.17+ (BPF ring buffers, BTF tracepoints, bpf_loop)"
     )]
     Load(#[source] Box<aya::EbpfError>),
     #[error("reading the kernel's BTF (/sys/kernel/btf/vmlinux): {0}")]
@@ -135,7 +135,17 @@ impl Probes {
             None
         };
         let comm_filter = comm[0] != 0;
-        let mut probes = Self { ebpf, ring, losses, target_pids, target_set, comm_filter, target_set_written: None, attached, _stats: stats };
+        let mut probes = Self {
+            ebpf,
+            ring,
+            losses,
+            target_pids,
+            target_set,
+            comm_filter,
+            target_set_written: None,
+            attached,
+            _stats: stats,
+        };
         // Nothing is traced yet; with no command filter, every process can be ruled out at once.
         probes.write_target_set(&[]);
         Ok(probes)

@@ -114,7 +114,6 @@ pub struct TargetSet {
     /// 1 when `tgids` holds every traced process and the probes judge no process by its name:
     /// a tgid not in the slots is then not traced, without a lookup in `TARGET_PIDS`.
     pub complete: u32,
-    pub _pad: u32,
 }
 
 /// Indexes into the per-CPU `LOSSES` array: why an event never reached the ring buffer.

@@ -40,8 +40,8 @@ use aya_ebpf::{
     programs::BtfTracePointContext,
 };
 use tracetap_ebpf_common::{
-    COMM_BYTES, EventHeader, EventKind, LOSS_SLOTS, Loss, MAX_NUMBERED_CONNECTIONS, MAX_PROCESS_VERDICTS, SOCKADDR_BYTES, STAGING_BYTES, TargetSet,
-    TAIL_BYTES,
+    COMM_BYTES, EventHeader, EventKind, LOSS_SLOTS, Loss, MAX_NUMBERED_CONNECTIONS, MAX_PROCESS_VERDICTS,
+    SOCKADDR_BYTES, STAGING_BYTES, TAIL_BYTES, TargetSet,
 };
 
 /// Payload bytes copied per syscall. Set by the agent at load time.
@@ -312,9 +312,8 @@ fn emit_small(kind: EventKind, fd: i32, ret: i64, seq: u32, buf: u64, len: u64) 
     let len = core::hint::black_box(len);
     let len = if len > SMALL_PAYLOAD as u64 { SMALL_PAYLOAD as u64 } else { len };
     // SAFETY: `len` is at most the size of `data`; the helper faults safely on bad user addresses.
-    let rc = unsafe {
-        raw_probe_read_user(record.data.as_mut_ptr().cast(), len as u32, buf as *const core::ffi::c_void)
-    };
+    let rc =
+        unsafe { raw_probe_read_user(record.data.as_mut_ptr().cast(), len as u32, buf as *const core::ffi::c_void) };
     if rc == 0 {
         record.header.captured = len as u32;
     } else {
