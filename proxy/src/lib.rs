@@ -15,4 +15,4 @@ pub mod tracker;
 pub use exchange::{ClientExchange, Outcome, ServerExchange};
 pub use framing::Chunk;
 pub use head::{RequestHead, ResponseHead, TraceparentField};
-pub use tracker::{Limits, Op, SyscallEvent, Tracker, TrackerStats};
+pub use tracker::{Limits, Op, OpaqueMark, SyscallEvent, Tracker, TrackerStats};

@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 
 use proptest::prelude::*;
-use tracetap_proxy::{Chunk, Op, Outcome, ServerExchange, SyscallEvent, TraceparentField, Tracker};
+use tracetap_proxy::{Chunk, Op, OpaqueMark, Outcome, ServerExchange, SyscallEvent, TraceparentField, Tracker};
 
 const PID: u32 = 100;
 
@@ -248,6 +248,65 @@ fn websocket_upgrade_ends_at_101_and_tunnel_bytes_are_ignored() {
     assert_eq!(out.len(), 1);
     assert_eq!(out[0].outcome, Outcome::Upgraded);
     assert_eq!(t.stats().parse_errors, 0);
+}
+
+/// A numbered event (as the probes send for connections they saw open).
+fn numbered(ts_ns: u64, fd: i32, seq: u32, op: Op<'_>) -> SyscallEvent<'_> {
+    SyscallEvent { ts_ns, tgid: PID, tid: 1, fd, seq, op }
+}
+
+#[test]
+fn connections_that_stop_speaking_http_are_marked_once_by_their_opening_time() {
+    let mut t = Tracker::default();
+    let tls = b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03";
+    // TLS on an HTTP port: opaque at its first bytes, marked once.
+    t.handle(&numbered(100, 10, 1, Op::Accept { peer: Some(client()), local: None }));
+    t.handle(&numbered(200, 10, 2, Op::Read(Chunk::complete(tls))));
+    t.handle(&numbered(300, 10, 3, Op::Read(Chunk::complete(tls))));
+    // A `mode tcp` connection: ignored from its connect.
+    t.handle(&numbered(400, 11, 1, Op::Connect { server: Some(server()) }));
+    t.handle(&numbered(400, 11, 1, Op::Ignore));
+    // Opened before the probes (not numbered): they have no name for it, so no mark.
+    t.handle(&numbered(500, 12, 0, Op::Accept { peer: Some(client()), local: None }));
+    t.handle(&numbered(600, 12, 0, Op::Read(Chunk::complete(tls))));
+    let marks: Vec<OpaqueMark> = t.take_opaque_marks().collect();
+    assert_eq!(
+        marks,
+        [OpaqueMark { tgid: PID, fd: 10, opened_ns: 100 }, OpaqueMark { tgid: PID, fd: 11, opened_ns: 400 }]
+    );
+    assert_eq!(t.take_opaque_marks().count(), 0);
+}
+
+#[test]
+fn both_sides_of_an_upgrade_are_marked_after_the_101_and_bytes_without_payload_are_fine() {
+    let mut t = Tracker::default();
+    let upgrade = b"GET /ws HTTP/1.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n";
+    let switching = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n";
+    t.handle(&numbered(100, 10, 1, Op::Accept { peer: Some(client()), local: None }));
+    t.handle(&numbered(110, 10, 2, Op::Read(Chunk::complete(upgrade))));
+    t.handle(&numbered(120, 11, 1, Op::Connect { server: Some(server()) }));
+    t.handle(&numbered(130, 11, 2, Op::Write(Chunk::complete(upgrade))));
+    assert_eq!(t.take_opaque_marks().count(), 0, "nothing is opaque before the 101");
+    t.handle(&numbered(140, 11, 3, Op::Read(Chunk::complete(switching))));
+    t.handle(&numbered(150, 10, 3, Op::Write(Chunk::complete(switching))));
+    let marks: Vec<OpaqueMark> = t.take_opaque_marks().collect();
+    assert_eq!(
+        marks,
+        [OpaqueMark { tgid: PID, fd: 11, opened_ns: 120 }, OpaqueMark { tgid: PID, fd: 10, opened_ns: 100 }]
+    );
+    // From then on the probes send sizes only.
+    let blind = Chunk { known: &[], total: 4096, tail: &[] };
+    for (i, fd) in [10, 11, 11, 10].into_iter().enumerate() {
+        let seq = 4 + u32::from(i >= 2);
+        t.handle(&numbered(200 + i as u64, fd, seq, if i % 2 == 0 { Op::Read(blind) } else { Op::Write(blind) }));
+    }
+    t.handle(&numbered(300, 10, 6, Op::Close));
+    t.handle(&numbered(310, 11, 6, Op::Close));
+    let out: Vec<ServerExchange> = t.drain().collect();
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].outcome, Outcome::Upgraded);
+    let stats = t.stats();
+    assert_eq!((stats.parse_errors, stats.capture_gaps), (0, 0));
 }
 
 #[test]

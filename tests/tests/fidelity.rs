@@ -278,6 +278,70 @@ fn tcp_mode_and_garbage_produce_no_spans() {
     assert!(agent.is_running());
 }
 
+/// Once the agent knows a connection does not speak HTTP/1 (`mode tcp` at its accept and
+/// connect, a tunnel after `101 Switching Protocols`), the probes stop copying its bytes: what
+/// flows afterwards adds (almost) nothing to the payload the probes copied. A connection that
+/// reuses the closed one's fd number is traced in full.
+#[test]
+fn opaque_connections_are_no_longer_copied_once_known() {
+    if !require_root() {
+        return;
+    }
+    let tcp_port = free_port();
+    let s = Stack::with_config(
+        |port, backend| {
+            haproxy::config(port, &[backend], "")
+                + &format!(
+                    "\nfrontend fe_tcp\n    mode tcp\n    bind 127.0.0.1:{tcp_port}\n    default_backend be_tcp\n\nbackend be_tcp\n    mode tcp\n    server raw {backend}\n"
+                )
+        },
+        &[],
+    );
+    let upgrade = b"GET /ws HTTP/1.1\r\nHost: t\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+          Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n";
+    // 2 MiB each way, through a tunnel: every syscall would copy up to TRACETAP_CAPTURE_BYTES.
+    let frame = vec![b'x'; 32 * 1024];
+    for (front, marks) in [(SocketAddr::from(([127, 0, 0, 1], tcp_port)), 2), (s.front, 4)] {
+        let mut conn = Conn::connect(front).unwrap();
+        conn.send_raw(upgrade).unwrap();
+        assert_eq!(conn.read_response().unwrap().status, 101);
+        // The client and server connections of this proxy are marked (cumulative over the loop).
+        let skipped = "tracetap_opaque_connections_payload_skipped_total";
+        assert!(
+            wait_for(Duration::from_secs(10), || (s.agent.metric(skipped) >= marks).then_some(())).is_some(),
+            "{front}: {} connections marked, expected {marks}",
+            s.agent.metric(skipped)
+        );
+        let before = s.agent.metric("tracetap_payload_bytes_captured_total");
+        let events_before = s.agent.metric("tracetap_events_captured_total");
+        for _ in 0..64 {
+            conn.send_raw(&frame).unwrap();
+            assert_eq!(conn.read_exact_bytes(frame.len()).unwrap(), frame);
+        }
+        // Every syscall is still reported (sizes, sequence numbers), without its bytes.
+        let events_after = wait_for(Duration::from_secs(10), || {
+            let n = s.agent.metric("tracetap_events_captured_total");
+            (n >= events_before + 4 * 64).then_some(n)
+        });
+        assert!(events_after.is_some(), "{front}: the tunnel's reads and writes are still reported");
+        let copied = s.agent.metric("tracetap_payload_bytes_captured_total") - before;
+        assert!(copied < 64 * 1024, "{front}: {copied} payload bytes copied for 4 MiB through a marked tunnel");
+    }
+    assert_eq!(s.agent.metric("tracetap_opaque_connections_payload_copied_total"), 0);
+    // Closed: the next connections may get the same fd numbers, and are traced whole.
+    let paths: Vec<String> = (0..5).map(|i| format!("/after-the-tunnel/{i}")).collect();
+    for path in &paths {
+        assert_eq!(Conn::connect(s.front).unwrap().get(path, &[]).unwrap().status, 200);
+    }
+    let wanted: Vec<&str> = paths.iter().map(String::as_str).collect();
+    let spans = s.spans_for(&wanted);
+    for path in &wanted {
+        let (server, clients) = Stack::trace_of(&spans, path);
+        assert_eq!(status(server), Some(200), "{path}");
+        assert_eq!(clients.len(), 1, "{path}");
+    }
+}
+
 #[test]
 fn proxy_protocol_v1_and_v2_name_the_client_on_every_version() {
     if !require_root() {

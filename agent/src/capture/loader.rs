@@ -61,6 +61,9 @@ pub struct Probes {
     pub losses: PerCpuArray<MapData, u64>,
     target_pids: BpfHashMap<MapData, u32, u8>,
     target_set: Array<MapData, TargetSet>,
+    /// Connections whose payload the probes skip (a field of its own, so that it can be written
+    /// while a ring record is borrowed).
+    pub opaque: OpaqueMaps,
     /// Whether the probes judge processes by command name (then `TARGET_SET` is never complete).
     comm_filter: bool,
     /// What `TARGET_SET` holds, so that an unchanged set costs no syscall.
@@ -123,6 +126,10 @@ impl Probes {
             .map_err(|source| LoadError::Map { name: maps::TARGET_PIDS, source: Box::new(source) })?;
         let target_set = Array::try_from(take(&mut ebpf, maps::TARGET_SET)?)
             .map_err(|source| LoadError::Map { name: maps::TARGET_SET, source: Box::new(source) })?;
+        let opaque_conns = BpfHashMap::try_from(take(&mut ebpf, maps::OPAQUE_CONNS)?)
+            .map_err(|source| LoadError::Map { name: maps::OPAQUE_CONNS, source: Box::new(source) })?;
+        let opaque_armed = Array::try_from(take(&mut ebpf, maps::OPAQUE_ARMED)?)
+            .map_err(|source| LoadError::Map { name: maps::OPAQUE_ARMED, source: Box::new(source) })?;
         let stats = if config.probe_stats {
             match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
                 Ok(fd) => Some(fd),
@@ -141,6 +148,7 @@ impl Probes {
             losses,
             target_pids,
             target_set,
+            opaque: OpaqueMaps { conns: opaque_conns, armed: opaque_armed },
             comm_filter,
             target_set_written: None,
             attached,
@@ -234,4 +242,26 @@ pub fn monotonic_ns() -> u64 {
 #[must_use]
 pub fn monotonic_to_unix_offset_ns() -> i128 {
     clock_ns(libc::CLOCK_REALTIME) - clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+/// The probes' `OPAQUE_CONNS` and `OPAQUE_ARMED` (see `super::opaque`).
+pub struct OpaqueMaps {
+    conns: BpfHashMap<MapData, u64, u64>,
+    armed: Array<MapData, u32>,
+}
+
+impl super::opaque::MarkSink for OpaqueMaps {
+    fn insert(&mut self, key: u64, opened_ns: u64) -> bool {
+        self.conns.insert(key, opened_ns, 0).is_ok()
+    }
+
+    fn remove(&mut self, key: u64) {
+        let _ = self.conns.remove(&key);
+    }
+
+    fn arm(&mut self, armed: bool) {
+        if let Err(e) = self.armed.set(0, u32::from(armed), 0) {
+            tracing::warn!(error = %e, "cannot update the probes' opaque-connection flag");
+        }
+    }
 }

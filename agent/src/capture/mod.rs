@@ -10,6 +10,7 @@
 pub mod decode;
 pub mod discovery;
 pub mod loader;
+pub mod opaque;
 pub mod pods;
 pub mod sockets;
 
@@ -115,6 +116,8 @@ pub fn run(
     // The probes' count of records the ring had no room for, as the last record carried it.
     let mut loss_epoch: Option<u32> = None;
     let mut poll = POLL;
+    let mut opaque = opaque::OpaqueMarks::default();
+    let mut payload_bytes = 0u64;
     while !stop.load(Relaxed) {
         if last_housekeeping.is_none_or(|t| t.elapsed() >= HOUSEKEEPING) {
             if let Some(latest) = discovery.latest() {
@@ -124,6 +127,7 @@ pub fn run(
             let selected: BTreeSet<u32> = candidates.iter().copied().filter(|pid| pods.selected(*pid)).collect();
             metrics::set(&metrics.k8s_targets_not_selected, (candidates.len() - selected.len()) as u64);
             for pid in refresh_targets(&mut probes, selected, &mut targets, &mut tracker, metrics) {
+                opaque.forget_process(&mut probes.opaque, pid);
                 listeners.forget_process(pid);
                 names.forget_process(pid);
                 batcher.forget_process(pid);
@@ -146,6 +150,7 @@ pub fn run(
                 metrics::add(&metrics.events_malformed, 1);
                 continue;
             };
+            payload_bytes += u64::from(header.captured);
             if loss_epoch.replace(header.loss_epoch).is_some_and(|e| e != header.loss_epoch) {
                 // Records were lost just before this one: the tracker stops trusting links first.
                 tracker.records_lost(header.ts_ns);
@@ -159,6 +164,12 @@ pub fn run(
                     if is_tcp_mode(&ev, &mut names) {
                         tracker.handle(&tracetap_proxy::SyscallEvent { op: Op::Ignore, ..ev });
                     }
+                    for mark in tracker.take_opaque_marks() {
+                        opaque.mark(&mut probes.opaque, mark);
+                    }
+                    if matches!(ev.op, Op::Close) && !opaque.is_empty() {
+                        opaque.closed(&mut probes.opaque, ev.tgid, ev.fd);
+                    }
                 }
                 Err(_) => metrics::add(&metrics.events_malformed, 1),
             }
@@ -168,6 +179,10 @@ pub fn run(
         }
         poll = if events == 0 { (poll * 2).min(IDLE_POLL) } else { POLL };
         metrics::add(&metrics.events_captured, events);
+        metrics::add(&metrics.payload_bytes_captured, std::mem::take(&mut payload_bytes));
+        let marks = opaque.stats();
+        metrics::set(&metrics.opaque_payload_skipped, marks.marked);
+        metrics::set(&metrics.opaque_marks_refused, marks.refused);
         hand_out(&mut tracker, &mut scratch, &mut builder, &mut names, &mut batcher, &queue, metrics);
         publish_tracker(&tracker, metrics);
     }

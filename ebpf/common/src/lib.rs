@@ -11,6 +11,8 @@
 //! - `seq` numbers the records of one connection (`tgid`, `fd`) from 1 at its `accept`/`connect`,
 //!   counting records that could not be delivered too, so the agent sees every gap. It is 0 for
 //!   descriptors the probes did not see open (older than the probes, or not sockets).
+//! - A read or write on a connection the agent marked as opaque (`OPAQUE_CONNS`) carries no
+//!   payload (`captured == 0`) whatever `ret` says.
 #![no_std]
 
 /// Largest capture window a user may configure (`TRACETAP_CAPTURE_BYTES`).
@@ -146,6 +148,8 @@ pub mod maps {
     pub const TARGET_PIDS: &str = "TARGET_PIDS";
     pub const TARGET_SET: &str = "TARGET_SET";
     pub const CONNS: &str = "CONNS";
+    pub const OPAQUE_CONNS: &str = "OPAQUE_CONNS";
+    pub const OPAQUE_ARMED: &str = "OPAQUE_ARMED";
 }
 
 #[cfg(feature = "user")]

@@ -76,11 +76,33 @@ static TARGET_PIDS: LruHashMap<u32, u8> = LruHashMap::with_max_entries(MAX_PROCE
 #[map]
 static TARGET_SET: Array<TargetSet> = Array::with_max_entries(1, 0);
 
-/// Per connection (`tgid << 32 | fd`) seen opened by `accept`/`connect`: the sequence number of
-/// its last record. Numbering happens before delivery, so a record the ring had no room for leaves
-/// a gap the agent sees. LRU: connections whose close we never saw (process exit) age out.
+/// Per connection (`tgid << 32 | fd`) seen opened by `accept`/`connect`: when it was opened (its
+/// identity, see [`OPAQUE_CONNS`]) and the sequence number of its last record. Numbering happens
+/// before delivery, so a record the ring had no room for leaves a gap the agent sees. LRU:
+/// connections whose close we never saw (process exit) age out.
 #[map]
-static CONNS: LruHashMap<u64, u32> = LruHashMap::with_max_entries(MAX_NUMBERED_CONNECTIONS, 0);
+static CONNS: LruHashMap<u64, ConnState> = LruHashMap::with_max_entries(MAX_NUMBERED_CONNECTIONS, 0);
+
+#[repr(C)]
+struct ConnState {
+    /// `ts_ns` of the connection's `accept`/`connect` record.
+    opened_ns: u64,
+    seq: u32,
+    _reserved: u32,
+}
+
+/// Connections whose bytes the agent does not want (they do not speak HTTP/1: TLS, `mode tcp`,
+/// tunnels), as `tgid << 32 | fd` to the `ts_ns` of their `accept`/`connect` record. Only the
+/// agent writes it. A read or write on such a connection is still reported, for its size and
+/// sequence number, but without payload. The opening time makes a mark that arrives after the
+/// connection closed and its fd was reused (the agent lags the probes) match nothing.
+#[map]
+static OPAQUE_CONNS: LruHashMap<u64, u64> = LruHashMap::with_max_entries(MAX_NUMBERED_CONNECTIONS, 0);
+
+/// Non-zero while `OPAQUE_CONNS` holds any mark (the agent writes it): an array lookup the JIT
+/// inlines, so that connections pay no hash lookup while nothing is marked, the usual case.
+#[map]
+static OPAQUE_ARMED: Array<u32> = Array::with_max_entries(1, 0);
 
 #[inline(always)]
 fn conn_key(tgid: u32, fd: i32) -> u64 {
@@ -89,25 +111,39 @@ fn conn_key(tgid: u32, fd: i32) -> u64 {
 
 /// Starts numbering a new connection's records; its first record carries 1.
 #[inline(always)]
-fn open_conn(tgid: u32, fd: i32) -> u32 {
+fn open_conn(tgid: u32, fd: i32, opened_ns: u64) -> u32 {
+    let state = ConnState { opened_ns, seq: 1, _reserved: 0 };
     // A full table evicts the least recently used entry; insert fails only on memory pressure.
-    if CONNS.insert(&conn_key(tgid, fd), &1, 0).is_ok() { 1 } else { 0 }
+    if CONNS.insert(&conn_key(tgid, fd), &state, 0).is_ok() { 1 } else { 0 }
 }
 
-/// The next sequence number of a connection's records (0 for connections not numbered).
+/// The next sequence number of a connection's records (0 for connections not numbered), and
+/// whether the agent marked the connection as one whose payload it does not want.
 #[inline(always)]
-fn next_seq(tgid: u32, fd: i32) -> u32 {
-    match CONNS.get_ptr_mut(&conn_key(tgid, fd)) {
-        Some(seq) => {
+fn next_seq(tgid: u32, fd: i32) -> (u32, bool) {
+    let key = conn_key(tgid, fd);
+    match CONNS.get_ptr_mut(&key) {
+        Some(state) => {
             // SAFETY: map value pointer; a racing update from another thread on the same fd can
             // only make the agent see a gap that was not one, never hide one.
-            unsafe {
-                *seq = (*seq).wrapping_add(1);
-                *seq
-            }
+            let (seq, opened_ns) = unsafe {
+                let seq = (*state).seq.wrapping_add(1);
+                (*state).seq = seq;
+                (seq, (*state).opened_ns)
+            };
+            (seq, payload_unwanted(key, opened_ns))
         }
-        None => 0,
+        None => (0, false),
     }
+}
+
+#[inline(always)]
+fn payload_unwanted(key: u64, opened_ns: u64) -> bool {
+    if OPAQUE_ARMED.get(0).is_none_or(|armed| *armed == 0) {
+        return false;
+    }
+    // SAFETY: read-only lookup of a plain value.
+    unsafe { OPAQUE_CONNS.get(&key) }.is_some_and(|marked| *marked == opened_ns)
 }
 
 /// A record being built: header, then payload.
@@ -462,13 +498,13 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> i32 {
         EventKind::Accept => {
             // `fd` is the new connection; `ret` carries the listening fd for the bind address.
             let Some(staging) = stage(EventKind::Accept, ret as i32, i64::from(fd)) else { return 0 };
-            staging.header.seq = open_conn(tgid, ret as i32);
+            staging.header.seq = open_conn(tgid, ret as i32, staging.header.ts_ns);
             read_addr(staging, si);
             emit(staging, 0);
         }
         EventKind::Connect => {
             let Some(staging) = stage(EventKind::Connect, fd, 0) else { return 0 };
-            staging.header.seq = open_conn(tgid, fd);
+            staging.header.seq = open_conn(tgid, fd, staging.header.ts_ns);
             read_addr(staging, si);
             emit(staging, 0);
         }
@@ -480,7 +516,7 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> i32 {
             if ret > 0 {
                 for (kind, fd) in [(EventKind::Read, fd), (EventKind::Write, dx as i32)] {
                     if let Some(staging) = stage(kind, fd, ret) {
-                        staging.header.seq = next_seq(tgid, fd);
+                        staging.header.seq = next_seq(tgid, fd).0;
                         emit(staging, 0);
                     }
                 }
@@ -490,7 +526,13 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> i32 {
             if ret == 0 && kind == EventKind::Write {
                 return 0;
             }
-            let seq = next_seq(tgid, fd);
+            let (seq, payload_unwanted) = next_seq(tgid, fd);
+            if payload_unwanted {
+                let Some(staging) = stage(kind, fd, ret) else { return 0 };
+                staging.header.seq = seq;
+                emit(staging, 0);
+                return 0;
+            }
             // SAFETY: the agent writes this global before load.
             let window = u64::from(unsafe { core::ptr::read_volatile(&raw const CAPTURE_BYTES) });
             if shape == BufShape::Plain && ret > 0 && ret as u64 <= SMALL_PAYLOAD as u64 && ret as u64 <= window {
@@ -523,7 +565,7 @@ pub fn sys_enter(ctx: BtfTracePointContext) -> i32 {
     }
     let fd = reg(ctx.arg(0), PT_REGS_DI) as i32;
     if let Some(staging) = stage(EventKind::Close, fd, 0) {
-        staging.header.seq = next_seq(tgid, fd);
+        staging.header.seq = next_seq(tgid, fd).0;
         let _ = CONNS.remove(&conn_key(tgid, fd));
         emit(staging, 0);
     }

@@ -19,6 +19,10 @@
 //!   [`Outcome::CaptureGap`] and both directions resynchronise at the next message start, so a
 //!   response is never paired with the wrong request.
 //!
+//! - Connections that turn out not to speak HTTP/1 (opaque, `mode tcp`, tunnels after an upgrade
+//!   or CONNECT) are reported through [`Tracker::take_opaque_marks`], so that the probes can stop
+//!   copying their bytes; records without payload on them are then expected.
+//!
 //! Invariants: memory is bounded by the number of open connections and open exchanges; exchanges
 //! idle longer than [`Limits::exchange_timeout_ns`] are expired by [`Tracker::expire`] and counted.
 
@@ -110,6 +114,17 @@ pub struct TrackerStats {
     pub backend_requests: u64,
 }
 
+/// A connection whose bytes the tracker no longer reads: the probes need not copy them. It names
+/// the connection by its `accept`/`connect` record's time, so that a mark that arrives after the
+/// fd was reused matches nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpaqueMark {
+    pub tgid: u32,
+    pub fd: i32,
+    /// `ts_ns` of the connection's `accept`/`connect` record.
+    pub opened_ns: u64,
+}
+
 /// Bounds on how long the tracker keeps state.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
@@ -155,6 +170,9 @@ struct Connection {
     backs: VecDeque<u64>,
     /// Sequence number of the last record seen (0: the probes do not number this connection).
     last_seq: u32,
+    /// `ts_ns` of the `accept`/`connect` record when the probes number the connection (their
+    /// name for it, see [`OpaqueMark`]); 0 otherwise.
+    opened_ns: u64,
     /// A capture gap hit the connection and no request was framed since.
     gapped: bool,
     /// The first bytes of the request direction may be a PROXY protocol header (see
@@ -180,6 +198,7 @@ impl Connection {
             fronts: VecDeque::new(),
             backs: VecDeque::new(),
             last_seq: 0,
+            opened_ns: 0,
             gapped: false,
             expect_proxy_header: false,
             proxy_client: None,
@@ -227,6 +246,15 @@ pub struct Tracker {
     /// allocates nothing in steady state (see [`Tracker::recycle`]).
     head_pool: Vec<RequestHead>,
     clients_pool: Vec<Vec<ClientExchange>>,
+    /// Connections that became opaque since [`Tracker::take_opaque_marks`] was last called.
+    opaque_marks: Vec<OpaqueMark>,
+}
+
+/// Notes that the connection `key` became opaque, when the probes have a name for it.
+fn mark_opaque(marks: &mut Vec<OpaqueMark>, key: (u32, i32), opened_ns: u64) {
+    if opened_ns != 0 {
+        marks.push(OpaqueMark { tgid: key.0, fd: key.1, opened_ns });
+    }
 }
 
 /// How long after a loss of records no new link is trusted: the lost record may have been a
@@ -245,6 +273,11 @@ impl Tracker {
     #[must_use]
     pub fn stats(&self) -> TrackerStats {
         self.stats
+    }
+
+    /// Connections that became opaque since the last call (see [`OpaqueMark`]).
+    pub fn take_opaque_marks(&mut self) -> std::vec::Drain<'_, OpaqueMark> {
+        self.opaque_marks.drain(..)
     }
 
     /// Number of connections currently tracked.
@@ -289,6 +322,7 @@ impl Tracker {
                 let mut conn = Connection::new(Role::Frontend, peer);
                 conn.local = local;
                 conn.last_seq = ev.seq;
+                conn.opened_ns = if ev.seq == 0 { 0 } else { ev.ts_ns };
                 conn.expect_proxy_header = true;
                 self.conns.insert(key, conn);
                 return;
@@ -297,6 +331,7 @@ impl Tracker {
                 self.close(key, ev.ts_ns);
                 let mut conn = Connection::new(Role::Backend, server);
                 conn.last_seq = ev.seq;
+                conn.opened_ns = if ev.seq == 0 { 0 } else { ev.ts_ns };
                 conn.expect_proxy_header = true;
                 self.conns.insert(key, conn);
                 return;
@@ -308,8 +343,12 @@ impl Tracker {
                 return;
             }
             Op::Ignore => {
+                let opened_ns = self.conns.get(&key).map_or(0, |c| c.opened_ns);
                 self.close(key, ev.ts_ns);
-                self.conns.insert(key, Connection::new(Role::Opaque, None));
+                let mut conn = Connection::new(Role::Opaque, None);
+                conn.opened_ns = opened_ns;
+                self.conns.insert(key, conn);
+                mark_opaque(&mut self.opaque_marks, key, opened_ns);
                 return;
             }
             Op::Read(_) | Op::Write(_) => {}
@@ -529,6 +568,7 @@ impl Tracker {
                     self.stats.parse_errors += 1;
                     conn.role = Role::Opaque;
                     self.stats.opaque_connections += 1;
+                    mark_opaque(&mut self.opaque_marks, key, conn.opened_ns);
                     return;
                 }
                 // HAProxy peeks at a header and then reads exactly it, so a header arrives whole: a
@@ -592,6 +632,7 @@ impl Tracker {
                     } else {
                         conn.role = Role::Opaque;
                         self.stats.opaque_connections += 1;
+                        mark_opaque(&mut self.opaque_marks, ctx.key, conn.opened_ns);
                         return found_message;
                     }
                 }
@@ -637,6 +678,7 @@ impl Tracker {
                     let conn = self.conns.get_mut(&ctx.key).expect("present");
                     conn.role = Role::Opaque;
                     self.stats.opaque_connections += 1;
+                    mark_opaque(&mut self.opaque_marks, ctx.key, conn.opened_ns);
                     return found_message;
                 }
                 Step::Error(_) => self.stats.parse_errors += 1,
@@ -659,6 +701,7 @@ impl Tracker {
                     if framing == BodyFraming::Tunnel {
                         // Both directions now carry opaque bytes.
                         conn.direction(dir.reverse()).0.enter_tunnel();
+                        mark_opaque(&mut self.opaque_marks, ctx.key, conn.opened_ns);
                         self.response_done(ctx, role, Outcome::Upgraded);
                     } else if framing == BodyFraming::Empty && !response.is_interim() {
                         self.response_done(ctx, role, Outcome::Complete);

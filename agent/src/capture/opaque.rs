@@ -1,0 +1,202 @@
+//! Connections whose bytes the agent does not read, told to the probes so that they stop copying
+//! them (`OPAQUE_CONNS` in the probes).
+//!
+//! The tracker reports a connection as opaque once ([`tracetap_proxy::OpaqueMark`]): `mode tcp`
+//! at its `accept`/`connect`, TLS or another protocol at its first bytes, a tunnel after an upgrade
+//! or CONNECT. From then on its records arrive without payload (size and sequence number only).
+//!
+//! Invariants:
+//! - A mark names its connection by `(tgid, fd)` and the time of its `accept`/`connect` record,
+//!   so a mark written after the connection closed and its fd was reused matches nothing: the new
+//!   connection keeps its payload. The agent lags the probes; this is why it may.
+//! - The agent is the only writer of the probes' marks, and removes a mark when it sees its
+//!   connection close or its process go, so the probes' map holds what [`OpaqueMarks`] holds
+//!   (at most [`MAX_MARKS`], the size of that map).
+//! - The probes look marks up only while the armed flag is set, which holds exactly while some
+//!   mark exists: connections pay no lookup in the usual case of no opaque traffic.
+
+use rustc_hash::FxHashMap;
+use tracetap_ebpf_common::MAX_NUMBERED_CONNECTIONS;
+use tracetap_proxy::OpaqueMark;
+
+/// Most marks held at once: the size of the probes' map.
+pub const MAX_MARKS: usize = MAX_NUMBERED_CONNECTIONS as usize;
+
+/// Where marks go: the probes' maps (or a model of them in tests).
+pub trait MarkSink {
+    /// Writes the mark of `key` (`tgid << 32 | fd`); false when the map refused it.
+    fn insert(&mut self, key: u64, opened_ns: u64) -> bool;
+    fn remove(&mut self, key: u64);
+    /// Tells the probes whether any mark exists.
+    fn arm(&mut self, armed: bool);
+}
+
+/// What marking did, for the agent's counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MarkStats {
+    /// Connections whose payload the probes were told to skip.
+    pub marked: u64,
+    /// Marks not written: the map was full or refused the write (the connection's bytes are
+    /// still copied, and ignored).
+    pub refused: u64,
+}
+
+#[derive(Debug, Default)]
+pub struct OpaqueMarks {
+    /// `tgid << 32 | fd` to the opening time written for it.
+    marks: FxHashMap<u64, u64>,
+    stats: MarkStats,
+}
+
+fn key(tgid: u32, fd: i32) -> u64 {
+    (u64::from(tgid) << 32) | u64::from(fd.cast_unsigned())
+}
+
+impl OpaqueMarks {
+    #[must_use]
+    pub fn stats(&self) -> MarkStats {
+        self.stats
+    }
+
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.marks.len()
+    }
+
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.marks.is_empty()
+    }
+
+    /// Tells the probes to stop copying the connection's bytes.
+    pub fn mark(&mut self, sink: &mut impl MarkSink, mark: OpaqueMark) {
+        let key = key(mark.tgid, mark.fd);
+        if self.marks.len() >= MAX_MARKS && !self.marks.contains_key(&key) {
+            self.stats.refused += 1;
+            return;
+        }
+        if !sink.insert(key, mark.opened_ns) {
+            self.stats.refused += 1;
+            return;
+        }
+        self.stats.marked += 1;
+        if self.marks.insert(key, mark.opened_ns).is_none() && self.marks.len() == 1 {
+            sink.arm(true);
+        }
+    }
+
+    /// The connection `(tgid, fd)` closed: its mark, if any, goes.
+    pub fn closed(&mut self, sink: &mut impl MarkSink, tgid: u32, fd: i32) {
+        let key = key(tgid, fd);
+        if self.marks.remove(&key).is_some() {
+            sink.remove(key);
+            if self.marks.is_empty() {
+                sink.arm(false);
+            }
+        }
+    }
+
+    /// The process is gone (or no longer traced): all its marks go.
+    pub fn forget_process(&mut self, sink: &mut impl MarkSink, tgid: u32) {
+        let before = self.marks.len();
+        self.marks.retain(|key, _| {
+            let keep = (key >> 32) as u32 != tgid;
+            if !keep {
+                sink.remove(*key);
+            }
+            keep
+        });
+        if before > 0 && self.marks.is_empty() {
+            sink.arm(false);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// A model of the probes' maps.
+    #[derive(Debug, Default)]
+    struct Model {
+        map: BTreeMap<u64, u64>,
+        armed: bool,
+        refuse: bool,
+    }
+
+    impl MarkSink for Model {
+        fn insert(&mut self, key: u64, opened_ns: u64) -> bool {
+            if self.refuse {
+                return false;
+            }
+            self.map.insert(key, opened_ns);
+            true
+        }
+        fn remove(&mut self, key: u64) {
+            self.map.remove(&key);
+        }
+        fn arm(&mut self, armed: bool) {
+            self.armed = armed;
+        }
+    }
+
+    #[derive(Clone, Debug)]
+    enum Step {
+        Mark { tgid: u32, fd: i32, opened_ns: u64 },
+        Close { tgid: u32, fd: i32 },
+        Forget { tgid: u32 },
+        Refuse(bool),
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            (1u32..4, 0i32..6, 1u64..1000).prop_map(|(tgid, fd, opened_ns)| Step::Mark { tgid, fd, opened_ns }),
+            (1u32..4, 0i32..6).prop_map(|(tgid, fd)| Step::Close { tgid, fd }),
+            (1u32..4).prop_map(|tgid| Step::Forget { tgid }),
+            any::<bool>().prop_map(Step::Refuse),
+        ]
+    }
+
+    proptest! {
+        /// The probes' map always holds exactly the agent's marks, and is armed exactly while it
+        /// holds any.
+        #[test]
+        fn the_probes_hold_what_the_agent_holds(steps in proptest::collection::vec(step(), 0..64)) {
+            let (mut marks, mut model) = (OpaqueMarks::default(), Model::default());
+            for step in steps {
+                match step {
+                    Step::Mark { tgid, fd, opened_ns } => marks.mark(&mut model, OpaqueMark { tgid, fd, opened_ns }),
+                    Step::Close { tgid, fd } => marks.closed(&mut model, tgid, fd),
+                    Step::Forget { tgid } => marks.forget_process(&mut model, tgid),
+                    Step::Refuse(r) => model.refuse = r,
+                }
+                let agent: BTreeMap<u64, u64> = marks.marks.iter().map(|(k, v)| (*k, *v)).collect();
+                prop_assert_eq!(&agent, &model.map);
+                prop_assert_eq!(model.armed, !agent.is_empty());
+            }
+        }
+    }
+
+    #[test]
+    fn a_refused_mark_is_counted_and_not_held() {
+        let (mut marks, mut model) = (OpaqueMarks::default(), Model { refuse: true, ..Model::default() });
+        marks.mark(&mut model, OpaqueMark { tgid: 7, fd: 3, opened_ns: 5 });
+        assert_eq!(marks.stats(), MarkStats { marked: 0, refused: 1 });
+        assert!(marks.is_empty() && !model.armed);
+    }
+
+    #[test]
+    fn closing_one_process_keeps_the_others_marks() {
+        let mut marks = OpaqueMarks::default();
+        let mut model = Model::default();
+        marks.mark(&mut model, OpaqueMark { tgid: 7, fd: 3, opened_ns: 5 });
+        marks.mark(&mut model, OpaqueMark { tgid: 8, fd: 3, opened_ns: 6 });
+        marks.forget_process(&mut model, 7);
+        assert_eq!(model.map.into_iter().collect::<Vec<_>>(), vec![(key(8, 3), 6)]);
+        assert!(model.armed);
+    }
+}
