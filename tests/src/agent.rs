@@ -42,9 +42,40 @@ impl Agent {
     /// Starts the agent without waiting for readiness.
     #[must_use]
     pub fn spawn(env: &[(&str, String)]) -> Self {
+        Self::spawn_command(Command::new(binary()), env)
+    }
+
+    /// Starts the agent as the `DaemonSet` runs it (deploy/kubernetes/daemonset.yaml): uid 0 with
+    /// every capability dropped but `CAP_BPF`, `CAP_PERFMON`, `CAP_SYS_PTRACE` and
+    /// `CAP_DAC_READ_SEARCH`, and `no_new_privs`; waits until ready.
+    #[must_use]
+    pub fn start_with_daemonset_capabilities(env: &[(&str, String)]) -> Self {
+        let mut cmd = Command::new("setpriv");
+        cmd.args([
+            "--bounding-set=-all,+bpf,+perfmon,+sys_ptrace,+dac_read_search",
+            "--inh-caps=-all",
+            "--no-new-privs",
+            "--",
+        ])
+        .arg(binary());
+        let agent = Self::spawn_command(cmd, env);
+        agent.wait_ready();
+        agent
+    }
+
+    /// The agent's effective capabilities (`CapEff` of its status), as a bit set.
+    #[must_use]
+    pub fn effective_capabilities(&self) -> u64 {
+        let pid = self.child.as_ref().expect("running").id();
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|s| s.lines().find_map(|l| u64::from_str_radix(l.strip_prefix("CapEff:")?.trim(), 16).ok()))
+            .expect("CapEff of the agent")
+    }
+
+    fn spawn_command(mut cmd: Command, env: &[(&str, String)]) -> Self {
         let admin: SocketAddr = format!("127.0.0.1:{}", crate::free_port()).parse().expect("addr");
         let log = std::env::temp_dir().join(format!("tracetap-agent-{}.log", admin.port()));
-        let mut cmd = Command::new(binary());
         cmd.env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("TRACETAP_ADMIN_ADDR", admin.to_string())

@@ -1,9 +1,45 @@
-//! Without the privileges to load eBPF, the agent exits with status 1 and says what to grant.
-//! Runs as root (like CI) and drops to `nobody` with no capabilities for the agent.
+//! Without the privileges to load eBPF, the agent exits with status 1 and says what to grant;
+//! with the four capabilities its `DaemonSet` grants, it does everything. Runs as root (like CI)
+//! and drops privileges for the agent.
 
+use std::net::SocketAddr;
 use std::process::Command;
 
-use tracetap_tests::{free_port, require_root};
+use tracetap_tests::agent::Agent;
+use tracetap_tests::client::Conn;
+use tracetap_tests::haproxy::{self, Haproxy};
+use tracetap_tests::{Rig, free_port, require_root};
+
+/// Capability numbers (linux/capability.h).
+const CAP_DAC_READ_SEARCH: u32 = 2;
+const CAP_SYS_PTRACE: u32 = 19;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+
+/// Loading the probes, following HAProxy, and naming its frontend and backend (which reads its
+/// configuration through /proc and asks its listening socket for its address through
+/// `pidfd_getfd`) all work with only the four capabilities.
+#[test]
+fn the_daemonsets_four_capabilities_are_enough_to_trace_and_name() {
+    if !require_root() {
+        return;
+    }
+    let rig = Rig::new();
+    let port = free_port();
+    let _haproxy = Haproxy::start(&rig.comm, &haproxy::config(port, &[rig.backend.addr], ""), port);
+    let agent = Agent::start_with_daemonset_capabilities(&rig.agent_env());
+    let four = [CAP_DAC_READ_SEARCH, CAP_SYS_PTRACE, CAP_PERFMON, CAP_BPF].iter().fold(0u64, |set, cap| set | 1 << cap);
+    assert_eq!(agent.effective_capabilities(), four, "the agent runs with exactly the four capabilities");
+    let front = SocketAddr::from(([127, 0, 0, 1], port));
+    assert_eq!(Conn::connect(front).unwrap().get("/four-capabilities", &[]).unwrap().status, 200);
+    let spans = rig.receiver.wait_for_spans(2);
+    let server = spans.iter().find(|s| s.is_server()).expect("a SERVER span");
+    let client = spans.iter().find(|s| !s.is_server()).expect("a CLIENT span");
+    assert_eq!(server.str_attr("url.path"), Some("/four-capabilities"));
+    assert_eq!(server.str_attr("haproxy.frontend"), Some("fe_main"), "{}", agent.log());
+    assert_eq!(client.str_attr("haproxy.backend"), Some("be_app"));
+    assert!(!agent.log().contains("cannot duplicate"), "no fallback to /proc/PID/net/tcp: {}", agent.log());
+}
 
 #[test]
 fn unprivileged_agent_says_what_is_missing() {

@@ -1,6 +1,13 @@
-//! The bind address of a listening socket, found once per (process, fd) through
-//! `/proc/PID/fd/FD` (the socket inode) and `/proc/PID/net/tcp{,6}` (the inode's local address).
-//! Used to name the frontend an accepted connection came through.
+//! The bind address of a listening socket, found once per (process, fd). Used to name the
+//! frontend an accepted connection came through, and to know a `mode tcp` one.
+//!
+//! This runs on the capture thread, at the first `accept` of each listener, so it must be cheap
+//! whatever the host: it asks the socket itself, through a duplicate of the process's descriptor
+//! (`pidfd_getfd`, allowed by `CAP_SYS_PTRACE`) and `getsockname`, a few syscalls. Only where that
+//! is refused (a security module denying ptrace) does it fall back to `/proc/PID/fd/FD` (the
+//! socket inode) and `/proc/PID/net/tcp{,6}` (the inode's local address), which the kernel prints
+//! for every socket of the network namespace: on a busy node, megabytes, read while the ring
+//! waits.
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -32,6 +39,44 @@ impl ListenAddrs {
 }
 
 fn resolve(proc_root: &Path, tgid: u32, fd: i32) -> Option<SocketAddr> {
+    match ask_socket(tgid, fd) {
+        Ok(addr) => addr,
+        Err(e) => {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| {
+                tracing::warn!(
+                    pid = tgid,
+                    error = %e,
+                    "cannot duplicate HAProxy's listening socket (pidfd_getfd needs CAP_SYS_PTRACE and a security module that allows ptrace); reading /proc/PID/net/tcp instead, which is slow on hosts with many connections"
+                );
+            });
+            from_tables(proc_root, tgid, fd)
+        }
+    }
+}
+
+/// The socket's own address, through a duplicate of the descriptor. `Ok(None)`: not an IP socket.
+fn ask_socket(tgid: u32, fd: i32) -> std::io::Result<Option<SocketAddr>> {
+    use rustix::process::{Pid, PidfdFlags, PidfdGetfdFlags, pidfd_getfd, pidfd_open};
+    let pid = i32::try_from(tgid).ok().and_then(Pid::from_raw).ok_or(std::io::ErrorKind::InvalidInput)?;
+    let pidfd = pidfd_open(pid, PidfdFlags::empty())?;
+    let socket = pidfd_getfd(&pidfd, fd, PidfdGetfdFlags::empty())?;
+    match rustix::net::getsockname(&socket) {
+        Ok(addr) => Ok(SocketAddr::try_from(addr).ok().map(unmap)),
+        Err(rustix::io::Errno::NOTSOCK) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// `::ffff:a.b.c.d` as the IPv4 address it is, as HAProxy's configuration names it.
+fn unmap(addr: SocketAddr) -> SocketAddr {
+    match addr {
+        SocketAddr::V6(v6) => v6.ip().to_ipv4_mapped().map_or(addr, |v4| SocketAddr::new(v4.into(), v6.port())),
+        SocketAddr::V4(_) => addr,
+    }
+}
+
+fn from_tables(proc_root: &Path, tgid: u32, fd: i32) -> Option<SocketAddr> {
     let pid_dir = proc_root.join(tgid.to_string());
     let link = std::fs::read_link(pid_dir.join("fd").join(fd.to_string())).ok()?;
     let inode: u64 = link.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()?;
@@ -95,5 +140,23 @@ mod tests {
         let fd = std::os::fd::AsRawFd::as_raw_fd(&listener);
         let mut addrs = ListenAddrs::new(Path::new("/proc"));
         assert_eq!(addrs.local_addr(std::process::id(), fd), Some(addr));
+        // Both ways agree, the fallback included.
+        assert_eq!(ask_socket(std::process::id(), fd).unwrap(), Some(addr));
+        assert_eq!(from_tables(Path::new("/proc"), std::process::id(), fd), Some(addr));
+    }
+
+    #[test]
+    fn an_ipv6_listener_and_a_file_are_told_apart() {
+        let listener = std::net::TcpListener::bind("[::1]:0").unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&listener);
+        assert_eq!(ask_socket(std::process::id(), fd).unwrap(), Some(listener.local_addr().unwrap()));
+        let file = std::fs::File::open("/proc/self/status").unwrap();
+        assert_eq!(ask_socket(std::process::id(), std::os::fd::AsRawFd::as_raw_fd(&file)).unwrap(), None);
+    }
+
+    #[test]
+    fn a_v4_mapped_address_is_named_as_ipv4() {
+        assert_eq!(unmap("[::ffff:127.0.0.1]:80".parse().unwrap()), "127.0.0.1:80".parse().unwrap());
+        assert_eq!(unmap("[::1]:80".parse().unwrap()), "[::1]:80".parse().unwrap());
     }
 }
