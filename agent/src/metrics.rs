@@ -53,8 +53,8 @@ metrics! {
     events_malformed: "counter", "tracetap_events_malformed_total", "Ring buffer records the agent could not decode";
     parse_errors: "counter", "tracetap_parse_errors_total", "HTTP/1 heads or bodies that could not be parsed";
     opaque_connections: "counter", "tracetap_opaque_connections_total", "Connections ignored because they do not speak HTTP/1";
-    opaque_payload_skipped: "counter", "tracetap_opaque_connections_payload_skipped_total", "Opaque connections (TLS, mode tcp, tunnels) whose bytes the probes were told to stop copying";
-    opaque_marks_refused: "counter", "tracetap_opaque_connections_payload_copied_total", "Opaque connections the probes could not be told about (their table of marks full): their bytes are still copied, and ignored";
+    opaque_marks: "counter", "tracetap_opaque_marks_total", "Marks written to the probes for opaque connections (TLS, mode tcp, tunnels): from then on their bytes are not copied";
+    opaque_marks_refused: "counter", "tracetap_opaque_marks_refused_total", "Opaque connections the probes could not be told about (mark table full, or the write failed): their bytes are still copied, and ignored";
     payload_bytes_captured: "counter", "tracetap_payload_bytes_captured_total", "Payload bytes the probes copied into the ring buffer";
     unknown_descriptors: "counter", "tracetap_unknown_descriptors_total", "Descriptors never seen opened whose first bytes are not HTTP/1 (files HAProxy reads, its wake-up pipes, sockets older than the agent); ignored until closed";
     unpaired_responses: "counter", "tracetap_unpaired_responses_total", "Responses with no parsed request (HAProxy answering by itself to a bad or missing request)";

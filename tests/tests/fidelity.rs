@@ -306,7 +306,7 @@ fn opaque_connections_are_no_longer_copied_once_known() {
         conn.send_raw(upgrade).unwrap();
         assert_eq!(conn.read_response().unwrap().status, 101);
         // The client and server connections of this proxy are marked (cumulative over the loop).
-        let skipped = "tracetap_opaque_connections_payload_skipped_total";
+        let skipped = "tracetap_opaque_marks_total";
         assert!(
             wait_for(Duration::from_secs(10), || (s.agent.metric(skipped) >= marks).then_some(())).is_some(),
             "{front}: {} connections marked, expected {marks}",
@@ -327,7 +327,7 @@ fn opaque_connections_are_no_longer_copied_once_known() {
         let copied = s.agent.metric("tracetap_payload_bytes_captured_total") - before;
         assert!(copied < 64 * 1024, "{front}: {copied} payload bytes copied for 4 MiB through a marked tunnel");
     }
-    assert_eq!(s.agent.metric("tracetap_opaque_connections_payload_copied_total"), 0);
+    assert_eq!(s.agent.metric("tracetap_opaque_marks_refused_total"), 0);
     // Closed: the next connections may get the same fd numbers, and are traced whole.
     let paths: Vec<String> = (0..5).map(|i| format!("/after-the-tunnel/{i}")).collect();
     for path in &paths {

@@ -101,6 +101,8 @@ fn a_process_that_execs_haproxy_is_traced_from_its_first_request() {
     let server = spans.iter().find(|s| s.is_server() && s.str_attr("url.path") == Some("/first"));
     assert_eq!(server.map(|s| s.pid), Some(i64::from(child.0.id())), "the exec'd HAProxy keeps the shell's pid");
     assert!(agent.is_running());
+    drop(child);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

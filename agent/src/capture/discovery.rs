@@ -1,8 +1,12 @@
 //! Finds the processes to trace by walking `/proc`: every process with the target command name
 //! (one small file per process), or the configured pids and their descendants (`HAProxy`'s master
-//! forks its workers), followed down their `children` files.
+//! forks its workers), followed down their `children` files. Kernels without those files
+//! (`CONFIG_PROC_CHILDREN` off) get the full walk of every `stat`. The kernel documents the
+//! `children` files as unreliable while children exit (a reload), so a process selected before
+//! that is missing from them stays selected while it lives under the tree: one incomplete read
+//! must not untrace a live worker and end its open exchanges.
 //!
-//! The walk reads one file per process on the host, so it runs on a thread of its own
+//! A walk can read one file per process on the host, so it runs on a thread of its own
 //! ([`Discovery`]), never on the capture thread: a slow `/proc` (thousands of processes, a loaded
 //! host) must not delay draining the ring. The capture thread takes the latest result without
 //! waiting, and keeps the previous one until a new one is there.
@@ -49,15 +53,20 @@ pub fn read_command_names(proc_root: &Path) -> Vec<ProcInfo> {
 
 /// The living processes among `roots` and all their descendants, found through
 /// `/proc/PID/task/TID/children` of the processes found so far: it reads a few files per traced
-/// process, not one per process on the host.
+/// process, not one per process on the host. `None` when this kernel has no `children` files.
 #[must_use]
-pub fn read_descendants(proc_root: &Path, roots: &[u32]) -> BTreeSet<u32> {
+pub fn read_descendants(proc_root: &Path, roots: &[u32]) -> Option<BTreeSet<u32>> {
     let mut out = BTreeSet::new();
     let mut stack: Vec<u32> = roots.to_vec();
     while let Some(pid) = stack.pop() {
-        let Ok(tasks) = fs::read_dir(proc_root.join(pid.to_string()).join("task")) else { continue };
+        let pid_dir = proc_root.join(pid.to_string());
+        let Ok(tasks) = fs::read_dir(pid_dir.join("task")) else { continue };
         if !out.insert(pid) {
             continue;
+        }
+        let main_task = pid_dir.join("task").join(pid.to_string()).join("children");
+        if matches!(fs::metadata(&main_task), Err(e) if e.kind() == std::io::ErrorKind::NotFound) && pid_dir.exists() {
+            return None;
         }
         for task in tasks.filter_map(Result::ok) {
             if let Ok(children) = fs::read_to_string(task.path().join("children")) {
@@ -65,7 +74,27 @@ pub fn read_descendants(proc_root: &Path, roots: &[u32]) -> BTreeSet<u32> {
             }
         }
     }
-    out
+    Some(out)
+}
+
+/// The pid-mode selection: [`read_descendants`] (or, without `children` files, the full walk),
+/// plus the processes of `previous` that the read missed but that still live with their parent
+/// in the selection (see the module notes).
+#[must_use]
+pub fn select_pids(proc_root: &Path, roots: &[u32], previous: &BTreeSet<u32>) -> BTreeSet<u32> {
+    let Some(mut found) = read_descendants(proc_root, roots) else {
+        return select(&Targets::Pids(roots.to_vec()), &read_processes(proc_root));
+    };
+    // Parents first (lower pids, usually), and again until nothing changes: a missed worker's own
+    // missed child is kept too.
+    let mut missed: Vec<ProcInfo> = previous
+        .difference(&found)
+        .filter_map(|pid| parse_stat(*pid, &fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).ok()?))
+        .collect();
+    while let Some(at) = missed.iter().position(|p| found.contains(&p.ppid)) {
+        found.insert(missed.swap_remove(at).pid);
+    }
+    found
 }
 
 fn pids(proc_root: &Path) -> impl Iterator<Item = u32> {
@@ -154,11 +183,13 @@ fn walk_until_stopped(
     tx: &SyncSender<BTreeSet<u32>>,
     stop: &AtomicBool,
 ) {
+    let mut previous = BTreeSet::new();
     while !stop.load(Ordering::Relaxed) {
         let selected = match targets {
             Targets::Comm(_) => select(targets, &read_command_names(proc_root)),
-            Targets::Pids(roots) => read_descendants(proc_root, roots),
+            Targets::Pids(roots) => select_pids(proc_root, roots, &previous),
         };
+        previous.clone_from(&selected);
         match tx.try_send(selected) {
             // Full: the capture thread has not taken the previous one; the next walk replaces it.
             Ok(()) | Err(TrySendError::Full(_)) => {}
@@ -215,7 +246,7 @@ mod tests {
         let (me, sh) = (std::process::id(), shell.id());
         let mut found = BTreeSet::new();
         for _ in 0..500 {
-            found = read_descendants(Path::new("/proc"), &[sh]);
+            found = read_descendants(Path::new("/proc"), &[sh]).expect("children files");
             if found.len() == 2 {
                 break;
             }
@@ -224,10 +255,44 @@ mod tests {
         assert_eq!(found.len(), 2, "the shell and its sleep: {found:?}");
         let walked = select(&Targets::Pids(vec![sh]), &read_processes(Path::new("/proc")));
         assert_eq!(found, walked, "children files and the ppid walk find the same tree");
-        assert!(read_descendants(Path::new("/proc"), &[me]).is_superset(&found), "a tree reaches its grandchildren");
-        assert!(read_descendants(Path::new("/proc"), &[u32::MAX]).is_empty(), "a gone root is skipped");
+        assert!(
+            read_descendants(Path::new("/proc"), &[me]).unwrap().is_superset(&found),
+            "a tree reaches its grandchildren"
+        );
+        assert!(read_descendants(Path::new("/proc"), &[u32::MAX]).unwrap().is_empty(), "a gone root is skipped");
         let _ = shell.kill();
         let _ = shell.wait();
+    }
+
+    /// A fake `/proc`: `(pid, ppid, Some(children) or None for no children file)`.
+    fn fake_proc(procs: &[(u32, u32, Option<&str>)]) -> tempfile::TempDir {
+        let root = tempfile::tempdir().unwrap();
+        for (pid, ppid, children) in procs {
+            let task = root.path().join(pid.to_string()).join("task").join(pid.to_string());
+            fs::create_dir_all(&task).unwrap();
+            fs::write(root.path().join(pid.to_string()).join("stat"), format!("{pid} (p) S {ppid} 0")).unwrap();
+            if let Some(children) = children {
+                fs::write(task.join("children"), children).unwrap();
+            }
+        }
+        root
+    }
+
+    #[test]
+    fn a_worker_missing_from_one_children_read_stays_selected_while_it_lives() {
+        // 10 is the master; 11's children read came back without 12 (it was mid-exit elsewhere);
+        // 13 was selected before and is gone.
+        let proc = fake_proc(&[(10, 1, Some("11")), (11, 10, Some("")), (12, 11, Some("")), (14, 1, Some(""))]);
+        let previous = BTreeSet::from([10, 11, 12, 13, 14]);
+        assert_eq!(select_pids(proc.path(), &[10], &previous), BTreeSet::from([10, 11, 12]));
+        assert_eq!(select_pids(proc.path(), &[10], &BTreeSet::new()), BTreeSet::from([10, 11]));
+    }
+
+    #[test]
+    fn without_children_files_the_full_walk_selects() {
+        let proc = fake_proc(&[(10, 1, None), (11, 10, None), (12, 11, None), (14, 1, None)]);
+        assert_eq!(read_descendants(proc.path(), &[10]), None);
+        assert_eq!(select_pids(proc.path(), &[10], &BTreeSet::new()), BTreeSet::from([10, 11, 12]));
     }
 
     #[test]

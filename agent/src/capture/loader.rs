@@ -36,7 +36,7 @@ pub enum LoadError {
     )]
     NoBtf,
     #[error(
-        "loading the eBPF probes failed: {0}. tracetap needs root (or CAP_BPF, CAP_PERFMON and CAP_DAC_READ_SEARCH) and Linux 5.17+ (BPF ring buffers, BTF tracepoints, bpf_loop)"
+        "loading the eBPF probes failed: {0}. tracetap needs root (or CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH) and Linux 5.17+ (BPF ring buffers, BTF tracepoints, bpf_loop)"
     )]
     Load(#[source] Box<aya::EbpfError>),
     #[error("reading the kernel's BTF (/sys/kernel/btf/vmlinux): {0}")]
@@ -128,8 +128,8 @@ impl Probes {
             .map_err(|source| LoadError::Map { name: maps::TARGET_SET, source: Box::new(source) })?;
         let opaque_conns = BpfHashMap::try_from(take(&mut ebpf, maps::OPAQUE_CONNS)?)
             .map_err(|source| LoadError::Map { name: maps::OPAQUE_CONNS, source: Box::new(source) })?;
-        let opaque_armed = Array::try_from(take(&mut ebpf, maps::OPAQUE_ARMED)?)
-            .map_err(|source| LoadError::Map { name: maps::OPAQUE_ARMED, source: Box::new(source) })?;
+        let opaque_generation = Array::try_from(take(&mut ebpf, maps::OPAQUE_GENERATION)?)
+            .map_err(|source| LoadError::Map { name: maps::OPAQUE_GENERATION, source: Box::new(source) })?;
         let stats = if config.probe_stats {
             match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
                 Ok(fd) => Some(fd),
@@ -148,7 +148,7 @@ impl Probes {
             losses,
             target_pids,
             target_set,
-            opaque: OpaqueMaps { conns: opaque_conns, armed: opaque_armed },
+            opaque: OpaqueMaps { conns: opaque_conns, generation: opaque_generation },
             comm_filter,
             target_set_written: None,
             attached,
@@ -244,10 +244,10 @@ pub fn monotonic_to_unix_offset_ns() -> i128 {
     clock_ns(libc::CLOCK_REALTIME) - clock_ns(libc::CLOCK_MONOTONIC)
 }
 
-/// The probes' `OPAQUE_CONNS` and `OPAQUE_ARMED` (see `super::opaque`).
+/// The probes' `OPAQUE_CONNS` and `OPAQUE_GENERATION` (see `super::opaque`).
 pub struct OpaqueMaps {
     conns: BpfHashMap<MapData, u64, u64>,
-    armed: Array<MapData, u32>,
+    generation: Array<MapData, u32>,
 }
 
 impl super::opaque::MarkSink for OpaqueMaps {
@@ -259,9 +259,9 @@ impl super::opaque::MarkSink for OpaqueMaps {
         let _ = self.conns.remove(&key);
     }
 
-    fn arm(&mut self, armed: bool) {
-        if let Err(e) = self.armed.set(0, u32::from(armed), 0) {
-            tracing::warn!(error = %e, "cannot update the probes' opaque-connection flag");
+    fn publish(&mut self, generation: u32) {
+        if let Err(e) = self.generation.set(0, generation, 0) {
+            tracing::warn!(error = %e, "cannot update the probes' opaque-connection generation; marked connections keep being copied");
         }
     }
 }

@@ -101,9 +101,11 @@ pub fn run(
     // A command filter also acts in the kernel, which traces a new HAProxy from its first
     // syscall: discovery then only has to learn of it for names and metrics, and walks half as
     // often. Traced pids have children only discovery can find (forked workers).
+    // A pod selector turns the kernel's name filter off (see `Probes::load`): discovery is then
+    // what adds a new HAProxy, at the housekeeping period.
     let walk_period = match config.targets {
-        crate::config::Targets::Comm(_) => 2 * HOUSEKEEPING,
-        crate::config::Targets::Pids(_) => HOUSEKEEPING,
+        crate::config::Targets::Comm(_) if config.pod_selector.is_none() => 2 * HOUSEKEEPING,
+        crate::config::Targets::Comm(_) | crate::config::Targets::Pids(_) => HOUSEKEEPING,
     };
     let discovery = match discovery::Discovery::start("/proc".into(), config.targets.clone(), walk_period) {
         Ok(d) => d,
@@ -160,15 +162,17 @@ pub fn run(
                     if let Op::Accept { local, .. } = &mut ev.op {
                         *local = listeners.local_addr(ev.tgid, header.ret as i32);
                     }
+                    // A close ends a connection's mark; so does a new connection on the same fd (the
+                    // close record of the old one may have been lost, or the fd closed by exec).
+                    if matches!(ev.op, Op::Close | Op::Accept { .. } | Op::Connect { .. }) && !opaque.is_empty() {
+                        opaque.closed(&mut probes.opaque, ev.tgid, ev.fd);
+                    }
                     tracker.handle(&ev);
                     if is_tcp_mode(&ev, &mut names) {
                         tracker.handle(&tracetap_proxy::SyscallEvent { op: Op::Ignore, ..ev });
                     }
                     for mark in tracker.take_opaque_marks() {
                         opaque.mark(&mut probes.opaque, mark);
-                    }
-                    if matches!(ev.op, Op::Close) && !opaque.is_empty() {
-                        opaque.closed(&mut probes.opaque, ev.tgid, ev.fd);
                     }
                 }
                 Err(_) => metrics::add(&metrics.events_malformed, 1),
@@ -181,7 +185,7 @@ pub fn run(
         metrics::add(&metrics.events_captured, events);
         metrics::add(&metrics.payload_bytes_captured, std::mem::take(&mut payload_bytes));
         let marks = opaque.stats();
-        metrics::set(&metrics.opaque_payload_skipped, marks.marked);
+        metrics::set(&metrics.opaque_marks, marks.marked);
         metrics::set(&metrics.opaque_marks_refused, marks.refused);
         hand_out(&mut tracker, &mut scratch, &mut builder, &mut names, &mut batcher, &queue, metrics);
         publish_tracker(&tracker, metrics);

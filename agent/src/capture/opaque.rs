@@ -12,8 +12,12 @@
 //! - The agent is the only writer of the probes' marks, and removes a mark when it sees its
 //!   connection close or its process go, so the probes' map holds what [`OpaqueMarks`] holds
 //!   (at most [`MAX_MARKS`], the size of that map).
-//! - The probes look marks up only while the armed flag is set, which holds exactly while some
-//!   mark exists: connections pay no lookup in the usual case of no opaque traffic.
+//! - The probes' map is a plain hash map of [`MAX_MARKS`] entries: the agent holds at most that
+//!   many marks, so the kernel never evicts one behind its back.
+//! - The generation the agent publishes is 0 exactly while no mark exists, and takes a value it
+//!   never had before after every mark added: a connection that checked the map at one
+//!   generation must look again once a mark was added, and only then (the probes cache the
+//!   answer per connection with the generation they saw).
 
 use rustc_hash::FxHashMap;
 use tracetap_ebpf_common::MAX_NUMBERED_CONNECTIONS;
@@ -27,8 +31,8 @@ pub trait MarkSink {
     /// Writes the mark of `key` (`tgid << 32 | fd`); false when the map refused it.
     fn insert(&mut self, key: u64, opened_ns: u64) -> bool;
     fn remove(&mut self, key: u64);
-    /// Tells the probes whether any mark exists.
-    fn arm(&mut self, armed: bool);
+    /// Publishes the marks' generation (0: there are none).
+    fn publish(&mut self, generation: u32);
 }
 
 /// What marking did, for the agent's counters.
@@ -45,6 +49,8 @@ pub struct MarkStats {
 pub struct OpaqueMarks {
     /// `tgid << 32 | fd` to the opening time written for it.
     marks: FxHashMap<u64, u64>,
+    /// The last generation published after a mark was added (never reused, never 0).
+    generation: u32,
     stats: MarkStats,
 }
 
@@ -80,9 +86,10 @@ impl OpaqueMarks {
             return;
         }
         self.stats.marked += 1;
-        if self.marks.insert(key, mark.opened_ns).is_none() && self.marks.len() == 1 {
-            sink.arm(true);
-        }
+        self.marks.insert(key, mark.opened_ns);
+        // After the map write: a probe that sees the new generation finds the mark.
+        self.generation = self.generation.checked_add(1).unwrap_or(1);
+        sink.publish(self.generation);
     }
 
     /// The connection `(tgid, fd)` closed: its mark, if any, goes.
@@ -91,7 +98,7 @@ impl OpaqueMarks {
         if self.marks.remove(&key).is_some() {
             sink.remove(key);
             if self.marks.is_empty() {
-                sink.arm(false);
+                sink.publish(0);
             }
         }
     }
@@ -107,7 +114,7 @@ impl OpaqueMarks {
             keep
         });
         if before > 0 && self.marks.is_empty() {
-            sink.arm(false);
+            sink.publish(0);
         }
     }
 }
@@ -124,7 +131,9 @@ mod tests {
     #[derive(Debug, Default)]
     struct Model {
         map: BTreeMap<u64, u64>,
-        armed: bool,
+        generation: u32,
+        /// Every non-zero generation published, in order.
+        published: Vec<u32>,
         refuse: bool,
     }
 
@@ -139,8 +148,11 @@ mod tests {
         fn remove(&mut self, key: u64) {
             self.map.remove(&key);
         }
-        fn arm(&mut self, armed: bool) {
-            self.armed = armed;
+        fn publish(&mut self, generation: u32) {
+            self.generation = generation;
+            if generation != 0 {
+                self.published.push(generation);
+            }
         }
     }
 
@@ -162,21 +174,30 @@ mod tests {
     }
 
     proptest! {
-        /// The probes' map always holds exactly the agent's marks, and is armed exactly while it
-        /// holds any.
+        /// The probes' map always holds exactly the agent's marks; the generation is 0 exactly
+        /// while it holds none, and every mark added publishes a generation never seen before.
         #[test]
         fn the_probes_hold_what_the_agent_holds(steps in proptest::collection::vec(step(), 0..64)) {
             let (mut marks, mut model) = (OpaqueMarks::default(), Model::default());
             for step in steps {
+                let published = model.published.len();
                 match step {
-                    Step::Mark { tgid, fd, opened_ns } => marks.mark(&mut model, OpaqueMark { tgid, fd, opened_ns }),
+                    Step::Mark { tgid, fd, opened_ns } => {
+                        let before = marks.stats().marked;
+                        marks.mark(&mut model, OpaqueMark { tgid, fd, opened_ns });
+                        if marks.stats().marked > before {
+                            prop_assert_eq!(model.published.len(), published + 1);
+                            let new = model.published[published];
+                            prop_assert!(!model.published[..published].contains(&new));
+                        }
+                    }
                     Step::Close { tgid, fd } => marks.closed(&mut model, tgid, fd),
                     Step::Forget { tgid } => marks.forget_process(&mut model, tgid),
                     Step::Refuse(r) => model.refuse = r,
                 }
                 let agent: BTreeMap<u64, u64> = marks.marks.iter().map(|(k, v)| (*k, *v)).collect();
                 prop_assert_eq!(&agent, &model.map);
-                prop_assert_eq!(model.armed, !agent.is_empty());
+                prop_assert_eq!(model.generation != 0, !agent.is_empty());
             }
         }
     }
@@ -186,7 +207,7 @@ mod tests {
         let (mut marks, mut model) = (OpaqueMarks::default(), Model { refuse: true, ..Model::default() });
         marks.mark(&mut model, OpaqueMark { tgid: 7, fd: 3, opened_ns: 5 });
         assert_eq!(marks.stats(), MarkStats { marked: 0, refused: 1 });
-        assert!(marks.is_empty() && !model.armed);
+        assert!(marks.is_empty() && model.generation == 0);
     }
 
     #[test]
@@ -197,6 +218,6 @@ mod tests {
         marks.mark(&mut model, OpaqueMark { tgid: 8, fd: 3, opened_ns: 6 });
         marks.forget_process(&mut model, 7);
         assert_eq!(model.map.into_iter().collect::<Vec<_>>(), vec![(key(8, 3), 6)]);
-        assert!(model.armed);
+        assert_ne!(model.generation, 0);
     }
 }

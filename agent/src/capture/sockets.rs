@@ -28,8 +28,17 @@ impl ListenAddrs {
 
     /// The local address of listening socket `fd` of process `tgid`.
     pub fn local_addr(&mut self, tgid: u32, fd: i32) -> Option<SocketAddr> {
-        let root = &self.proc_root;
-        *self.cache.entry((tgid, fd)).or_insert_with(|| resolve(root, tgid, fd))
+        if let Some(known) = self.cache.get(&(tgid, fd)) {
+            return *known;
+        }
+        // A transient failure (out of descriptors) is not remembered: the next accept asks again.
+        match resolve(&self.proc_root, tgid, fd) {
+            Resolved::Known(answer) => {
+                self.cache.insert((tgid, fd), answer);
+                answer
+            }
+            Resolved::Retry => None,
+        }
     }
 
     /// Drops what is known of an exited process.
@@ -38,33 +47,50 @@ impl ListenAddrs {
     }
 }
 
-fn resolve(proc_root: &Path, tgid: u32, fd: i32) -> Option<SocketAddr> {
+/// What asking for a listener's address gave.
+#[derive(Debug, PartialEq, Eq)]
+enum Resolved {
+    /// An answer to remember (`None`: not an IP socket, or gone).
+    Known(Option<SocketAddr>),
+    /// A failure worth another try at the next accept.
+    Retry,
+}
+
+fn resolve(proc_root: &Path, tgid: u32, fd: i32) -> Resolved {
+    use rustix::io::Errno;
     match ask_socket(tgid, fd) {
-        Ok(addr) => addr,
-        Err(e) => {
+        Ok(addr) => Resolved::Known(addr),
+        // The process or the listener is gone (a reload): nothing to name.
+        Err(e) if e == Errno::SRCH || e == Errno::BADF => Resolved::Known(None),
+        // Refused: a security module denies ptrace, or no CAP_SYS_PTRACE; or an old kernel.
+        Err(e) if e == Errno::PERM || e == Errno::ACCESS || e == Errno::NOSYS => {
             static WARNED: std::sync::Once = std::sync::Once::new();
             WARNED.call_once(|| {
                 tracing::warn!(
                     pid = tgid,
-                    error = %e,
-                    "cannot duplicate HAProxy's listening socket (pidfd_getfd needs CAP_SYS_PTRACE and a security module that allows ptrace); reading /proc/PID/net/tcp instead, which is slow on hosts with many connections"
+                    error = %std::io::Error::from(e),
+                    "cannot duplicate HAProxy's listening socket (pidfd_getfd needs CAP_SYS_PTRACE, Linux 5.6+, and a security module that allows ptrace); reading /proc/PID/net/tcp instead, which is slow on hosts with many connections"
                 );
             });
-            from_tables(proc_root, tgid, fd)
+            Resolved::Known(from_tables(proc_root, tgid, fd))
+        }
+        Err(e) => {
+            tracing::debug!(pid = tgid, fd, error = %std::io::Error::from(e), "cannot ask a listening socket for its address; will retry");
+            Resolved::Retry
         }
     }
 }
 
 /// The socket's own address, through a duplicate of the descriptor. `Ok(None)`: not an IP socket.
-fn ask_socket(tgid: u32, fd: i32) -> std::io::Result<Option<SocketAddr>> {
+fn ask_socket(tgid: u32, fd: i32) -> Result<Option<SocketAddr>, rustix::io::Errno> {
     use rustix::process::{Pid, PidfdFlags, PidfdGetfdFlags, pidfd_getfd, pidfd_open};
-    let pid = i32::try_from(tgid).ok().and_then(Pid::from_raw).ok_or(std::io::ErrorKind::InvalidInput)?;
+    let pid = i32::try_from(tgid).ok().and_then(Pid::from_raw).ok_or(rustix::io::Errno::SRCH)?;
     let pidfd = pidfd_open(pid, PidfdFlags::empty())?;
     let socket = pidfd_getfd(&pidfd, fd, PidfdGetfdFlags::empty())?;
     match rustix::net::getsockname(&socket) {
         Ok(addr) => Ok(SocketAddr::try_from(addr).ok().map(unmap)),
         Err(rustix::io::Errno::NOTSOCK) => Ok(None),
-        Err(e) => Err(e.into()),
+        Err(e) => Err(e),
     }
 }
 
@@ -143,6 +169,9 @@ mod tests {
         // Both ways agree, the fallback included.
         assert_eq!(ask_socket(std::process::id(), fd).unwrap(), Some(addr));
         assert_eq!(from_tables(Path::new("/proc"), std::process::id(), fd), Some(addr));
+        // A closed descriptor, a gone process: nothing to name, and nothing to retry.
+        assert_eq!(resolve(Path::new("/proc"), std::process::id(), 999_999), Resolved::Known(None));
+        assert_eq!(resolve(Path::new("/proc"), u32::MAX, 3), Resolved::Known(None));
     }
 
     #[test]

@@ -149,7 +149,7 @@ pub mod maps {
     pub const TARGET_SET: &str = "TARGET_SET";
     pub const CONNS: &str = "CONNS";
     pub const OPAQUE_CONNS: &str = "OPAQUE_CONNS";
-    pub const OPAQUE_ARMED: &str = "OPAQUE_ARMED";
+    pub const OPAQUE_GENERATION: &str = "OPAQUE_GENERATION";
 }
 
 #[cfg(feature = "user")]

@@ -36,7 +36,7 @@ use aya_ebpf::{
         generated::{bpf_loop, bpf_probe_read_user as raw_probe_read_user, bpf_ringbuf_output},
     },
     macros::{btf_tracepoint, map},
-    maps::{Array, LruHashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
     programs::BtfTracePointContext,
 };
 use tracetap_ebpf_common::{
@@ -88,21 +88,29 @@ struct ConnState {
     /// `ts_ns` of the connection's `accept`/`connect` record.
     opened_ns: u64,
     seq: u32,
+    /// The `OPAQUE_GENERATION` at which `opaque` was last looked up (0: never).
+    checked_generation: u32,
+    /// Whether `OPAQUE_CONNS` marked this connection, as of `checked_generation`.
+    opaque: u32,
     _reserved: u32,
 }
 
 /// Connections whose bytes the agent does not want (they do not speak HTTP/1: TLS, `mode tcp`,
 /// tunnels), as `tgid << 32 | fd` to the `ts_ns` of their `accept`/`connect` record. Only the
-/// agent writes it. A read or write on such a connection is still reported, for its size and
-/// sequence number, but without payload. The opening time makes a mark that arrives after the
-/// connection closed and its fd was reused (the agent lags the probes) match nothing.
+/// agent writes it, and it never holds more than the map's size (a plain hash map, so nothing is
+/// evicted behind the agent's back). A read or write on such a connection is still reported,
+/// for its size and sequence number, but without payload. The opening time makes a mark that
+/// arrives after the connection closed and its fd was reused (the agent lags the probes) match
+/// nothing.
 #[map]
-static OPAQUE_CONNS: LruHashMap<u64, u64> = LruHashMap::with_max_entries(MAX_NUMBERED_CONNECTIONS, 0);
+static OPAQUE_CONNS: HashMap<u64, u64> = HashMap::with_max_entries(MAX_NUMBERED_CONNECTIONS, 0);
 
-/// Non-zero while `OPAQUE_CONNS` holds any mark (the agent writes it): an array lookup the JIT
-/// inlines, so that connections pay no hash lookup while nothing is marked, the usual case.
+/// 0 while `OPAQUE_CONNS` is empty; otherwise a number the agent changes after every mark it
+/// adds. A connection looks the map up only when this differs from what it last saw, so that
+/// reads and writes pay no hash lookup in steady state, even while some long-lived connection
+/// (a resolver's socket, a WebSocket) stays marked. An array lookup the JIT inlines.
 #[map]
-static OPAQUE_ARMED: Array<u32> = Array::with_max_entries(1, 0);
+static OPAQUE_GENERATION: Array<u32> = Array::with_max_entries(1, 0);
 
 #[inline(always)]
 fn conn_key(tgid: u32, fd: i32) -> u64 {
@@ -112,38 +120,56 @@ fn conn_key(tgid: u32, fd: i32) -> u64 {
 /// Starts numbering a new connection's records; its first record carries 1.
 #[inline(always)]
 fn open_conn(tgid: u32, fd: i32, opened_ns: u64) -> u32 {
-    let state = ConnState { opened_ns, seq: 1, _reserved: 0 };
+    let state = ConnState { opened_ns, seq: 1, checked_generation: 0, opaque: 0, _reserved: 0 };
     // A full table evicts the least recently used entry; insert fails only on memory pressure.
     if CONNS.insert(&conn_key(tgid, fd), &state, 0).is_ok() { 1 } else { 0 }
 }
 
-/// The next sequence number of a connection's records (0 for connections not numbered), and
-/// whether the agent marked the connection as one whose payload it does not want.
+/// Takes the next sequence number of a numbered connection (see `CONNS`).
 #[inline(always)]
-fn next_seq(tgid: u32, fd: i32) -> (u32, bool) {
+fn take_seq(state: *mut ConnState) -> u32 {
+    // SAFETY: map value pointer; a racing update from another thread on the same fd can only
+    // make the agent see a gap that was not one, never hide one.
+    unsafe {
+        let seq = (*state).seq.wrapping_add(1);
+        (*state).seq = seq;
+        seq
+    }
+}
+
+/// The next sequence number of a connection's records (0 for connections not numbered).
+#[inline(always)]
+fn next_seq(tgid: u32, fd: i32) -> u32 {
+    CONNS.get_ptr_mut(&conn_key(tgid, fd)).map_or(0, take_seq)
+}
+
+/// [`next_seq`], and whether the agent marked the connection as one whose payload it does not
+/// want (for reads and writes).
+#[inline(always)]
+fn next_seq_for_data(tgid: u32, fd: i32) -> (u32, bool) {
     let key = conn_key(tgid, fd);
     match CONNS.get_ptr_mut(&key) {
-        Some(state) => {
-            // SAFETY: map value pointer; a racing update from another thread on the same fd can
-            // only make the agent see a gap that was not one, never hide one.
-            let (seq, opened_ns) = unsafe {
-                let seq = (*state).seq.wrapping_add(1);
-                (*state).seq = seq;
-                (seq, (*state).opened_ns)
-            };
-            (seq, payload_unwanted(key, opened_ns))
-        }
+        Some(state) => (take_seq(state), payload_unwanted(key, state)),
         None => (0, false),
     }
 }
 
 #[inline(always)]
-fn payload_unwanted(key: u64, opened_ns: u64) -> bool {
-    if OPAQUE_ARMED.get(0).is_none_or(|armed| *armed == 0) {
+fn payload_unwanted(key: u64, state: *mut ConnState) -> bool {
+    let generation = OPAQUE_GENERATION.get(0).map_or(0, |g| *g);
+    if generation == 0 {
         return false;
     }
-    // SAFETY: read-only lookup of a plain value.
-    unsafe { OPAQUE_CONNS.get(&key) }.is_some_and(|marked| *marked == opened_ns)
+    // SAFETY: map value pointer, see `take_seq`; a stale cache only costs a lookup or a copy.
+    unsafe {
+        if (*state).checked_generation != generation {
+            // SAFETY: read-only lookup of a plain value.
+            let marked = OPAQUE_CONNS.get(&key).is_some_and(|opened| *opened == (*state).opened_ns);
+            (*state).opaque = u32::from(marked);
+            (*state).checked_generation = generation;
+        }
+        (*state).opaque != 0
+    }
 }
 
 /// A record being built: header, then payload.
@@ -516,7 +542,7 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> i32 {
             if ret > 0 {
                 for (kind, fd) in [(EventKind::Read, fd), (EventKind::Write, dx as i32)] {
                     if let Some(staging) = stage(kind, fd, ret) {
-                        staging.header.seq = next_seq(tgid, fd).0;
+                        staging.header.seq = next_seq(tgid, fd);
                         emit(staging, 0);
                     }
                 }
@@ -526,7 +552,7 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> i32 {
             if ret == 0 && kind == EventKind::Write {
                 return 0;
             }
-            let (seq, payload_unwanted) = next_seq(tgid, fd);
+            let (seq, payload_unwanted) = next_seq_for_data(tgid, fd);
             if payload_unwanted {
                 let Some(staging) = stage(kind, fd, ret) else { return 0 };
                 staging.header.seq = seq;
@@ -565,7 +591,7 @@ pub fn sys_enter(ctx: BtfTracePointContext) -> i32 {
     }
     let fd = reg(ctx.arg(0), PT_REGS_DI) as i32;
     if let Some(staging) = stage(EventKind::Close, fd, 0) {
-        staging.header.seq = next_seq(tgid, fd).0;
+        staging.header.seq = next_seq(tgid, fd);
         let _ = CONNS.remove(&conn_key(tgid, fd));
         emit(staging, 0);
     }
