@@ -250,9 +250,13 @@ pub struct Tracker {
     opaque_marks: Vec<OpaqueMark>,
 }
 
+/// Most marks kept for [`Tracker::take_opaque_marks`]: a caller that never takes them (tests,
+/// fuzzing) must not make the tracker grow. A mark left out only costs copies.
+const MAX_PENDING_MARKS: usize = 1024;
+
 /// Notes that the connection `key` became opaque, when the probes have a name for it.
 fn mark_opaque(marks: &mut Vec<OpaqueMark>, key: (u32, i32), opened_ns: u64) {
-    if opened_ns != 0 {
+    if opened_ns != 0 && marks.len() < MAX_PENDING_MARKS {
         marks.push(OpaqueMark { tgid: key.0, fd: key.1, opened_ns });
     }
 }
