@@ -39,6 +39,15 @@ impl Agent {
         agent
     }
 
+    /// Starts the agent before any target runs: waits for its admin endpoint to answer, not for
+    /// readiness (which needs a target).
+    #[must_use]
+    pub fn start_without_targets(env: &[(&str, String)]) -> Self {
+        let agent = Self::spawn(env);
+        crate::wait_for(Duration::from_secs(20), || agent.get("/readyz")).expect("admin endpoint up");
+        agent
+    }
+
     /// Starts the agent without waiting for readiness.
     #[must_use]
     pub fn spawn(env: &[(&str, String)]) -> Self {

@@ -246,10 +246,8 @@ fn haproxy_started_after_the_agent_and_reloaded_is_traced() {
     }
     let rig = Rig::new();
     let (receiver, backend, comm) = (&rig.receiver, rig.backend, rig.comm.clone());
-    let mut agent =
-        Agent::spawn(&[("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint()), ("TRACETAP_TARGET_COMM", comm.clone())]);
+    let mut agent = Agent::start_without_targets(&rig.agent_env());
     // Not ready: nothing to trace yet.
-    wait_for(Duration::from_secs(20), || agent.get("/readyz")).expect("admin endpoint up");
     assert_eq!(agent.get("/readyz").map(|r| r.0), Some(503), "not ready without a target");
 
     let port = free_port();

@@ -242,11 +242,9 @@ fn websocket_upgrade_is_one_exchange_and_the_tunnel_is_not_parsed() {
     assert_eq!(spans.len(), 2);
 }
 
-#[test]
-fn tcp_mode_and_garbage_produce_no_spans() {
-    if !require_root() {
-        return;
-    }
+/// The standard stack plus a `mode tcp` frontend and backend to the same test backend; returns
+/// the stack and the tcp frontend's port.
+fn stack_with_a_tcp_mode_proxy() -> (Stack, u16) {
     let tcp_port = free_port();
     let s = Stack::with_config(
         |port, backend| {
@@ -257,6 +255,15 @@ fn tcp_mode_and_garbage_produce_no_spans() {
         },
         &[],
     );
+    (s, tcp_port)
+}
+
+#[test]
+fn tcp_mode_and_garbage_produce_no_spans() {
+    if !require_root() {
+        return;
+    }
+    let (s, tcp_port) = stack_with_a_tcp_mode_proxy();
     // HTTP carried by a tcp-mode proxy is not HAProxy handling HTTP: no spans.
     let mut tcp = Conn::connect(SocketAddr::from(([127, 0, 0, 1], tcp_port))).unwrap();
     assert_eq!(tcp.get("/through-tcp-mode", &[]).unwrap().status, 200);
@@ -287,16 +294,7 @@ fn opaque_connections_are_no_longer_copied_once_known() {
     if !require_root() {
         return;
     }
-    let tcp_port = free_port();
-    let s = Stack::with_config(
-        |port, backend| {
-            haproxy::config(port, &[backend], "")
-                + &format!(
-                    "\nfrontend fe_tcp\n    mode tcp\n    bind 127.0.0.1:{tcp_port}\n    default_backend be_tcp\n\nbackend be_tcp\n    mode tcp\n    server raw {backend}\n"
-                )
-        },
-        &[],
-    );
+    let (s, tcp_port) = stack_with_a_tcp_mode_proxy();
     let upgrade = b"GET /ws HTTP/1.1\r\nHost: t\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
           Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n";
     // 2 MiB each way, through a tunnel: every syscall would copy up to TRACETAP_CAPTURE_BYTES.

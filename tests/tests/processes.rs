@@ -81,10 +81,7 @@ fn a_process_that_execs_haproxy_is_traced_from_its_first_request() {
     }
     let rig = Rig::new();
     let (receiver, backend, comm) = (&rig.receiver, rig.backend, rig.comm.clone());
-    // Not ready until a target runs: wait for the admin endpoint only.
-    let mut agent =
-        Agent::spawn(&[("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint()), ("TRACETAP_TARGET_COMM", comm.clone())]);
-    wait_for(Duration::from_secs(20), || agent.get("/readyz")).expect("admin endpoint up");
+    let mut agent = Agent::start_without_targets(&rig.agent_env());
     let port = free_port();
     let dir = std::env::temp_dir().join(format!("tracetap-e2e-exec-{comm}"));
     let _ = std::fs::remove_dir_all(&dir);

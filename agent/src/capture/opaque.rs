@@ -65,11 +65,6 @@ impl OpaqueMarks {
     }
 
     #[must_use]
-    pub fn len(&self) -> usize {
-        self.marks.len()
-    }
-
-    #[must_use]
     pub fn is_empty(&self) -> bool {
         self.marks.is_empty()
     }

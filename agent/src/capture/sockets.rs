@@ -139,8 +139,7 @@ fn parse_hex_addr(field: &str) -> Option<SocketAddr> {
         4 => Some(SocketAddr::new(Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3]).into(), port)),
         16 => {
             let octets: [u8; 16] = bytes.try_into().ok()?;
-            let v6 = Ipv6Addr::from(octets);
-            Some(SocketAddr::new(v6.to_ipv4_mapped().map_or(v6.into(), Into::into), port))
+            Some(unmap(SocketAddr::new(Ipv6Addr::from(octets).into(), port)))
         }
         _ => None,
     }
