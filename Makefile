@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-APT_PACKAGES := haproxy wrk curl pkg-config llvm-22-dev libpolly-22-dev libzstd-dev python3-venv debootstrap
+APT_PACKAGES := haproxy wrk curl openssl nghttp2-client pkg-config llvm-22-dev libpolly-22-dev libzstd-dev python3-venv debootstrap
 # Debian 13's HAProxy 3.0 for the tests that run a scenario against both versions: a minimal
 # trixie tree made by debootstrap (tests/src/haproxy.rs runs it chrooted in its own namespaces).
 # Built in TRIXIE.partial and renamed when complete, so an interrupted run is started over.

@@ -94,6 +94,7 @@ fn exchange() -> ServerExchange {
             start_ns: 1_100,
             end_ns: 1_900,
             outcome: Outcome::Complete,
+            tls: None,
         }],
         request: Some(request),
         response: Some(response),
@@ -103,6 +104,7 @@ fn exchange() -> ServerExchange {
         start_ns: 1_000,
         end_ns: 2_000,
         outcome: Outcome::Complete,
+        tls: None,
     }
 }
 

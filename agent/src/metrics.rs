@@ -50,6 +50,9 @@ metrics! {
     events_captured: "counter", "tracetap_events_captured_total", "Syscall events read from the ring buffer";
     events_lost_ring_full: "counter", "tracetap_events_lost_ring_full_total", "Events the probes could not reserve in the ring buffer";
     events_lost_read_failed: "counter", "tracetap_events_lost_read_failed_total", "Payload or address copies from user memory that failed";
+    events_lost_tls_unbound: "counter", "tracetap_events_lost_tls_unbound_total", "TLS plaintext the probes could not tie to a connection they numbered (opened before the agent started, or closed since); not traced";
+    tls_processes: "gauge", "tracetap_tls_processes", "Traced processes with the TLS library probes attached";
+    tls_hook_failures: "counter", "tracetap_tls_hook_failures_total", "Traced processes mapping a TLS library to which the TLS probes could not be attached (their TLS traffic is not traced; the log says why)";
     events_malformed: "counter", "tracetap_events_malformed_total", "Ring buffer records the agent could not decode";
     parse_errors: "counter", "tracetap_parse_errors_total", "HTTP/1 heads or bodies that could not be parsed";
     opaque_connections: "counter", "tracetap_opaque_connections_total", "Connections ignored because they do not speak HTTP/1";

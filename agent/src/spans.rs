@@ -19,7 +19,7 @@ use bumpalo::collections::Vec as BumpVec;
 use opentelemetry_proto::tonic::trace::v1::{Span, span};
 use tracetap_proxy::haproxy_config::ProxyNames;
 use tracetap_proxy::trace_context::{FLAG_RANDOM, parse_traceparent};
-use tracetap_proxy::{ClientExchange, Outcome, RequestHead, ServerExchange, TraceparentField};
+use tracetap_proxy::{ClientExchange, Outcome, RequestHead, ServerExchange, TlsInfo, TraceparentField};
 
 use crate::encode::{Attr, SpanView, Value};
 use crate::sampling::Sampler;
@@ -121,7 +121,7 @@ impl SpanBuilder {
         let method = request.map_or("_OTHER", |r| known_method(&r.method));
         let status_code = ex.response.map(|r| r.status);
         let mut attrs = BumpVec::with_capacity_in(16, bump);
-        push_request_attributes(&mut attrs, bump, request.map(|r| (r, Target::parse(&r.target))));
+        push_request_attributes(&mut attrs, bump, request.map(|r| (r, Target::parse(&r.target))), ex.tls);
         if let Some(r) = request {
             if let Some(host) = &r.host {
                 let (address, port) = split_host(host);
@@ -190,14 +190,14 @@ impl SpanBuilder {
     ) -> SpanView<'a> {
         let mut attrs = BumpVec::with_capacity_in(14, bump);
         let target = Target::parse(&ex.request.target);
-        push_request_attributes(&mut attrs, bump, Some((&ex.request, target)));
+        push_request_attributes(&mut attrs, bump, Some((&ex.request, target)), ex.tls);
         if let Some(server) = ex.server {
             let ip = ip_in(bump, server);
             attrs.push(attr_str("server.address", ip));
             attrs.push(attr_int("server.port", i64::from(server.port())));
             push_peer(&mut attrs, ip, server.port());
         }
-        if let Some(url) = target.full_url(&ex.request.target, ex.server, bump) {
+        if let Some(url) = target.full_url(&ex.request.target, scheme(ex.tls), ex.server, bump) {
             attrs.push(attr_str("url.full", url));
         }
         let status_code = ex.response.map(|r| r.status);
@@ -307,12 +307,23 @@ fn attr_int(key: &'static str, value: i64) -> Attr<'static> {
     Attr { key, value: Value::Int(value) }
 }
 
-/// The request's attributes; `target` is `r.target` parsed (the caller may need it again).
+/// `url.scheme` of an exchange: what the client (SERVER spans) or `HAProxy` (CLIENT spans) spoke.
+fn scheme(tls: Option<TlsInfo>) -> &'static str {
+    if tls.is_some() { "https" } else { "http" }
+}
+
+/// The request's attributes; `target` is `r.target` parsed (the caller may need it again); `tls`
+/// the session the exchange ran in.
 fn push_request_attributes<'a>(
     attrs: &mut BumpVec<'a, Attr<'a>>,
     bump: &'a Bump,
     request: Option<(&'a RequestHead, Target<'a>)>,
+    tls: Option<TlsInfo>,
 ) {
+    if let Some(version) = tls.and_then(|t| t.version) {
+        attrs.push(attr_str("tls.protocol.name", "tls"));
+        attrs.push(attr_str("tls.protocol.version", version));
+    }
     let Some((r, target)) = request else {
         attrs.push(attr_str("http.request.method", "_OTHER"));
         return;
@@ -330,8 +341,8 @@ fn push_request_attributes<'a>(
     if let Some(q) = target.query() {
         attrs.push(attr_str("url.query", scrub_query(q, bump)));
     }
-    attrs.push(attr_str("url.scheme", "http"));
-    attrs.push(attr_str("network.protocol.version", if r.version_minor == 0 { "1.0" } else { "1.1" }));
+    attrs.push(attr_str("url.scheme", scheme(tls)));
+    attrs.push(attr_str("network.protocol.version", r.version.as_str()));
 }
 
 /// Applies the attribute value length limit to every string value; cut values stay borrowed.
@@ -390,6 +401,7 @@ mod tests {
                 start_ns: 20,
                 end_ns: 30,
                 outcome,
+                tls: None,
             }],
             request: Some(req),
             response: Some(parse_response(status).unwrap()),
@@ -399,6 +411,7 @@ mod tests {
             start_ns: 10,
             end_ns: 40,
             outcome,
+            tls: None,
         }
     }
 

@@ -99,12 +99,18 @@ impl<'a> Target<'a> {
     /// Borrows `original` (the unparsed target) when it is already an absolute URL with nothing to
     /// hide; otherwise writes into `bump`.
     #[must_use]
-    pub fn full_url(&self, original: &'a str, server: Option<SocketAddr>, bump: &'a Bump) -> Option<&'a str> {
+    pub fn full_url(
+        &self,
+        original: &'a str,
+        scheme: &str,
+        server: Option<SocketAddr>,
+        bump: &'a Bump,
+    ) -> Option<&'a str> {
         let mut url = BumpString::new_in(bump);
         match *self {
             Self::Origin { path, query, fragment } => {
                 let server = server?;
-                let _ = write!(url, "http://{server}{path}");
+                let _ = write!(url, "{scheme}://{server}{path}");
                 push_query_and_fragment(&mut url, query, fragment);
             }
             Self::Absolute { scheme, userinfo, host_port, path, query, fragment } => {
@@ -120,12 +126,13 @@ impl<'a> Target<'a> {
             }
             // The target URI of these two forms has an empty path and query (RFC 9112 section 3.3).
             Self::Authority { userinfo, host_port } => {
-                url.push_str("http://");
+                url.push_str(scheme);
+                url.push_str("://");
                 push_redacted_userinfo(&mut url, userinfo);
                 url.push_str(host_port);
             }
             Self::Asterisk => {
-                let _ = write!(url, "http://{}", server?);
+                let _ = write!(url, "{scheme}://{}", server?);
             }
         }
         Some(url.into_bump_str())
@@ -328,7 +335,14 @@ mod tests {
 
     fn full(target: &str, server: Option<&str>) -> Option<String> {
         let bump = Bump::new();
-        Target::parse(target).full_url(target, server.map(|s| s.parse().unwrap()), &bump).map(str::to_owned)
+        Target::parse(target).full_url(target, "http", server.map(|s| s.parse().unwrap()), &bump).map(str::to_owned)
+    }
+
+    #[test]
+    fn full_url_of_an_origin_form_over_tls_says_https() {
+        let bump = Bump::new();
+        let url = Target::parse("/a").full_url("/a", "https", Some("10.0.0.1:443".parse().unwrap()), &bump);
+        assert_eq!(url, Some("https://10.0.0.1:443/a"));
     }
 
     #[test]
@@ -375,7 +389,7 @@ mod tests {
     fn absolute_form_without_secrets_borrows_the_target() {
         let bump = Bump::new();
         let target = "http://h:1/a?b=2";
-        assert!(std::ptr::eq(Target::parse(target).full_url(target, None, &bump).unwrap(), target));
+        assert!(std::ptr::eq(Target::parse(target).full_url(target, "http", None, &bump).unwrap(), target));
     }
 
     #[test]

@@ -1,5 +1,7 @@
-//! Parsing complete HTTP/1 heads (from [`Framer`](crate::framing::Framer)) with `httparse`, keeping
-//! only the fields spans need. Sensitive headers (Authorization, Proxy-Authorization, Cookie,
+//! Request and response heads, keeping only the fields spans need: parsed from complete HTTP/1
+//! heads (from [`Framer`](crate::framing::Framer)) with `httparse`, or built from the decoded
+//! fields of HTTP/2 HEADERS blocks (from [`crate::h2`]). Both go through the same per-line code,
+//! so that a request and the one `HAProxy` relays in the other version sign alike. Sensitive headers (Authorization, Proxy-Authorization, Cookie,
 //! Set-Cookie) are never copied out of the captured bytes.
 
 use crate::framing::BodyFraming;
@@ -15,6 +17,32 @@ pub enum HeadError {
     Partial,
     #[error("invalid Content-Length")]
     BadContentLength,
+}
+
+/// The HTTP version a message was sent with.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum HttpVersion {
+    Http10,
+    #[default]
+    Http11,
+    Http2,
+}
+
+impl HttpVersion {
+    /// The `network.protocol.version` value: "1.0", "1.1" or "2".
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Http10 => "1.0",
+            Self::Http11 => "1.1",
+            Self::Http2 => "2",
+        }
+    }
+
+    /// From the minor version of an HTTP/1 start line.
+    fn from_minor(minor: u8) -> Self {
+        if minor == 0 { Self::Http10 } else { Self::Http11 }
+    }
 }
 
 /// How many `traceparent` headers a request carried, and the value when there was exactly one.
@@ -33,8 +61,7 @@ pub struct RequestHead {
     pub method: String,
     /// The request target as sent (origin form `/path?query`, or absolute form).
     pub target: String,
-    /// Minor version: 0 for HTTP/1.0, 1 for HTTP/1.1.
-    pub version_minor: u8,
+    pub version: HttpVersion,
     pub host: Option<String>,
     pub user_agent: Option<String>,
     pub traceparent: TraceparentField,
@@ -54,26 +81,34 @@ pub struct RequestHead {
 }
 
 /// Headers a proxy rewrites on the way (hop-by-hop ones, and those `HAProxy` adds or replaces for
-/// the server): left out of [`RequestHead::header_sig`].
-const UNSTABLE_HEADERS: [&str; 12] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "upgrade",
-    "forwarded",
-    "via",
-    "x-forwarded-for",
-    "x-forwarded-proto",
-    "x-forwarded-host",
-    "x-forwarded-port",
-    "x-real-ip",
+/// the server): left out of [`RequestHead::header_sig`] and of the response signature and digest.
+/// `Transfer-Encoding` is among them: `HAProxy` drops it when it relays an HTTP/1 response to an
+/// HTTP/2 client (and may add it towards an HTTP/1 client), so it would keep the two responses
+/// from ever sharing a digest.
+const UNSTABLE_HEADERS: [&[u8]; 13] = [
+    b"connection",
+    b"transfer-encoding",
+    b"keep-alive",
+    b"proxy-connection",
+    b"te",
+    b"upgrade",
+    b"forwarded",
+    b"via",
+    b"x-forwarded-for",
+    b"x-forwarded-proto",
+    b"x-forwarded-host",
+    b"x-forwarded-port",
+    b"x-real-ip",
 ];
+
+fn is_unstable(name: &[u8]) -> bool {
+    UNSTABLE_HEADERS.iter().any(|u| name.eq_ignore_ascii_case(u))
+}
 
 /// The bit of one header line in [`RequestHead::header_sig`]: a hash of the name (ASCII case
 /// folded, as `HAProxy` lower-cases names towards servers) and the trimmed value, reduced to one
 /// of 64 bits. Collisions only make two requests look a little more alike.
-fn header_signature_bit(name: &str, value: &[u8]) -> u64 {
+fn header_signature_bit(name: &[u8], value: &[u8]) -> u64 {
     1u64 << (header_line_hash(name, value) >> 58)
 }
 
@@ -81,10 +116,10 @@ fn header_signature_bit(name: &str, value: &[u8]) -> u64 {
 /// every header of every request and response, so it takes 8 bytes a step (the Fx step), and
 /// ends with `MurmurHash3`'s finalizer so that every input bit moves every output bit (the bit a line
 /// gets in a signature is taken from the high bits).
-fn header_line_hash(name: &str, value: &[u8]) -> u64 {
+fn header_line_hash(name: &[u8], value: &[u8]) -> u64 {
     // Setting bit 5 of every byte folds ASCII letters to lower case; it also merges a few
     // punctuation pairs, which only makes two names a little likelier to look alike.
-    let h = hash_words(0, name.as_bytes(), 0x2020_2020_2020_2020);
+    let h = hash_words(0, name, 0x2020_2020_2020_2020);
     let mut h = hash_words(h, value.trim_ascii(), 0);
     h ^= h >> 33;
     h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
@@ -147,7 +182,7 @@ impl RequestHead {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ResponseHead {
     pub status: u16,
-    pub version_minor: u8,
+    pub version: HttpVersion,
     content_length: Option<u64>,
     chunked: bool,
     pub closes: bool,
@@ -229,6 +264,120 @@ fn set_opt(into: &mut Option<String>, value: Option<&str>, spare: &mut String) {
     }
 }
 
+/// What the header lines of any message say about its framing and its connection.
+#[derive(Default)]
+struct MessageLines {
+    content_length: Option<Result<u64, HeadError>>,
+    chunked: bool,
+    closes: bool,
+    keep_alive: bool,
+}
+
+impl MessageLines {
+    fn line(&mut self, name: &[u8], value: &[u8]) {
+        if name.eq_ignore_ascii_case(b"content-length") {
+            // The last one counts, unless an earlier one was already invalid.
+            if !matches!(self.content_length, Some(Err(_))) {
+                self.content_length = Some(parse_content_length(value));
+            }
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            self.chunked = is_chunked(value);
+        } else if name.eq_ignore_ascii_case(b"connection") {
+            self.closes |= has_token(value, b"close");
+            self.keep_alive |= has_token(value, b"keep-alive");
+        }
+    }
+
+    fn content_length(&self) -> Result<Option<u64>, HeadError> {
+        self.content_length.transpose()
+    }
+}
+
+/// The fields of a request head built from its header lines, one line at a time: shared by
+/// HTTP/1 heads (`httparse`) and HTTP/2 heads (HPACK fields), so that both sign and read headers
+/// alike (a frontend h2 request and the HTTP/1 request `HAProxy` writes for it must share a
+/// [`RequestHead::header_sig`]).
+struct RequestLines<'a> {
+    host: Option<&'a str>,
+    user_agent: Option<&'a str>,
+    traceparent: String,
+    traceparents: u32,
+    tracestate: String,
+    tracestates: u32,
+    header_sig: u64,
+    upgrade: bool,
+    message: MessageLines,
+}
+
+impl<'a> RequestLines<'a> {
+    /// Starts with the strings of a recycled head, so that their capacity serves again.
+    fn new(head: &mut RequestHead) -> Self {
+        let mut traceparent = match std::mem::take(&mut head.traceparent) {
+            TraceparentField::One(s) => s,
+            TraceparentField::Absent | TraceparentField::Repeated => String::new(),
+        };
+        traceparent.clear();
+        let mut tracestate = head.tracestate.take().unwrap_or_default();
+        tracestate.clear();
+        Self {
+            host: None,
+            user_agent: None,
+            traceparent,
+            traceparents: 0,
+            tracestate,
+            tracestates: 0,
+            header_sig: 0,
+            upgrade: false,
+            message: MessageLines::default(),
+        }
+    }
+
+    /// Adds one header line: it signs the head (unless a proxy rewrites it on the way) and fills
+    /// the fields spans need.
+    fn line(&mut self, name: &[u8], value: &'a [u8]) {
+        if !is_unstable(name) {
+            self.header_sig |= header_signature_bit(name, value);
+        }
+        let text = || std::str::from_utf8(value).ok().map(str::trim);
+        if name.eq_ignore_ascii_case(b"host") {
+            self.host = text();
+        } else if name.eq_ignore_ascii_case(b"user-agent") {
+            self.user_agent = text();
+        } else if name.eq_ignore_ascii_case(b"traceparent") {
+            self.traceparents += 1;
+            if let Some(v) = text() {
+                set(&mut self.traceparent, v);
+            }
+        } else if name.eq_ignore_ascii_case(b"tracestate") {
+            // Several tracestate headers are one list (W3C Trace Context, section 3.3.1).
+            if self.tracestates > 0 {
+                self.tracestate.push(',');
+            }
+            self.tracestate.push_str(text().unwrap_or_default());
+            self.tracestates += 1;
+        } else if name.eq_ignore_ascii_case(b"upgrade") {
+            self.upgrade = true;
+        } else {
+            self.message.line(name, value);
+        }
+    }
+
+    /// Moves the fields into `head` (its method, target and version are the caller's).
+    fn finish(self, head: &mut RequestHead) {
+        let mut spare = String::new();
+        set_opt(&mut head.host, self.host, &mut spare);
+        set_opt(&mut head.user_agent, self.user_agent, &mut spare);
+        head.traceparent = match self.traceparents {
+            0 => TraceparentField::Absent,
+            1 if !self.traceparent.is_empty() => TraceparentField::One(self.traceparent),
+            _ => TraceparentField::Repeated,
+        };
+        head.tracestate = (self.tracestates > 0).then_some(self.tracestate);
+        head.header_sig = self.header_sig;
+        head.truncated = false;
+    }
+}
+
 /// Parses a complete request head into `head`, reusing the capacity of its strings: a recycled
 /// head parses the next request without allocating.
 pub fn parse_request_into(bytes: &[u8], head: &mut RequestHead) -> Result<(), HeadError> {
@@ -242,74 +391,118 @@ pub fn parse_request_into(bytes: &[u8], head: &mut RequestHead) -> Result<(), He
     let method = req.method.unwrap_or_default();
     set(&mut head.method, method);
     set(&mut head.target, req.path.unwrap_or_default());
-    head.version_minor = req.version.unwrap_or(1);
-    head.wants_tunnel = method == "CONNECT";
-    head.closes = false;
-    head.truncated = false;
-    let mut spare = String::new();
-    let mut traceparent = match std::mem::take(&mut head.traceparent) {
-        TraceparentField::One(s) => s,
-        TraceparentField::Absent | TraceparentField::Repeated => String::new(),
-    };
-    let mut traceparents = 0;
-    let (mut host, mut user_agent, mut tracestate_count) = (None, None, 0);
-    let mut content_length = None;
-    let mut chunked = false;
-    let mut keep_alive = false;
-    let mut tracestate = head.tracestate.take().unwrap_or_default();
-    tracestate.clear();
-    let mut header_sig = 0u64;
+    head.version = HttpVersion::from_minor(req.version.unwrap_or(1));
+    let mut lines = RequestLines::new(head);
     for h in req.headers.iter() {
-        let name = h.name;
-        if !UNSTABLE_HEADERS.iter().any(|u| name.eq_ignore_ascii_case(u)) {
-            header_sig |= header_signature_bit(name, h.value);
-        }
-        let value = || std::str::from_utf8(h.value).ok().map(str::trim);
-        if name.eq_ignore_ascii_case("host") {
-            host = value();
-        } else if name.eq_ignore_ascii_case("user-agent") {
-            user_agent = value();
-        } else if name.eq_ignore_ascii_case("traceparent") {
-            traceparents += 1;
-            if let Some(v) = value() {
-                set(&mut traceparent, v);
-            }
-        } else if name.eq_ignore_ascii_case("tracestate") {
-            // Several tracestate headers are one list (W3C Trace Context, section 3.3.1).
-            if tracestate_count > 0 {
-                tracestate.push(',');
-            }
-            tracestate.push_str(value().unwrap_or_default());
-            tracestate_count += 1;
-        } else if name.eq_ignore_ascii_case("content-length") {
-            content_length = Some(parse_content_length(h.value)?);
-        } else if name.eq_ignore_ascii_case("transfer-encoding") {
-            chunked = is_chunked(h.value);
-        } else if name.eq_ignore_ascii_case("connection") {
-            head.closes |= has_token(h.value, b"close");
-            keep_alive |= has_token(h.value, b"keep-alive");
-        } else if name.eq_ignore_ascii_case("upgrade") {
-            head.wants_tunnel = true;
-        }
+        lines.line(h.name.as_bytes(), h.value);
     }
-    set_opt(&mut head.host, host, &mut spare);
-    set_opt(&mut head.user_agent, user_agent, &mut spare);
-    head.traceparent = match traceparents {
-        0 => TraceparentField::Absent,
-        1 if !traceparent.is_empty() => TraceparentField::One(traceparent),
-        _ => TraceparentField::Repeated,
-    };
-    head.tracestate = (tracestate_count > 0).then_some(tracestate);
-    head.header_sig = header_sig;
-    if head.version_minor == 0 && !keep_alive {
-        head.closes = true;
-    }
+    let content_length = lines.message.content_length()?;
+    let (chunked, closes, keep_alive, upgrade) =
+        (lines.message.chunked, lines.message.closes, lines.message.keep_alive, lines.upgrade);
+    lines.finish(head);
+    head.wants_tunnel = method == "CONNECT" || upgrade;
+    head.closes = closes || (head.version == HttpVersion::Http10 && !keep_alive);
     head.framing = match (chunked, content_length) {
         (true, _) => BodyFraming::Chunked,
         (false, None | Some(0)) => BodyFraming::Empty,
         (false, Some(n)) => BodyFraming::Length(n),
     };
     Ok(())
+}
+
+/// Builds a request head from the decoded fields of an HTTP/2 HEADERS block (names lower case,
+/// pseudo-headers first), reusing the capacity of `head`'s strings.
+///
+/// `:method` gives the method, `:path` the target (`:authority` for CONNECT), `:authority` the
+/// host (a `host` field otherwise). `:authority` signs the head as the `host` line `HAProxy`
+/// writes for it towards HTTP/1 servers, and split `cookie` fields are signed as the one line
+/// they are joined into (RFC 9113, section 8.2.3); other pseudo-headers do not sign it. Messages
+/// end with `END_STREAM`, so the body framing is [`BodyFraming::Empty`].
+pub fn request_from_fields<'a>(
+    fields: impl Iterator<Item = (&'a [u8], &'a [u8])>,
+    head: &mut RequestHead,
+) -> Result<(), HeadError> {
+    let (mut method, mut path, mut authority) = (None, None, None);
+    let mut lines = RequestLines::new(head);
+    let mut cookies = Cookies::default();
+    for (name, value) in fields {
+        match name {
+            b":method" => method = Some(value),
+            b":path" => path = Some(value),
+            b":authority" => {
+                authority = std::str::from_utf8(value).ok().map(str::trim);
+                lines.line(b"host", value);
+            }
+            b"cookie" => cookies.add(value),
+            _ if name.starts_with(b":") => {}
+            _ => lines.line(name, value),
+        }
+    }
+    lines.header_sig |= cookies.signature_bit();
+    let method = method.and_then(|m| std::str::from_utf8(m).ok()).ok_or(HeadError::Invalid(":method"))?;
+    let target = if method == "CONNECT" { authority } else { path.and_then(|p| std::str::from_utf8(p).ok()) };
+    let target = target.ok_or(HeadError::Invalid(":path"))?;
+    if authority.is_some() {
+        lines.host = authority;
+    }
+    set(&mut head.method, method);
+    set(&mut head.target, target);
+    lines.finish(head);
+    head.version = HttpVersion::Http2;
+    head.wants_tunnel = method == "CONNECT";
+    head.closes = false;
+    head.framing = BodyFraming::Empty;
+    Ok(())
+}
+
+/// The `cookie` fields of an HTTP/2 request: signed as the one line `"; "`-joined a proxy sends
+/// to an HTTP/1 server. Joining allocates only when a request splits its cookies.
+#[derive(Default)]
+struct Cookies<'a> {
+    first: Option<&'a [u8]>,
+    joined: Vec<u8>,
+}
+
+impl<'a> Cookies<'a> {
+    fn add(&mut self, value: &'a [u8]) {
+        match self.first {
+            None => self.first = Some(value),
+            Some(first) => {
+                if self.joined.is_empty() {
+                    self.joined.extend_from_slice(first);
+                }
+                self.joined.extend_from_slice(b"; ");
+                self.joined.extend_from_slice(value);
+            }
+        }
+    }
+
+    fn signature_bit(&self) -> u64 {
+        match self.first {
+            None => 0,
+            Some(_) if !self.joined.is_empty() => header_signature_bit(b"cookie", &self.joined),
+            Some(first) => header_signature_bit(b"cookie", first),
+        }
+    }
+}
+
+/// The lines of a response head that spans and relay matching need.
+#[derive(Default)]
+struct ResponseLines {
+    header_sig: u64,
+    header_digest: u64,
+    message: MessageLines,
+}
+
+impl ResponseLines {
+    fn line(&mut self, name: &[u8], value: &[u8]) {
+        if !is_unstable(name) {
+            let line = header_line_hash(name, value);
+            self.header_sig |= 1u64 << (line >> 58);
+            self.header_digest = self.header_digest.wrapping_add(line);
+        }
+        self.message.line(name, value);
+    }
 }
 
 /// Parses a complete response head.
@@ -321,35 +514,47 @@ pub fn parse_response(bytes: &[u8]) -> Result<ResponseHead, HeadError> {
         Ok(httparse::Status::Partial) => return Err(HeadError::Partial),
         Err(e) => return Err(HeadError::Invalid(httparse_reason(e))),
     }
-    let mut head = ResponseHead {
+    let mut lines = ResponseLines::default();
+    for h in resp.headers.iter() {
+        lines.line(h.name.as_bytes(), h.value);
+    }
+    let version = HttpVersion::from_minor(resp.version.unwrap_or(1));
+    Ok(ResponseHead {
         status: resp.code.unwrap_or_default(),
-        version_minor: resp.version.unwrap_or(1),
-        content_length: None,
+        version,
+        content_length: lines.message.content_length()?,
+        chunked: lines.message.chunked,
+        closes: lines.message.closes || (version == HttpVersion::Http10 && !lines.message.keep_alive),
+        header_sig: lines.header_sig,
+        header_digest: lines.header_digest,
+    })
+}
+
+/// Builds a response head from the decoded fields of an HTTP/2 HEADERS block: the status from
+/// `:status`, the other pseudo-headers left out of the signature and digest. A relayed response
+/// keeps the digest of the HTTP/1 response it came from: `HAProxy` lower-cases names (the hash
+/// folds case anyway) and drops only hop-by-hop lines, which are left out of both.
+pub fn response_from_fields<'a>(fields: impl Iterator<Item = (&'a [u8], &'a [u8])>) -> Result<ResponseHead, HeadError> {
+    let mut status = None;
+    let mut lines = ResponseLines::default();
+    for (name, value) in fields {
+        if name == b":status" {
+            status =
+                std::str::from_utf8(value).ok().and_then(|s| s.parse::<u16>().ok()).filter(|s| (100..1000).contains(s));
+        } else if !name.starts_with(b":") {
+            lines.line(name, value);
+        }
+    }
+    Ok(ResponseHead {
+        status: status.ok_or(HeadError::Invalid(":status"))?,
+        version: HttpVersion::Http2,
+        // A wrong length is the stream's problem, not the head's: h2 bodies end with END_STREAM.
+        content_length: lines.message.content_length().ok().flatten(),
         chunked: false,
         closes: false,
-        header_sig: 0,
-        header_digest: 0,
-    };
-    let mut keep_alive = false;
-    for h in resp.headers.iter() {
-        if !UNSTABLE_HEADERS.iter().any(|u| h.name.eq_ignore_ascii_case(u)) {
-            let line = header_line_hash(h.name, h.value);
-            head.header_sig |= 1u64 << (line >> 58);
-            head.header_digest = head.header_digest.wrapping_add(line);
-        }
-        if h.name.eq_ignore_ascii_case("content-length") {
-            head.content_length = Some(parse_content_length(h.value)?);
-        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
-            head.chunked = is_chunked(h.value);
-        } else if h.name.eq_ignore_ascii_case("connection") {
-            head.closes |= has_token(h.value, b"close");
-            keep_alive |= has_token(h.value, b"keep-alive");
-        }
-    }
-    if head.version_minor == 0 && !keep_alive {
-        head.closes = true;
-    }
-    Ok(head)
+        header_sig: lines.header_sig,
+        header_digest: lines.header_digest,
+    })
 }
 
 fn httparse_reason(e: httparse::Error) -> &'static str {
@@ -465,6 +670,90 @@ mod tests {
         let distinct: std::collections::HashSet<u64> = (200..264).map(sig).collect();
         // 64 values over 64 bits: a good hash leaves about 40 distinct; a blind one leaves 1.
         assert!(distinct.len() > 30, "only {} distinct bits", distinct.len());
+    }
+
+    fn fields<'a>(list: &'a [(&'a str, &'a str)]) -> impl Iterator<Item = (&'a [u8], &'a [u8])> {
+        list.iter().map(|(n, v)| (n.as_bytes(), v.as_bytes()))
+    }
+
+    #[test]
+    fn an_h2_request_signs_like_the_http1_request_haproxy_writes_for_it() {
+        let mut h2 = RequestHead::default();
+        request_from_fields(
+            fields(&[
+                (":method", "GET"),
+                (":scheme", "https"),
+                (":authority", "example.com"),
+                (":path", "/a?b=1"),
+                ("user-agent", "curl/8"),
+                ("cookie", "a=1"),
+                ("cookie", "b=2"),
+                ("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+                ("te", "trailers"),
+            ]),
+            &mut h2,
+        )
+        .unwrap();
+        let h1 = parse_request(
+            b"GET /a?b=1 HTTP/1.1\r\nuser-agent: curl/8\r\ncookie: a=1; b=2\r\n\
+              traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\nhost: example.com\r\n\
+              x-forwarded-for: 10.0.0.1\r\nconnection: close\r\n\r\n",
+        )
+        .unwrap();
+        assert_eq!(h2.header_sig, h1.header_sig);
+        assert_eq!((h2.method.as_str(), h2.target.as_str()), ("GET", "/a?b=1"));
+        assert_eq!(h2.host.as_deref(), Some("example.com"));
+        assert_eq!(h2.traceparent, h1.traceparent);
+        assert_eq!((h2.version, h1.version), (HttpVersion::Http2, HttpVersion::Http11));
+        assert_eq!(h2.version.as_str(), "2");
+        // CONNECT targets the authority; a missing :method or :path is no head.
+        let mut connect = RequestHead::default();
+        request_from_fields(fields(&[(":method", "CONNECT"), (":authority", "db:5432")]), &mut connect).unwrap();
+        assert_eq!((connect.target.as_str(), connect.wants_tunnel), ("db:5432", true));
+        assert!(request_from_fields(fields(&[(":path", "/")]), &mut RequestHead::default()).is_err());
+        assert!(request_from_fields(fields(&[(":method", "GET")]), &mut RequestHead::default()).is_err());
+    }
+
+    #[test]
+    fn a_recycled_head_builds_an_h2_request_like_a_new_one() {
+        let mut head =
+            parse_request(b"POST /x HTTP/1.0\r\nHost: h\r\ntracestate: a=1\r\nUser-Agent: u\r\n\r\n").unwrap();
+        let list = [(":method", "GET"), (":path", "/y")];
+        request_from_fields(fields(&list), &mut head).unwrap();
+        let mut fresh = RequestHead::default();
+        request_from_fields(fields(&list), &mut fresh).unwrap();
+        assert_eq!(head, fresh);
+    }
+
+    #[test]
+    fn an_http1_response_relayed_to_an_h2_client_keeps_its_digest() {
+        let h1 = parse_response(
+            b"HTTP/1.1 200 OK\r\nDate: Mon, 1 Jan 2024 00:00:00 GMT\r\nContent-Type: text/plain\r\n\
+              Transfer-Encoding: chunked\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\nETag: \"a\"\r\n\r\n",
+        )
+        .unwrap();
+        let relayed = [
+            (":status", "200"),
+            ("date", "Mon, 1 Jan 2024 00:00:00 GMT"),
+            ("content-type", "text/plain"),
+            ("etag", "\"a\""),
+        ];
+        let h2 = response_from_fields(fields(&relayed)).unwrap();
+        assert_eq!(h2.status, 200);
+        assert_eq!(h2.header_digest, h1.header_digest);
+        assert_eq!(h2.header_sig, h1.header_sig);
+        assert_eq!(h2.version, HttpVersion::Http2);
+        // And back: an h2 response relayed to an HTTP/1 client, which gets a chunked body.
+        let back = parse_response(
+            b"HTTP/1.1 200 OK\r\ndate: Mon, 1 Jan 2024 00:00:00 GMT\r\ncontent-type: text/plain\r\n\
+              etag: \"a\"\r\ntransfer-encoding: chunked\r\n\r\n",
+        )
+        .unwrap();
+        assert_eq!(back.header_digest, h2.header_digest);
+        let other = response_from_fields(fields(&[(":status", "200"), ("etag", "\"b\"")])).unwrap();
+        assert_ne!(other.header_digest, h2.header_digest);
+        assert!(response_from_fields(fields(&[("etag", "x")])).is_err(), ":status is required");
+        assert!(response_from_fields(fields(&[(":status", "2000")])).is_err());
     }
 
     #[test]

@@ -10,10 +10,13 @@
 pub mod agent;
 pub mod backend;
 pub mod client;
+pub mod h2client;
+pub mod h2load;
 pub mod haproxy;
 pub mod kube_api;
 pub mod linking;
 pub mod otlp;
+pub mod tls;
 
 use std::net::SocketAddr;
 

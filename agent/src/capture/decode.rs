@@ -45,6 +45,7 @@ pub fn event<'a>(h: &'a EventHeader, record: &'a [u8]) -> Result<SyscallEvent<'a
         EventKind::Close => Op::Close,
         EventKind::Read => Op::Read(chunk),
         EventKind::Write => Op::Write(chunk),
+        EventKind::TlsOpen => Op::Tls { version: u16::try_from(h.ret).unwrap_or(0) },
     };
     Ok(SyscallEvent { ts_ns: h.ts_ns, tgid: h.tgid, tid: h.tid, fd: h.fd, seq: h.seq, op })
 }

@@ -9,7 +9,11 @@ use std::time::Duration;
 
 use aya::Btf;
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
-use aya::programs::BtfTracePoint;
+use std::collections::HashMap;
+use std::num::NonZeroU32;
+
+use aya::programs::uprobe::{UProbeError, UProbeLinkId, UProbeScope};
+use aya::programs::{BtfTracePoint, ProgramError, UProbe};
 use aya::{Ebpf, EbpfLoader};
 use tracetap_ebpf_common::{COMM_BYTES, EventHeader, LOSS_SLOTS, TARGET_SLOTS, TargetSet, globals, maps};
 
@@ -44,9 +48,9 @@ pub enum LoadError {
     #[error("the probe object has no program {0}")]
     MissingProgram(String),
     #[error(
-        "loading or attaching the BTF tracepoint program {program} failed: {source}; run as root or grant CAP_BPF and CAP_PERFMON"
+        "loading or attaching the probe program {program} failed: {source}; run as root or grant CAP_BPF and CAP_PERFMON"
     )]
-    Attach { program: String, source: Box<aya::programs::ProgramError> },
+    Attach { program: String, source: Box<ProgramError> },
     #[error("the probe object has no map {0}")]
     MissingMap(&'static str),
     #[error("opening map {name}: {source}")]
@@ -71,6 +75,22 @@ pub struct Probes {
     pub attached: usize,
     /// Keeps the kernel's BPF run-time statistics on while held (`TRACETAP_PROBE_STATS`).
     _stats: Option<std::os::fd::OwnedFd>,
+    /// The TLS probes attached to each process (see [`Probes::hook_tls`]).
+    tls_links: HashMap<u32, Vec<(&'static str, UProbeLinkId)>>,
+    /// `TLS_HOOKED`, set once the first process is hooked.
+    tls_hooked: Option<Array<MapData, u32>>,
+}
+
+/// What [`Probes::hook_tls`] found in a process.
+#[derive(Debug)]
+pub enum TlsHook {
+    /// The probes are attached to the functions in this file.
+    Attached(std::path::PathBuf),
+    /// No mapped file exports the TLS functions: the process does not use TLS (or links a
+    /// library stripped of its symbols).
+    NoLibrary,
+    /// The process maps a TLS library but attaching failed.
+    Failed { object: std::path::PathBuf, error: String },
 }
 
 impl Probes {
@@ -117,6 +137,21 @@ impl Probes {
             tracing::debug!(program = name, verified_instructions = ?verified, "probe attached");
         }
         let attached = programs.len();
+        if config.probe_mode == ProbeMode::Capture {
+            for (_, entry, ret) in super::tls::FUNCTIONS {
+                for name in [entry, ret] {
+                    let attach_error =
+                        |source| LoadError::Attach { program: name.to_owned(), source: Box::new(source) };
+                    let program: &mut UProbe = ebpf
+                        .program_mut(name)
+                        .ok_or_else(|| LoadError::MissingProgram(name.to_owned()))?
+                        .try_into()
+                        .map_err(attach_error)?;
+                    program.load().map_err(attach_error)?;
+                }
+            }
+        }
+        let tls_hooked = ebpf.take_map(maps::TLS_HOOKED).and_then(|m| Array::try_from(m).ok());
         let take = |ebpf: &mut Ebpf, name: &'static str| ebpf.take_map(name).ok_or(LoadError::MissingMap(name));
         let ring = RingBuf::try_from(take(&mut ebpf, maps::EVENTS)?)
             .map_err(|source| LoadError::Map { name: maps::EVENTS, source: Box::new(source) })?;
@@ -153,6 +188,8 @@ impl Probes {
             target_set_written: None,
             attached,
             _stats: stats,
+            tls_links: HashMap::new(),
+            tls_hooked,
         };
         // Nothing is traced yet; with no command filter, every process can be ruled out at once.
         probes.write_target_set(&[]);
@@ -185,6 +222,87 @@ impl Probes {
         if let Err(e) = self.target_set.set(0, set, 0) {
             tracing::warn!(error = %e, "cannot update the probes' target set; they fall back to the pid map");
         }
+    }
+
+    /// Attaches the TLS probes to process `pid`: to the first of `objects` (see
+    /// [`super::tls::objects_of`]) that exports the TLS functions. A process already hooked is
+    /// left as it is.
+    pub fn hook_tls(&mut self, pid: u32, objects: &[std::path::PathBuf]) -> TlsHook {
+        let Some(pid_nz) = NonZeroU32::new(pid) else { return TlsHook::NoLibrary };
+        if self.tls_links.contains_key(&pid) {
+            return TlsHook::NoLibrary;
+        }
+        for object in objects {
+            match self.attach_tls(pid_nz, object) {
+                Ok(links) => {
+                    self.tls_links.insert(pid, links);
+                    if let Some(hooked) = &mut self.tls_hooked
+                        && let Err(e) = hooked.set(0, 1, 0)
+                    {
+                        tracing::warn!(error = %e, "cannot switch the TLS binding on in the probes; TLS connections will not be traced");
+                    }
+                    return TlsHook::Attached(object.clone());
+                }
+                // Not this file: it does not define the functions (an import, or stripped).
+                Err(ProgramError::UProbeError(UProbeError::SymbolError { .. })) => {}
+                Err(e) => return TlsHook::Failed { object: object.clone(), error: e.to_string() },
+            }
+        }
+        TlsHook::NoLibrary
+    }
+
+    /// All six programs on `object` for `pid`, or none (what was attached is detached again).
+    fn attach_tls(
+        &mut self,
+        pid: NonZeroU32,
+        object: &Path,
+    ) -> Result<Vec<(&'static str, UProbeLinkId)>, ProgramError> {
+        let mut links = Vec::with_capacity(6);
+        for (symbol, entry, ret) in super::tls::FUNCTIONS {
+            for name in [entry, ret] {
+                let attached = self.uprobe(name).and_then(|p| p.attach(symbol, object, UProbeScope::OneProcess(pid)));
+                match attached {
+                    Ok(link) => links.push((name, link)),
+                    Err(e) => {
+                        self.detach_tls(links);
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        Ok(links)
+    }
+
+    fn uprobe(&mut self, name: &str) -> Result<&mut UProbe, ProgramError> {
+        let program = self.ebpf.program_mut(name).ok_or(ProgramError::NotLoaded)?;
+        program.try_into()
+    }
+
+    fn detach_tls(&mut self, links: Vec<(&'static str, UProbeLinkId)>) {
+        for (name, link) in links {
+            if let Ok(program) = self.uprobe(name) {
+                let _ = program.detach(link);
+            }
+        }
+    }
+
+    /// Detaches the TLS probes of a process that is no longer traced.
+    pub fn unhook_tls(&mut self, pid: u32) {
+        if let Some(links) = self.tls_links.remove(&pid) {
+            self.detach_tls(links);
+        }
+    }
+
+    /// Whether the TLS probes are loaded (not in the floor mode of `make bench`).
+    #[must_use]
+    pub fn captures_tls(&self) -> bool {
+        self.tls_hooked.is_some() && self.attached == PROGRAMS.len()
+    }
+
+    /// Processes with the TLS probes attached.
+    #[must_use]
+    pub fn tls_hooked_processes(&self) -> usize {
+        self.tls_links.len()
     }
 
     /// Sums the per-CPU loss counters, by [`tracetap_ebpf_common::Loss`] slot.

@@ -13,6 +13,7 @@ pub mod loader;
 pub mod opaque;
 pub mod pods;
 pub mod sockets;
+pub mod tls;
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -264,10 +265,12 @@ fn refresh_targets(
         } else {
             tracing::info!(pid, "tracing process");
         }
+        hook_tls(probes, *pid, metrics);
     }
     let gone: Vec<u32> = targets.difference(&now).copied().collect();
     for pid in &gone {
         probes.untrace(*pid);
+        probes.unhook_tls(*pid);
         tracker.forget_process(*pid, loader::monotonic_ns());
         tracing::info!(pid, "process gone");
     }
@@ -277,10 +280,37 @@ fn refresh_targets(
     gone
 }
 
+/// Attaches the TLS probes to a newly traced process, when it maps a TLS library.
+fn hook_tls(probes: &mut Probes, pid: u32, metrics: &Metrics) {
+    if !probes.captures_tls() {
+        return;
+    }
+    let objects = match tls::objects_of(Path::new("/proc"), pid) {
+        Ok(objects) => objects,
+        Err(e) => {
+            tracing::warn!(pid, error = %e, "cannot read the process's memory maps; its TLS connections are not traced");
+            metrics::add(&metrics.tls_hook_failures, 1);
+            return;
+        }
+    };
+    match probes.hook_tls(pid, &objects) {
+        loader::TlsHook::Attached(object) => {
+            tracing::info!(pid, object = %object.display(), "TLS probes attached");
+        }
+        loader::TlsHook::NoLibrary => tracing::debug!(pid, "no TLS library mapped"),
+        loader::TlsHook::Failed { object, error } => {
+            tracing::warn!(pid, object = %object.display(), %error, "cannot attach the TLS probes; this process's TLS connections are not traced");
+            metrics::add(&metrics.tls_hook_failures, 1);
+        }
+    }
+}
+
 fn publish(probes: &Probes, tracker: &Tracker, metrics: &Metrics) {
     let losses = probes.losses();
     metrics::set(&metrics.events_lost_ring_full, losses[Loss::RingFull as usize]);
     metrics::set(&metrics.events_lost_read_failed, losses[Loss::ReadFailed as usize]);
+    metrics::set(&metrics.events_lost_tls_unbound, losses[Loss::TlsUnbound as usize]);
+    metrics::set(&metrics.tls_processes, probes.tls_hooked_processes() as u64);
     let (runs, ns) = probes.run_stats();
     metrics::set(&metrics.probe_runs, runs);
     metrics::set(&metrics.probe_run_time_ns, ns);

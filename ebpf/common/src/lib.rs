@@ -13,6 +13,9 @@
 //!   descriptors the probes did not see open (older than the probes, or not sockets).
 //! - A read or write on a connection the agent marked as opaque (`OPAQUE_CONNS`) carries no
 //!   payload (`captured == 0`) whatever `ret` says.
+//! - On a TLS connection, after its [`EventKind::TlsOpen`] record, `Read`/`Write` records carry
+//!   the plaintext the process got from or gave to its TLS library; its socket bytes (the
+//!   ciphertext) are not reported. Those records are numbered in the connection's sequence too.
 #![no_std]
 
 /// Largest capture window a user may configure (`TRACETAP_CAPTURE_BYTES`).
@@ -48,6 +51,9 @@ pub enum EventKind {
     Read = 4,
     /// The process wrote `ret` bytes to `fd`.
     Write = 5,
+    /// `fd` carries TLS: its later `Read`/`Write` records are plaintext. `ret` is the protocol
+    /// version as on the wire (`0x0303`: TLS 1.2, `0x0304`: TLS 1.3), 0 when unknown.
+    TlsOpen = 6,
 }
 
 impl EventKind {
@@ -60,6 +66,7 @@ impl EventKind {
             3 => Self::Close,
             4 => Self::Read,
             5 => Self::Write,
+            6 => Self::TlsOpen,
             _ => return None,
         })
     }
@@ -126,10 +133,13 @@ pub enum Loss {
     RingFull = 0,
     /// Copying the payload or address from user memory failed.
     ReadFailed = 1,
+    /// TLS plaintext whose `SSL *` names no live connection the probes numbered (opened before
+    /// they were loaded, or closed since).
+    TlsUnbound = 2,
 }
 
 /// Number of entries in the `LOSSES` array.
-pub const LOSS_SLOTS: u32 = 2;
+pub const LOSS_SLOTS: u32 = 3;
 
 /// Global variables the agent sets before loading the probes (`EbpfLoader::set_global`).
 pub mod globals {
@@ -150,6 +160,7 @@ pub mod maps {
     pub const CONNS: &str = "CONNS";
     pub const OPAQUE_CONNS: &str = "OPAQUE_CONNS";
     pub const OPAQUE_GENERATION: &str = "OPAQUE_GENERATION";
+    pub const TLS_HOOKED: &str = "TLS_HOOKED";
 }
 
 #[cfg(feature = "user")]

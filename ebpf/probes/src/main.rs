@@ -30,6 +30,8 @@
 
 use core::ffi::c_void;
 
+mod tls;
+
 use aya_ebpf::{
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
@@ -81,19 +83,30 @@ static TARGET_SET: Array<TargetSet> = Array::with_max_entries(1, 0);
 /// before delivery, so a record the ring had no room for leaves a gap the agent sees. LRU:
 /// connections whose close we never saw (process exit) age out.
 #[map]
-static CONNS: LruHashMap<u64, ConnState> = LruHashMap::with_max_entries(MAX_NUMBERED_CONNECTIONS, 0);
+pub(crate) static CONNS: LruHashMap<u64, ConnState> = LruHashMap::with_max_entries(MAX_NUMBERED_CONNECTIONS, 0);
 
 #[repr(C)]
-struct ConnState {
+pub(crate) struct ConnState {
     /// `ts_ns` of the connection's `accept`/`connect` record.
-    opened_ns: u64,
+    pub(crate) opened_ns: u64,
     seq: u32,
     /// The `OPAQUE_GENERATION` at which `opaque` was last looked up (0: never).
     checked_generation: u32,
     /// Whether `OPAQUE_CONNS` marked this connection, as of `checked_generation`.
     opaque: u32,
-    _reserved: u32,
+    /// `CONN_*` bits.
+    pub(crate) flags: u32,
 }
+
+/// The connection carries TLS: its socket bytes are ciphertext and not reported; the plaintext
+/// comes from the TLS library probes (see the `tls` module).
+pub(crate) const CONN_TLS: u32 = 1;
+/// The agent was told that the connection carries TLS (its `TlsOpen` record was sent).
+pub(crate) const CONN_TLS_ANNOUNCED: u32 = 2;
+/// The connection speaks HTTP/2 (its bytes began with the client preface): every byte of its
+/// frame headers and header blocks is needed to keep the HPACK state, so its records are copied
+/// up to the staging buffer's size whatever the capture window says.
+const CONN_H2: u32 = 4;
 
 /// Connections whose bytes the agent does not want (they do not speak HTTP/1: TLS, `mode tcp`,
 /// tunnels), as `tgid << 32 | fd` to the `ts_ns` of their `accept`/`connect` record. Only the
@@ -113,21 +126,21 @@ static OPAQUE_CONNS: HashMap<u64, u64> = HashMap::with_max_entries(MAX_NUMBERED_
 static OPAQUE_GENERATION: Array<u32> = Array::with_max_entries(1, 0);
 
 #[inline(always)]
-fn conn_key(tgid: u32, fd: i32) -> u64 {
+pub(crate) fn conn_key(tgid: u32, fd: i32) -> u64 {
     (u64::from(tgid) << 32) | u64::from(fd as u32)
 }
 
 /// Starts numbering a new connection's records; its first record carries 1.
 #[inline(always)]
 fn open_conn(tgid: u32, fd: i32, opened_ns: u64) -> u32 {
-    let state = ConnState { opened_ns, seq: 1, checked_generation: 0, opaque: 0, _reserved: 0 };
+    let state = ConnState { opened_ns, seq: 1, checked_generation: 0, opaque: 0, flags: 0 };
     // A full table evicts the least recently used entry; insert fails only on memory pressure.
     if CONNS.insert(&conn_key(tgid, fd), &state, 0).is_ok() { 1 } else { 0 }
 }
 
 /// Takes the next sequence number of a numbered connection (see `CONNS`).
 #[inline(always)]
-fn take_seq(state: *mut ConnState) -> u32 {
+pub(crate) fn take_seq(state: *mut ConnState) -> u32 {
     // SAFETY: map value pointer; a racing update from another thread on the same fd can only
     // make the agent see a gap that was not one, never hide one.
     unsafe {
@@ -143,14 +156,58 @@ fn next_seq(tgid: u32, fd: i32) -> u32 {
     CONNS.get_ptr_mut(&conn_key(tgid, fd)).map_or(0, take_seq)
 }
 
-/// [`next_seq`], and whether the agent marked the connection as one whose payload it does not
-/// want (for reads and writes).
+/// What a read or write on a socket gets: nothing (the bytes are TLS ciphertext, whose plaintext
+/// the TLS probes report), a header without payload (the agent marked the connection opaque), or
+/// a copy of up to `window` bytes.
+#[derive(Copy, Clone)]
+enum DataPlan {
+    Skip,
+    HeaderOnly { seq: u32 },
+    Copy { seq: u32, window: u64, state: *mut ConnState },
+}
+
 #[inline(always)]
-fn next_seq_for_data(tgid: u32, fd: i32) -> (u32, bool) {
+fn plan_data(pid_tgid: u64, tgid: u32, fd: i32) -> DataPlan {
     let key = conn_key(tgid, fd);
-    match CONNS.get_ptr_mut(&key) {
-        Some(state) => (take_seq(state), payload_unwanted(key, state)),
-        None => (0, false),
+    let Some(state) = CONNS.get_ptr_mut(&key) else {
+        return DataPlan::Copy { seq: 0, window: capture_window(0), state: core::ptr::null_mut() };
+    };
+    // SAFETY: map value pointer, see `take_seq`.
+    let flags = unsafe { (*state).flags };
+    if flags & CONN_TLS != 0 || tls::bind(pid_tgid, tgid, fd, state) {
+        return DataPlan::Skip;
+    }
+    let seq = take_seq(state);
+    if payload_unwanted(key, state) {
+        DataPlan::HeaderOnly { seq }
+    } else {
+        DataPlan::Copy { seq, window: capture_window(flags), state }
+    }
+}
+
+/// How many bytes of a record to copy on a connection with these `CONN_*` flags.
+#[inline(always)]
+pub(crate) fn capture_window(flags: u32) -> u64 {
+    if flags & CONN_H2 != 0 {
+        return STAGING_BYTES as u64;
+    }
+    // SAFETY: the agent writes this global before load.
+    u64::from(unsafe { core::ptr::read_volatile(&raw const CAPTURE_BYTES) })
+}
+
+/// The HTTP/2 client preface starts with these bytes (`PRI `, little endian); no HTTP/1 request
+/// does.
+const H2_PREFACE_START: u32 = u32::from_le_bytes(*b"PRI ");
+
+/// Notes an HTTP/2 connection from the first bytes of one of its records (see [`CONN_H2`]).
+#[inline(always)]
+fn note_h2(state: *mut ConnState, first: &[u8; SMALL_PAYLOAD], captured: u64) {
+    if state.is_null() || captured < 4 {
+        return;
+    }
+    if u32::from_le_bytes([first[0], first[1], first[2], first[3]]) == H2_PREFACE_START {
+        // SAFETY: map value pointer, see `take_seq`.
+        unsafe { (*state).flags |= CONN_H2 };
     }
 }
 
@@ -183,7 +240,7 @@ struct Staging {
 static STAGING: PerCpuArray<Staging> = PerCpuArray::with_max_entries(1, 0);
 
 #[inline(always)]
-fn count_loss(loss: Loss) {
+pub(crate) fn count_loss(loss: Loss) {
     if let Some(slot) = LOSSES.get_ptr_mut(loss as u32) {
         // SAFETY: per-CPU slot, no concurrent writer on this CPU while the program runs.
         unsafe { *slot += 1 };
@@ -256,7 +313,7 @@ pub fn sched_process_exit(_ctx: BtfTracePointContext) -> i32 {
 
 /// Fills the common header fields in the staging buffer and returns it.
 #[inline(always)]
-fn stage(kind: EventKind, fd: i32, ret: i64) -> Option<&'static mut Staging> {
+pub(crate) fn stage(kind: EventKind, fd: i32, ret: i64) -> Option<&'static mut Staging> {
     let staging = STAGING.get_ptr_mut(0)?;
     // SAFETY: per-CPU buffer, exclusively ours for the duration of this program run.
     let staging = unsafe { &mut *staging };
@@ -306,7 +363,7 @@ const BPF_RB_FORCE_WAKEUP: u64 = 2;
 static mut LOSS_EPOCH: u32 = 0;
 
 #[inline(always)]
-fn emit(staging: &mut Staging, payload: u64) {
+pub(crate) fn emit(staging: &mut Staging, payload: u64) {
     // SAFETY: a plain load of a global; a racing update only delays when the agent notices.
     staging.header.loss_epoch = unsafe { core::ptr::read_volatile(&raw const LOSS_EPOCH) };
     let size = (EventHeader::SIZE as u64) + bounded(payload);
@@ -360,7 +417,7 @@ struct SmallRecord {
 /// Emits a plain read or write of `len` bytes (`0 < len <= SMALL_PAYLOAD`, and within the
 /// capture window) at `buf`, copied straight into the ring.
 #[inline(always)]
-fn emit_small(kind: EventKind, fd: i32, ret: i64, seq: u32, buf: u64, len: u64) {
+fn emit_small(kind: EventKind, fd: i32, ret: i64, seq: u32, buf: u64, len: u64, state: *mut ConnState) {
     let Some(mut entry) = EVENTS.reserve::<SmallRecord>(0) else {
         ring_full();
         return;
@@ -378,6 +435,7 @@ fn emit_small(kind: EventKind, fd: i32, ret: i64, seq: u32, buf: u64, len: u64) 
         unsafe { raw_probe_read_user(record.data.as_mut_ptr().cast(), len as u32, buf as *const core::ffi::c_void) };
     if rc == 0 {
         record.header.captured = len as u32;
+        note_h2(state, &record.data, len);
     } else {
         count_loss(Loss::ReadFailed);
     }
@@ -450,7 +508,7 @@ fn reg(regs: u64, offset: usize) -> u64 {
 
 /// How the user buffer of a data syscall is described.
 #[derive(Copy, Clone, PartialEq, Eq)]
-enum BufShape {
+pub(crate) enum BufShape {
     /// `buf` points at the bytes (read, write, recvfrom, sendto).
     Plain,
     /// `buf` points at a `struct iovec` array (readv, writev).
@@ -534,7 +592,7 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> i32 {
             read_addr(staging, si);
             emit(staging, 0);
         }
-        EventKind::Close => {}
+        EventKind::Close | EventKind::TlsOpen => {}
         EventKind::Read | EventKind::Write if nr == nr::SPLICE => {
             // splice(fd_in, off_in, fd_out, ...): bytes moved in the kernel (HAProxy's
             // `option splice-*`); the process read them from one fd and wrote them to the other
@@ -552,27 +610,46 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> i32 {
             if ret == 0 && kind == EventKind::Write {
                 return 0;
             }
-            let (seq, payload_unwanted) = next_seq_for_data(tgid, fd);
-            if payload_unwanted {
-                let Some(staging) = stage(kind, fd, ret) else { return 0 };
-                staging.header.seq = seq;
-                emit(staging, 0);
-                return 0;
+            match plan_data(pid_tgid, tgid, fd) {
+                DataPlan::Skip => {}
+                DataPlan::HeaderOnly { seq } => {
+                    let Some(staging) = stage(kind, fd, ret) else { return 0 };
+                    staging.header.seq = seq;
+                    emit(staging, 0);
+                }
+                DataPlan::Copy { seq, window, state } => emit_data(kind, fd, ret, seq, shape, si, dx, window, state),
             }
-            // SAFETY: the agent writes this global before load.
-            let window = u64::from(unsafe { core::ptr::read_volatile(&raw const CAPTURE_BYTES) });
-            if shape == BufShape::Plain && ret > 0 && ret as u64 <= SMALL_PAYLOAD as u64 && ret as u64 <= window {
-                emit_small(kind, fd, ret, seq, si, ret as u64);
-                return 0;
-            }
-            let Some(staging) = stage(kind, fd, ret) else { return 0 };
-            staging.header.seq = seq;
-            let copied = if ret > 0 { copy_payload(staging, shape, si, dx, ret as u64) } else { 0 };
-            staging.header.captured = copied as u32;
-            emit(staging, copied);
         }
     }
     0
+}
+
+/// Emits a read or write of `ret` bytes with up to `window` of them: small plain ones straight
+/// into the ring, the rest through the staging buffer.
+#[inline(always)]
+#[expect(clippy::too_many_arguments, reason = "the parts of one syscall, kept in registers")]
+pub(crate) fn emit_data(
+    kind: EventKind,
+    fd: i32,
+    ret: i64,
+    seq: u32,
+    shape: BufShape,
+    buf: u64,
+    count: u64,
+    window: u64,
+    state: *mut ConnState,
+) {
+    if shape == BufShape::Plain && ret > 0 && ret as u64 <= SMALL_PAYLOAD as u64 && ret as u64 <= window {
+        emit_small(kind, fd, ret, seq, buf, ret as u64, state);
+        return;
+    }
+    let Some(staging) = stage(kind, fd, ret) else { return };
+    staging.header.seq = seq;
+    let copied = if ret > 0 { copy_payload(staging, shape, buf, count, ret as u64, window) } else { 0 };
+    staging.header.captured = copied as u32;
+    // SAFETY: the staging buffer is larger than SMALL_PAYLOAD.
+    note_h2(state, unsafe { &*staging.data.as_ptr().cast::<[u8; SMALL_PAYLOAD]>() }, copied);
+    emit(staging, copied);
 }
 
 /// `close` is reported at entry, while the fd still belongs to the connection: at exit another
@@ -598,13 +675,11 @@ pub fn sys_enter(ctx: BtfTracePointContext) -> i32 {
     0
 }
 
-/// Copies the first `CAPTURE_BYTES` of the call's bytes (across the `iovec`s of a vectored call,
+/// Copies the first `window` bytes of the call's bytes (across the `iovec`s of a vectored call,
 /// see [`SEGMENT_BYTES`]), and the last `TAIL_BYTES` of the whole call when the window cut them.
 /// Returns how many bytes follow the header.
 #[inline(always)]
-fn copy_payload(staging: &mut Staging, shape: BufShape, buf: u64, count: u64, ret: u64) -> u64 {
-    // SAFETY: the agent writes this global before load.
-    let window = u64::from(unsafe { core::ptr::read_volatile(&raw const CAPTURE_BYTES) });
+fn copy_payload(staging: &mut Staging, shape: BufShape, buf: u64, count: u64, ret: u64, window: u64) -> u64 {
     let Some((iov, count)) = iovecs(shape, buf, count) else {
         let copied = copy_segment(staging, 0, buf, if ret < window { ret } else { window });
         if ret > copied && ret >= TAIL_BYTES as u64 {

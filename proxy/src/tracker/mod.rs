@@ -6,22 +6,31 @@
 //! - A connection's role comes from what flows on it: `HAProxy` *reads* requests on frontend sockets
 //!   and *writes* requests on backend sockets. Accepted sockets start as frontends, connected ones as
 //!   backends; sockets the tracker never saw open (older than the agent) get their role from their
-//!   first bytes; anything that does not speak HTTP/1 becomes opaque and is ignored until closed.
-//! - Responses pair with requests in order (HTTP/1 has no other way); interim 1xx responses are
-//!   skipped.
-//! - Each backend request is linked to the frontend request that caused it: tentatively when it is
-//!   written (by `traceparent`, target, or alike headers), for good when `HAProxy` relays its
-//!   response to a client on the same thread; see the `linking` module.
+//!   first bytes; anything that does not speak HTTP becomes opaque and is ignored until closed.
+//! - A connection speaks HTTP/1 or HTTP/2, decided by its first request bytes: the HTTP/2 preface
+//!   (cleartext `proto h2` and h2c with prior knowledge, or ALPN h2 inside TLS) makes it an HTTP/2
+//!   connection, decoded by the `http2` module. HTTP/2 needs the connection's start (the HPACK
+//!   state is built from the first header block on), so one seen mid-way is opaque.
+//! - TLS: [`Op::Tls`] says the connection's bytes from then on are the TLS plaintext, parsed like
+//!   cleartext; its exchanges carry [`TlsInfo`].
+//! - HTTP/1 responses pair with requests in order (HTTP/1 has no other way); HTTP/2 ones by stream
+//!   id. Interim 1xx responses are skipped.
+//! - Each backend request is linked to the frontend request that caused it, whatever HTTP version
+//!   either speaks: tentatively when it is written (by `traceparent`, target, or alike headers),
+//!   for good when `HAProxy` relays its response to a client on the same thread; see the `linking`
+//!   module.
 //! - A frontend exchange is handed out once its response is done *and* every backend exchange
 //!   linked to it is filed, so a SERVER span always leaves with all its CLIENT spans.
 //! - Capture gaps: records carry a per-connection sequence number ([`SyscallEvent::seq`]). When one
 //!   is missing the connection may have lost bytes: its open exchanges end with
-//!   [`Outcome::CaptureGap`] and both directions resynchronise at the next message start, so a
-//!   response is never paired with the wrong request.
+//!   [`Outcome::CaptureGap`] and both directions of an HTTP/1 connection resynchronise at the next
+//!   message start, so a response is never paired with the wrong request. An HTTP/2 connection
+//!   cannot resynchronise (its HPACK state is lost) and becomes opaque.
 //!
-//! - Connections that turn out not to speak HTTP/1 (opaque, `mode tcp`, tunnels after an upgrade
-//!   or CONNECT) are reported through [`Tracker::take_opaque_marks`], so that the probes can stop
-//!   copying their bytes; records without payload on them are then expected.
+//! - Connections that turn out not to speak HTTP (opaque, `mode tcp`, tunnels after an upgrade or
+//!   CONNECT, HTTP/2 connections that lost their HPACK state) are reported through
+//!   [`Tracker::take_opaque_marks`], so that the probes can stop copying their bytes; records
+//!   without payload on them are then expected.
 //!
 //! Invariants: memory is bounded by the number of open connections and open exchanges; exchanges
 //! idle longer than [`Limits::exchange_timeout_ns`] are expired by [`Tracker::expire`] and counted.
@@ -31,12 +40,16 @@ use std::collections::VecDeque;
 use rustc_hash::FxHashMap;
 use std::net::SocketAddr;
 
-use crate::exchange::{ClientExchange, Outcome, ServerExchange};
+use crate::exchange::{ClientExchange, Outcome, ServerExchange, TlsInfo};
 use crate::framing::{BodyFraming, Chunk, Cursor, Framer, Step};
+use crate::h2;
 use crate::head::{self, RequestHead, ResponseHead};
 use crate::proxy_protocol;
 
+mod http2;
 mod linking;
+
+use http2::H2Connection;
 
 use linking::{BackRecord, Candidate, Evidence, LinkStrength, Relay};
 
@@ -71,6 +84,12 @@ pub enum Op<'a> {
     Close,
     /// Stop parsing this connection until it closes (it belongs to a `mode tcp` proxy).
     Ignore,
+    /// The connection runs in TLS, with this protocol version as sent on the wire (`0x0303` for
+    /// TLS 1.2; 0 when unknown). It comes once, after the `accept`/`connect` and before any data:
+    /// from then on the connection's `Read`/`Write` chunks are the TLS plaintext.
+    Tls {
+        version: u16,
+    },
 }
 
 /// Counters of what the tracker could not turn into exchanges. Nothing is dropped silently.
@@ -78,9 +97,10 @@ pub enum Op<'a> {
 pub struct TrackerStats {
     /// Heads or bodies that could not be parsed (framing lost on a direction).
     pub parse_errors: u64,
-    /// Connections that turned out not to speak HTTP/1 (tcp mode, TLS, garbage).
+    /// Connections that turned out not to speak HTTP (tcp mode, TLS not decrypted, garbage).
     pub opaque_connections: u64,
-    /// Descriptors never seen opened by `accept`/`connect` whose first bytes are not HTTP/1: files
+    /// Descriptors never seen opened by `accept`/`connect` whose first bytes are not HTTP (HTTP/2
+    /// frames of a connection older than the probes among them, as its HPACK state is unknown): files
     /// `HAProxy` reads (its configuration, certificates, shared libraries at start), its thread
     /// wake-up pipes, sockets older than the probes. Ignored until closed.
     pub unknown_descriptors: u64,
@@ -112,6 +132,21 @@ pub struct TrackerStats {
     pub frontend_requests: u64,
     /// Backend requests parsed.
     pub backend_requests: u64,
+    /// Connections that started with the HTTP/2 preface: cleartext (`proto h2`, h2c with prior
+    /// knowledge) or in TLS (ALPN h2).
+    pub h2_connections: u64,
+    /// HTTP/2 streams opened (request heads read or written); also counted in
+    /// `frontend_requests` or `backend_requests`.
+    pub h2_streams: u64,
+    /// `RST_STREAM` frames seen, either way (those that ended an open exchange ended it with
+    /// [`Outcome::StreamReset`]).
+    pub h2_resets: u64,
+    /// `GOAWAY` frames seen, either way.
+    pub h2_goaways: u64,
+    /// HTTP/2 connections whose HPACK state was lost (a header block the capture window cut, a
+    /// capture gap, frames that cannot be decoded): their open streams ended with
+    /// [`Outcome::CaptureGap`] and the connection became opaque, never decoded wrongly.
+    pub h2_desyncs: u64,
 }
 
 /// A connection whose bytes the tracker no longer reads: the probes need not copy them. It names
@@ -146,7 +181,7 @@ enum Role {
     Unknown,
     Frontend,
     Backend,
-    /// Not HTTP/1; ignored until closed.
+    /// Not HTTP (or an HTTP/2 connection whose HPACK state was lost); ignored until closed.
     Opaque,
 }
 
@@ -183,6 +218,14 @@ struct Connection {
     /// A message head parsed on this connection: from then on, bad bytes are parse errors; before,
     /// they mean the connection speaks something else (TLS, DNS, a `mode tcp` protocol).
     spoke_http: bool,
+    /// The connection runs in TLS (its bytes are the plaintext).
+    tls: Option<TlsInfo>,
+    /// First client bytes held back because they may start the HTTP/2 preface or an HTTP/1
+    /// request alike ("P", "PR"); they are `h2::PREFACE[..preface_held]`.
+    preface_held: u8,
+    /// The connection speaks HTTP/2 (boxed: most connections speak HTTP/1, and the HPACK
+    /// decoders are not small). `ingress`/`egress` then stay idle.
+    h2: Option<Box<H2Connection>>,
 }
 
 impl Connection {
@@ -203,6 +246,9 @@ impl Connection {
             expect_proxy_header: false,
             proxy_client: None,
             spoke_http: false,
+            tls: None,
+            preface_held: 0,
+            h2: None,
         }
     }
 }
@@ -248,6 +294,8 @@ pub struct Tracker {
     clients_pool: Vec<Vec<ClientExchange>>,
     /// Connections that became opaque since [`Tracker::take_opaque_marks`] was last called.
     opaque_marks: Vec<OpaqueMark>,
+    /// Events of the HTTP/2 call being handled, kept to reuse the allocation.
+    h2_events: Vec<h2::Event>,
 }
 
 /// Most marks kept for [`Tracker::take_opaque_marks`]: a caller that never takes them (tests,
@@ -355,6 +403,10 @@ impl Tracker {
                 mark_opaque(&mut self.opaque_marks, key, opened_ns);
                 return;
             }
+            Op::Tls { version } => {
+                self.tls(key, ev, version);
+                return;
+            }
             Op::Read(_) | Op::Write(_) => {}
         }
         match ev.op {
@@ -365,6 +417,25 @@ impl Tracker {
             Op::Read(chunk) => self.data(key, ev, chunk, Direction::Ingress),
             Op::Write(chunk) => self.data(key, ev, chunk, Direction::Egress),
             _ => {}
+        }
+    }
+
+    /// The connection `key` runs in TLS: its exchanges carry `tls`, and its bytes from now on are
+    /// the plaintext, parsed from scratch (a PROXY header came before the handshake, if any).
+    fn tls(&mut self, key: (u32, i32), ev: &SyscallEvent<'_>, version: u16) {
+        if ev.seq != 0 {
+            self.check_sequence(key, ev);
+        }
+        let conn = self.conns.entry(key).or_insert_with(|| Connection::new(Role::Unknown, None));
+        conn.tls = Some(TlsInfo::from_wire(version));
+        conn.expect_proxy_header = false;
+        if conn.role != Role::Opaque {
+            conn.ingress = Framer::new();
+            conn.egress = Framer::new();
+            conn.ingress_start = None;
+            conn.egress_start = None;
+            conn.preface_held = 0;
+            conn.h2 = None;
         }
     }
 
@@ -388,11 +459,24 @@ impl Tracker {
         if matches!(conn.role, Role::Opaque | Role::Unknown) {
             return;
         }
+        if conn.h2.is_some() {
+            // HTTP/2 has no message start to resynchronise at, and the HPACK state is lost.
+            self.h2_lost(key, ts);
+            return;
+        }
         conn.ingress.abandon();
         conn.egress.abandon();
         conn.gapped = true;
         conn.ingress_start = None;
         conn.egress_start = None;
+        self.lose_open_exchanges(key, ts);
+    }
+
+    /// Bytes of the connection `key` were lost: its open exchanges end as
+    /// [`Outcome::CaptureGap`], and links guessed in its process are given up (the lost bytes may
+    /// have held a frontend request whose backend request would link to another).
+    fn lose_open_exchanges(&mut self, key: (u32, i32), ts: u64) {
+        let Some(conn) = self.conns.get_mut(&key) else { return };
         let fronts: Vec<u64> = conn.fronts.drain(..).collect();
         let backs: Vec<u64> = conn.backs.drain(..).collect();
         if !self.quarantined(ts) {
@@ -482,6 +566,9 @@ impl Tracker {
             self.drop_candidate(id);
             for conn in self.conns.values_mut() {
                 conn.fronts.retain(|c| *c != id);
+                if let Some(h2) = &mut conn.h2 {
+                    h2.streams.retain(|(_, c)| *c != id);
+                }
             }
             self.finished.push(front.exchange);
         }
@@ -583,16 +670,30 @@ impl Tracker {
             }
         }
         let ctx = Ctx { key, tid: ev.tid, ts: ev.ts_ns };
-        let framed = match (role, dir) {
+        let Some(held) = conn.detect_h2(role, dir, chunk, &mut self.stats) else { return };
+        let mut framed = false;
+        if held > 0 {
+            framed = self.dispatch(ctx, role, Chunk::complete(&h2::PREFACE[..held]), dir);
+        }
+        framed |= self.dispatch(ctx, role, chunk, dir);
+        if !framed {
+            // Only body bytes: a head or a message end already counted as activity.
+            self.touch(key, role, ev.ts_ns);
+        }
+    }
+
+    /// Hands one call's bytes to the parser of their connection and direction; true when they held
+    /// a head or a message end (see [`Tracker::requests`]).
+    fn dispatch(&mut self, ctx: Ctx, role: Role, chunk: Chunk<'_>, dir: Direction) -> bool {
+        if self.conns.get(&ctx.key).is_some_and(|c| c.h2.is_some()) {
+            return self.h2_data(ctx, role, chunk, dir);
+        }
+        match (role, dir) {
             (Role::Frontend, Direction::Ingress) | (Role::Backend, Direction::Egress) => self.requests(ctx, chunk, dir),
             (Role::Frontend, Direction::Egress) | (Role::Backend, Direction::Ingress) => {
                 self.responses(ctx, chunk, dir)
             }
             (Role::Unknown | Role::Opaque, _) => true,
-        };
-        if !framed {
-            // Only body bytes: a head or a message end already counted as activity.
-            self.touch(key, role, ev.ts_ns);
         }
     }
 
@@ -600,13 +701,17 @@ impl Tracker {
     /// longer than the expiry is not expired mid-stream.
     fn touch(&mut self, key: (u32, i32), role: Role, ts: u64) {
         let Some(conn) = self.conns.get(&key) else { return };
-        let front = match role {
-            Role::Frontend => conn.fronts.front().copied(),
-            Role::Backend => conn.backs.front().and_then(|b| self.backs.get(b)).and_then(|b| b.front),
-            Role::Unknown | Role::Opaque => None,
+        // HTTP/1 bytes belong to the oldest exchange; HTTP/2 bytes may be any open stream's.
+        let n = if conn.h2.is_some() { usize::MAX } else { 1 };
+        let fronts: &mut dyn Iterator<Item = u64> = match role {
+            Role::Frontend => &mut conn.fronts.iter().take(n).copied(),
+            Role::Backend => &mut conn.backs.iter().take(n).filter_map(|b| self.backs.get(b)).filter_map(|b| b.front),
+            Role::Unknown | Role::Opaque => &mut std::iter::empty(),
         };
-        if let Some(f) = front.and_then(|id| self.fronts.get_mut(&id)) {
-            f.last_activity_ns = ts;
+        for id in fronts {
+            if let Some(f) = self.fronts.get_mut(&id) {
+                f.last_activity_ns = ts;
+            }
         }
     }
 
@@ -651,7 +756,7 @@ impl Tracker {
                         match role {
                             Role::Frontend => self.new_front(ctx, request, started),
                             _ => self.new_backend(ctx, request, started),
-                        }
+                        };
                     } else {
                         self.stats.parse_errors += 1;
                         // Give up on this direction until the next request line.
@@ -715,7 +820,8 @@ impl Tracker {
         }
     }
 
-    /// Records a response head on the oldest open request; returns how its body is framed.
+    /// Records a response head on the oldest open request (HTTP/1 pairs in order); returns how
+    /// its body is framed.
     fn response_head(&mut self, ctx: Ctx, role: Role, response: ResponseHead) -> BodyFraming {
         let conn = self.conns.get_mut(&ctx.key).expect("present");
         if role == Role::Frontend {
@@ -734,34 +840,47 @@ impl Tracker {
                 self.conns.get_mut(&ctx.key).expect("present").fronts.push_back(id);
                 id
             };
-            let Some(front) = self.fronts.get_mut(&id) else { return BodyFraming::Empty };
-            front.last_activity_ns = ctx.ts;
-            if response.is_interim() {
-                return BodyFraming::Empty;
-            }
-            front.responding = true;
-            front.exchange.response = Some(response);
-            let method = front.exchange.request.as_ref().map_or("GET", |r| r.method.as_str());
-            let framing = response.framing(method);
-            self.drop_candidate(id);
-            self.claim_relay(id, ctx, response);
-            framing
+            self.front_response_head(id, ctx, response)
         } else {
             let Some(back_id) = conn.backs.front().copied() else {
                 self.stats.unpaired_responses += 1;
                 return response.framing("GET");
             };
-            let Some(back) = self.backs.get_mut(&back_id) else { return response.framing("GET") };
-            if response.is_interim() {
-                return BodyFraming::Empty;
-            }
-            back.exchange.response = Some(response);
-            if back.evidence.claimable() && back.relay == Relay::Awaiting {
-                back.relay = Relay::Pending { tid: ctx.tid, read_ns: ctx.ts };
-                self.relays.push_back(back_id);
-            }
-            response.framing(&back.exchange.request.method)
+            self.back_response_head(back_id, ctx, response)
         }
+    }
+
+    /// Records the response head of frontend exchange `id`, written to the client on `ctx`: the
+    /// relay of a backend response (see [`Tracker::claim_relay`]). Returns how its body is framed.
+    fn front_response_head(&mut self, id: u64, ctx: Ctx, response: ResponseHead) -> BodyFraming {
+        let Some(front) = self.fronts.get_mut(&id) else { return BodyFraming::Empty };
+        front.last_activity_ns = ctx.ts;
+        if response.is_interim() {
+            return BodyFraming::Empty;
+        }
+        front.responding = true;
+        front.exchange.response = Some(response);
+        let method = front.exchange.request.as_ref().map_or("GET", |r| r.method.as_str());
+        let framing = response.framing(method);
+        self.drop_candidate(id);
+        self.claim_relay(id, ctx, response);
+        framing
+    }
+
+    /// Records the response head of backend exchange `back_id`, read from the server on `ctx`:
+    /// from now on a frontend response on the same thread may claim it. Returns how its body is
+    /// framed.
+    fn back_response_head(&mut self, back_id: u64, ctx: Ctx, response: ResponseHead) -> BodyFraming {
+        let Some(back) = self.backs.get_mut(&back_id) else { return response.framing("GET") };
+        if response.is_interim() {
+            return BodyFraming::Empty;
+        }
+        back.exchange.response = Some(response);
+        if back.evidence.claimable() && back.relay == Relay::Awaiting {
+            back.relay = Relay::Pending { tid: ctx.tid, read_ns: ctx.ts };
+            self.relays.push_back(back_id);
+        }
+        response.framing(&back.exchange.request.method)
     }
 
     fn response_done(&mut self, ctx: Ctx, role: Role, outcome: Outcome) {
@@ -786,8 +905,8 @@ impl Tracker {
     fn insert_front(&mut self, ctx: Ctx, request: Option<RequestHead>, started: u64) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
-        let (peer, local, client) =
-            self.conns.get(&ctx.key).map_or((None, None, None), |c| (c.addr, c.local, c.proxy_client));
+        let (peer, local, client, tls) =
+            self.conns.get(&ctx.key).map_or((None, None, None, None), |c| (c.addr, c.local, c.proxy_client, c.tls));
         self.fronts.insert(
             id,
             FrontRecord {
@@ -801,6 +920,7 @@ impl Tracker {
                     start_ns: started,
                     end_ns: started,
                     outcome: Outcome::Complete,
+                    tls,
                     clients: self.clients_pool.pop().unwrap_or_default(),
                 },
                 open_backends: 0,
@@ -814,7 +934,8 @@ impl Tracker {
         id
     }
 
-    fn new_front(&mut self, ctx: Ctx, request: RequestHead, started: u64) {
+    /// A request read on a frontend; returns its exchange id.
+    fn new_front(&mut self, ctx: Ctx, request: RequestHead, started: u64) -> u64 {
         self.stats.frontend_requests += 1;
         let id = self.insert_front(ctx, Some(request), started);
         self.candidates.push_back(Candidate::new(id, ctx, self.fronts[&id].exchange.request.as_ref()));
@@ -822,9 +943,11 @@ impl Tracker {
         conn.fronts.push_back(id);
         conn.gapped = false;
         conn.spoke_http = true;
+        id
     }
 
-    fn new_backend(&mut self, ctx: Ctx, request: RequestHead, started: u64) {
+    /// A request written on a backend; returns its exchange id.
+    fn new_backend(&mut self, ctx: Ctx, request: RequestHead, started: u64) -> u64 {
         self.stats.backend_requests += 1;
         let quarantined = self.quarantined(ctx.ts);
         let link = if quarantined { None } else { self.link(ctx, &request) };
@@ -843,7 +966,7 @@ impl Tracker {
         let back_id = self.next_id;
         self.next_id += 1;
         let conn = self.conns.get_mut(&ctx.key).expect("present");
-        let server = conn.addr;
+        let (server, tls) = (conn.addr, conn.tls);
         conn.backs.push_back(back_id);
         conn.spoke_http = true;
         self.backs.insert(
@@ -861,9 +984,11 @@ impl Tracker {
                     start_ns: started,
                     end_ns: started,
                     outcome: Outcome::Complete,
+                    tls,
                 },
             },
         );
+        back_id
     }
 
     fn finish_front(&mut self, id: u64, ts: u64, outcome: Outcome) {

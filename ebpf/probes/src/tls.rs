@@ -1,0 +1,209 @@
+//! TLS plaintext: uprobes on the TLS library's `SSL_read`, `SSL_write` and `SSL_do_handshake`
+//! (entry and return), attached by the agent to each traced process that maps a library (or a
+//! static binary) exporting them.
+//!
+//! Tying plaintext to its socket: `HAProxy` gives OpenSSL a BIO of its own, so `SSL_get_fd` means
+//! nothing, but the BIO reads and writes the socket with `recv`/`send` on the calling thread,
+//! *inside* the `SSL_*` call. So:
+//! - at entry, the thread's call is noted in `SSL_CALLS` (the `SSL *` and the buffer);
+//! - a read or write syscall that exits on a thread with a call noted ([`bind`], from `sys_exit`)
+//!   names the socket of that `SSL *`: `SSL_CONNS` keeps it (with the connection's opening time,
+//!   its identity), and the connection is flagged TLS: its ciphertext is no longer reported;
+//! - at return, the plaintext (`buf`, the returned length) is reported as a `Read`/`Write` record
+//!   of that socket, numbered in the connection's sequence, after a `TlsOpen` record that tells
+//!   the agent the connection's later records are plaintext (and the protocol version, when the
+//!   library's layout lets it be read).
+//!
+//! The handshake is the first I/O of a TLS connection and always reaches the socket, so every
+//! connection is bound before its first plaintext. Plaintext whose `SSL *` names no live
+//! connection (opened before the probes, or closed since) is counted in `LOSSES`, never guessed.
+//! Only sockets numbered in `CONNS` are bound (the others carry no identity to check against).
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user},
+    macros::{map, uprobe, uretprobe},
+    maps::{Array, HashMap, LruHashMap},
+    programs::{ProbeContext, RetProbeContext},
+};
+use tracetap_ebpf_common::{EventKind, Loss, MAX_NUMBERED_CONNECTIONS};
+
+use crate::{
+    BufShape, CONN_TLS, CONN_TLS_ANNOUNCED, CONNS, ConnState, capture_window, conn_key, count_loss, emit, emit_data,
+    stage, take_seq,
+};
+
+/// Threads inside an `SSL_*` call: `pid_tgid` to the call.
+#[map]
+static SSL_CALLS: HashMap<u64, SslCall> = HashMap::with_max_entries(16_384, 0);
+
+/// `SSL *` (per process) to the socket it was seen reading or writing. LRU: handles freed
+/// without our knowing age out; a reused handle is bound anew by its own handshake.
+#[map]
+static SSL_CONNS: LruHashMap<SslKey, SslConn> = LruHashMap::with_max_entries(MAX_NUMBERED_CONNECTIONS, 0);
+
+/// Nonzero once the agent attached the TLS probes to some process: until then the syscall probe
+/// does not look for a call in `SSL_CALLS` (an array lookup the JIT inlines).
+#[map]
+static TLS_HOOKED: Array<u32> = Array::with_max_entries(1, 0);
+
+#[repr(C)]
+#[derive(Copy, Clone)]
+struct SslCall {
+    ssl: u64,
+    buf: u64,
+    /// One of the `CALL_*` values.
+    call: u32,
+    _pad: u32,
+}
+
+#[repr(C)]
+struct SslKey {
+    ssl: u64,
+    tgid: u32,
+    _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Copy, Clone)]
+struct SslConn {
+    /// `ts_ns` of the connection's `accept`/`connect` (see `ConnState::opened_ns`).
+    opened_ns: u64,
+    fd: i32,
+    _pad: u32,
+}
+
+const CALL_READ: u32 = 1;
+const CALL_WRITE: u32 = 2;
+const CALL_HANDSHAKE: u32 = 3;
+
+/// From `sys_exit`, for a read or write on the numbered socket `fd` whose connection is not
+/// flagged TLS yet: when the thread is inside an `SSL_*` call, binds that call's `SSL *` to the
+/// socket and flags the connection. True when bound (the record is ciphertext: not reported).
+#[inline(always)]
+pub(crate) fn bind(pid_tgid: u64, tgid: u32, fd: i32, state: *mut ConnState) -> bool {
+    if TLS_HOOKED.get(0).is_none_or(|hooked| *hooked == 0) {
+        return false;
+    }
+    // SAFETY: read-only lookup of a plain value, copied out.
+    let Some(call) = (unsafe { SSL_CALLS.get(&pid_tgid) }).copied() else { return false };
+    // SAFETY: map value pointer, see `take_seq`.
+    let opened_ns = unsafe { (*state).opened_ns };
+    let key = SslKey { ssl: call.ssl, tgid, _pad: 0 };
+    if SSL_CONNS.insert(&key, &SslConn { opened_ns, fd, _pad: 0 }, 0).is_err() {
+        return false;
+    }
+    // SAFETY: as above.
+    unsafe { (*state).flags |= CONN_TLS };
+    true
+}
+
+#[inline(always)]
+fn enter(ctx: &ProbeContext, call: u32) -> u32 {
+    let ssl: u64 = ctx.arg(0).unwrap_or(0);
+    let buf: u64 = ctx.arg(1).unwrap_or(0);
+    let _ = SSL_CALLS.insert(&bpf_get_current_pid_tgid(), &SslCall { ssl, buf, call, _pad: 0 }, 0);
+    0
+}
+
+#[inline(always)]
+fn leave(ctx: &RetProbeContext, call: u32) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    // SAFETY: read-only lookup of a plain value, copied out before the entry is removed.
+    let Some(noted) = (unsafe { SSL_CALLS.get(&pid_tgid) }).copied() else { return 0 };
+    let _ = SSL_CALLS.remove(&pid_tgid);
+    if noted.call != call {
+        return 0;
+    }
+    let ret: i32 = ctx.ret();
+    let wanted = match call {
+        CALL_READ => ret >= 0,
+        CALL_WRITE => ret > 0,
+        _ => ret == 1,
+    };
+    if !wanted {
+        return 0;
+    }
+    let tgid = (pid_tgid >> 32) as u32;
+    let key = SslKey { ssl: noted.ssl, tgid, _pad: 0 };
+    // SAFETY: read-only lookup of a plain value, copied out.
+    let Some(conn) = (unsafe { SSL_CONNS.get(&key) }).copied() else {
+        count_loss(Loss::TlsUnbound);
+        return 0;
+    };
+    let Some(state) = CONNS.get_ptr_mut(&conn_key(tgid, conn.fd)) else {
+        count_loss(Loss::TlsUnbound);
+        return 0;
+    };
+    // SAFETY: map value pointer, see `take_seq`.
+    if unsafe { (*state).opened_ns } != conn.opened_ns {
+        // The socket closed and its fd was reused since the handle was bound.
+        count_loss(Loss::TlsUnbound);
+        return 0;
+    }
+    announce(state, conn.fd, noted.ssl);
+    if call == CALL_HANDSHAKE {
+        return 0;
+    }
+    let kind = if call == CALL_READ { EventKind::Read } else { EventKind::Write };
+    let seq = take_seq(state);
+    // SAFETY: as above.
+    let window = capture_window(unsafe { (*state).flags });
+    emit_data(kind, conn.fd, i64::from(ret), seq, BufShape::Plain, noted.buf, 0, window, state);
+    0
+}
+
+/// Sends the connection's `TlsOpen` record once, before its first plaintext.
+#[inline(always)]
+fn announce(state: *mut ConnState, fd: i32, ssl: u64) {
+    // SAFETY: map value pointer, see `take_seq`.
+    if unsafe { (*state).flags } & CONN_TLS_ANNOUNCED != 0 {
+        return;
+    }
+    // SAFETY: as above.
+    unsafe { (*state).flags |= CONN_TLS_ANNOUNCED };
+    let Some(staging) = stage(EventKind::TlsOpen, fd, i64::from(protocol_version(ssl))) else { return };
+    staging.header.seq = take_seq(state);
+    emit(staging, 0);
+}
+
+/// The negotiated protocol version (`0x0303` for TLS 1.2), or 0 when it cannot be read. OpenSSL
+/// 1.1 to 3.1 keep it in the first field of `struct ssl_st`; later layouts (and other
+/// libraries) keep something else there, which the range check turns into "unknown".
+#[inline(always)]
+fn protocol_version(ssl: u64) -> u32 {
+    // SAFETY: a helper read of user memory, which faults safely.
+    match unsafe { bpf_probe_read_user(ssl as *const i32) } {
+        Ok(v) if (0x0300..=0x0304).contains(&v) => v as u32,
+        _ => 0,
+    }
+}
+
+#[uprobe]
+pub fn ssl_read_entry(ctx: ProbeContext) -> u32 {
+    enter(&ctx, CALL_READ)
+}
+
+#[uretprobe]
+pub fn ssl_read_return(ctx: RetProbeContext) -> u32 {
+    leave(&ctx, CALL_READ)
+}
+
+#[uprobe]
+pub fn ssl_write_entry(ctx: ProbeContext) -> u32 {
+    enter(&ctx, CALL_WRITE)
+}
+
+#[uretprobe]
+pub fn ssl_write_return(ctx: RetProbeContext) -> u32 {
+    leave(&ctx, CALL_WRITE)
+}
+
+#[uprobe]
+pub fn ssl_handshake_entry(ctx: ProbeContext) -> u32 {
+    enter(&ctx, CALL_HANDSHAKE)
+}
+
+#[uretprobe]
+pub fn ssl_handshake_return(ctx: RetProbeContext) -> u32 {
+    leave(&ctx, CALL_HANDSHAKE)
+}

@@ -1,0 +1,232 @@
+//! The edge as deployed: TLS-terminating and HTTP/2 frontends, and TLS towards servers, against a
+//! real `HAProxy` (both versions where the case allows), with real clients (`h2load` for
+//! concurrent streams, `curl`, a raw HTTP/2 client for resets). The requests of a run are
+//! identical (same method and target); the backend gives concurrent ones different statuses
+//! (`x-want-status: cycle`), so a CLIENT span put under the wrong SERVER span shows (see
+//! `tracetap_tests::linking::accuracy`).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tracetap_tests::h2client::{CANCEL, H2Conn};
+use tracetap_tests::haproxy::{self, Version};
+use tracetap_tests::linking::{self, Accuracy};
+use tracetap_tests::otlp::Received;
+use tracetap_tests::{Stack, h2load, require_root, tls, wait_for};
+
+/// `error.type` of a stream the client reset with CANCEL.
+const RESET_CANCEL: &str = "http2.rst_stream.CANCEL";
+
+/// The backend picks each response's status and delay (see `tracetap_tests::backend`).
+const CYCLE: [&str; 4] = ["-H", "x-want-status: cycle", "-H", "x-delay-ms: random"];
+
+fn config(frontend_bind: &str, global: &str, frontend_lines: &str, backend: SocketAddr) -> String {
+    format!(
+        "global\n    maxconn 4096\n{global}\ndefaults\n    mode http\n    timeout connect 2s\n    timeout client 10s\n    timeout server 10s\n\n\
+         frontend fe_main\n    bind {frontend_bind}\n{frontend_lines}    default_backend be_app\n\n\
+         backend be_app\n    server s0 {backend}\n"
+    )
+}
+
+/// Waits until `n` SERVER spans with `path` arrived (60 s at most, for liveness), then half a
+/// second for stragglers.
+fn spans_after(stack: &Stack, path: &str, n: usize) -> Vec<Received> {
+    let count =
+        |spans: &[Received]| spans.iter().filter(|s| s.is_server() && s.str_attr("url.path") == Some(path)).count();
+    let _ = wait_for(Duration::from_mins(1), || (count(&stack.receiver.spans()) >= n).then_some(()));
+    std::thread::sleep(Duration::from_millis(500));
+    stack.receiver.spans()
+}
+
+/// Every request traced, every CLIENT span linked right.
+fn assert_all_linked(label: &str, acc: &Accuracy, answered: usize, stack: &Stack) {
+    println!("[{label}] answered {answered}, {acc:?}");
+    let log = || stack.agent.log();
+    assert_eq!(acc.server, answered, "[{label}] one SERVER span per request\n{}", log());
+    assert_eq!(acc.client, answered, "[{label}] one CLIENT span per backend request\n{}", log());
+    assert_eq!(acc.linked_right, answered, "[{label}] every CLIENT span under its own SERVER span: {acc:?}");
+    assert_eq!(
+        stack.agent.metric("tracetap_events_lost_tls_unbound_total"),
+        0,
+        "[{label}] no TLS plaintext left unbound"
+    );
+}
+
+fn assert_server_attrs(label: &str, spans: &[Received], path: &str, scheme: &str, protocol: &str) {
+    for s in spans.iter().filter(|s| s.is_server() && s.str_attr("url.path") == Some(path)) {
+        assert_eq!(s.str_attr("url.scheme"), Some(scheme), "[{label}] url.scheme");
+        assert_eq!(s.str_attr("network.protocol.version"), Some(protocol), "[{label}] network.protocol.version");
+    }
+}
+
+/// The TLS version is read where the library's layout allows it: OpenSSL 3.0 (Debian 12) does,
+/// 3.5 (Debian 13) does not (see the README).
+fn assert_tls_version(label: &str, version: Version, spans: &[Received], path: &str) {
+    for s in spans.iter().filter(|s| s.is_server() && s.str_attr("url.path") == Some(path)) {
+        let got = s.str_attr("tls.protocol.version");
+        match version {
+            Version::Debian12 => assert_eq!(got, Some("1.3"), "[{label}] tls.protocol.version"),
+            Version::Debian13 => assert!(got.is_none() || got == Some("1.3"), "[{label}] tls.protocol.version {got:?}"),
+        }
+    }
+}
+
+#[test]
+fn tls_frontend_with_http1_keep_alive() {
+    if !require_root() {
+        return;
+    }
+    for version in haproxy::versions() {
+        let label = format!("tls http/1.1, {version}");
+        let pem = tls::certificate(version);
+        let stack = Stack::with_config_on(
+            version,
+            |port, backend| config(&format!("127.0.0.1:{port} ssl crt {pem}"), "", "", backend),
+            &linking::agent_env(),
+        );
+        let url = format!("https://127.0.0.1:{}/same", stack.front.port());
+        let n = 200;
+        let out = h2load::run(&[&["--h1", "-n", "200", "-c", "4"][..], &CYCLE, &[url.as_str()]].concat());
+        assert_eq!((out.answered(), out.errored), (n, 0), "[{label}] every request answered: {out:?}");
+        let spans = spans_after(&stack, "/same", out.answered());
+        assert_all_linked(&label, &linking::accuracy(&spans, "/same"), out.answered(), &stack);
+        assert_server_attrs(&label, &spans, "/same", "https", "1.1");
+        assert_tls_version(&label, version, &spans, "/same");
+        assert!(stack.agent.metric("tracetap_tls_processes") >= 1, "[{label}] TLS probes attached");
+    }
+}
+
+#[test]
+fn h2_over_tls_with_concurrent_streams_and_a_rewrite() {
+    if !require_root() {
+        return;
+    }
+    for version in haproxy::versions() {
+        let label = format!("h2 over TLS (ALPN), nbthread 4, set-path, {version}");
+        let pem = tls::certificate(version);
+        let stack = Stack::with_config_on(
+            version,
+            |port, backend| {
+                config(
+                    &format!("127.0.0.1:{port} ssl crt {pem} alpn h2,http/1.1"),
+                    "    nbthread 4\n",
+                    "    http-request set-path /rewritten\n",
+                    backend,
+                )
+            },
+            &linking::agent_env(),
+        );
+        let url = format!("https://127.0.0.1:{}/same", stack.front.port());
+        let n = 1000;
+        let out = h2load::run(&[&["-n", "1000", "-c", "4", "-m", "10"][..], &CYCLE, &[url.as_str()]].concat());
+        assert_eq!((out.answered(), out.errored), (n, 0), "[{label}] every request answered: {out:?}");
+        let spans = spans_after(&stack, "/same", out.answered());
+        assert_all_linked(&label, &linking::accuracy(&spans, "/same"), out.answered(), &stack);
+        assert_server_attrs(&label, &spans, "/same", "https", "2");
+        assert_tls_version(&label, version, &spans, "/same");
+        let rewritten = spans.iter().filter(|s| s.is_client() && s.str_attr("url.path") == Some("/rewritten")).count();
+        assert_eq!(rewritten, out.answered(), "[{label}] CLIENT spans show the rewritten path");
+    }
+}
+
+#[test]
+fn h2c_prior_knowledge() {
+    if !require_root() {
+        return;
+    }
+    for version in haproxy::versions() {
+        let label = format!("h2c, {version}");
+        let stack = Stack::with_config_on(
+            version,
+            |port, backend| config(&format!("127.0.0.1:{port} proto h2"), "", "", backend),
+            &linking::agent_env(),
+        );
+        let url = format!("http://127.0.0.1:{}/same", stack.front.port());
+        let n = 1000;
+        let out = h2load::run(&[&["-n", "1000", "-c", "4", "-m", "10"][..], &CYCLE, &[url.as_str()]].concat());
+        assert_eq!((out.answered(), out.errored), (n, 0), "[{label}] every request answered: {out:?}");
+        let spans = spans_after(&stack, "/same", out.answered());
+        assert_all_linked(&label, &linking::accuracy(&spans, "/same"), out.answered(), &stack);
+        assert_server_attrs(&label, &spans, "/same", "http", "2");
+    }
+}
+
+#[test]
+fn tls_towards_the_server() {
+    if !require_root() {
+        return;
+    }
+    let version = Version::from_env();
+    let pem = tls::certificate(version);
+    let inner = tracetap_tests::free_port();
+    // fe_main (cleartext) -> be_app -> `server ... ssl` -> listen tls_in (TLS) -> the backend.
+    let stack = Stack::with_config_on(
+        version,
+        |port, backend| {
+            format!(
+                "global\n    maxconn 4096\n\ndefaults\n    mode http\n    timeout connect 2s\n    timeout client 10s\n    timeout server 10s\n\n\
+                 frontend fe_main\n    bind 127.0.0.1:{port}\n    default_backend be_app\n\n\
+                 backend be_app\n    server tls_hop 127.0.0.1:{inner} ssl verify none\n\n\
+                 listen tls_in\n    bind 127.0.0.1:{inner} ssl crt {pem}\n    server s0 {backend}\n"
+            )
+        },
+        &linking::agent_env(),
+    );
+    let url = format!("http://127.0.0.1:{}/same", stack.front.port());
+    let n = 200;
+    let out = h2load::run(&[&["--h1", "-n", "200", "-c", "4"][..], &CYCLE, &[url.as_str()]].concat());
+    assert_eq!((out.answered(), out.errored), (n, 0), "every request answered: {out:?}");
+    // Two SERVER spans per request (fe_main, tls_in), each with its CLIENT span.
+    let spans = spans_after(&stack, "/same", 2 * out.answered());
+    let acc = linking::accuracy(&spans, "/same");
+    println!("[tls towards the server] answered {}, {acc:?}", out.answered());
+    assert_eq!(acc.server, 2 * out.answered(), "two SERVER spans per request\n{}", stack.agent.log());
+    assert_eq!(acc.client, 2 * out.answered(), "two CLIENT spans per request");
+    assert_eq!(acc.linked_right, acc.client, "{acc:?}");
+    let tls_clients: Vec<_> =
+        spans.iter().filter(|s| s.is_client() && s.int_attr("server.port") == Some(i64::from(inner))).collect();
+    assert_eq!(tls_clients.len(), out.answered(), "CLIENT spans towards the TLS server");
+    for c in &tls_clients {
+        assert!(c.str_attr("url.full").is_some_and(|u| u.starts_with("https://")), "url.full of {c:?}");
+    }
+    let tls_servers = spans.iter().filter(|s| s.is_server() && s.str_attr("url.scheme") == Some("https")).count();
+    assert_eq!(tls_servers, out.answered(), "the TLS listener's SERVER spans say https");
+}
+
+#[test]
+fn a_client_that_resets_streams() {
+    if !require_root() {
+        return;
+    }
+    let stack = Stack::with_config_on(
+        Version::from_env(),
+        |port, backend| config(&format!("127.0.0.1:{port} proto h2"), "", "", backend),
+        &[],
+    );
+    let mut conn = H2Conn::connect(stack.front).expect("connect");
+    let authority = format!("127.0.0.1:{}", stack.front.port());
+    // Stream 1 asks for a slow answer and gives up on it; stream 3 is answered; 5 is reset too.
+    conn.request(1, "GET", "/slow/1500", &authority).expect("request 1");
+    std::thread::sleep(Duration::from_millis(200));
+    conn.reset(1, CANCEL).expect("reset 1");
+    conn.request(3, "GET", "/answered", &authority).expect("request 3");
+    conn.read_until_end(3).expect("response 3");
+    conn.request(5, "GET", "/slow/1000", &authority).expect("request 5");
+    std::thread::sleep(Duration::from_millis(200));
+    conn.reset(5, CANCEL).expect("reset 5");
+    conn.go_away(5, 0).expect("goaway");
+    drop(conn);
+    let spans = stack.spans_for(&["/slow/1500", "/answered", "/slow/1000"]);
+    let server = |path: &str| {
+        spans.iter().find(|s| s.is_server() && s.str_attr("url.path") == Some(path)).expect("SERVER span").clone()
+    };
+    for path in ["/slow/1500", "/slow/1000"] {
+        let span = server(path);
+        assert!(span.is_error(), "{path}: a reset stream is an error");
+        assert_eq!(span.str_attr("error.type"), Some(RESET_CANCEL), "{path}");
+        assert_eq!(span.str_attr("network.protocol.version"), Some("2"));
+    }
+    let answered = server("/answered");
+    assert!(!answered.is_error(), "the stream between them is answered: {answered:?}");
+    assert_eq!(answered.int_attr("http.response.status_code"), Some(200));
+}
