@@ -24,6 +24,15 @@ modes add only the `filter` line):
   at most 7000 traces between its writes (once a second) and drops the rest inside HAProxy, so
   above 7000 req/s fewer than one trace per request arrives, and the report says so.
 - `tail 1%` (only with BENCH_TAIL=1): head ratio 1.0, tail sampling keeps errors and 1%.
+- The edge (unless BENCH_EDGE=0): the same HAProxy terminating TLS (`bind ... ssl crt ... alpn
+  h2,http/1.1`, a P-256 certificate made for the run), untraced and with the agent at ratio 1.0:
+  `tls none` / `tls ratio 1.0` with HTTP/1.1 clients, `h2 none` / `h2 ratio 1.0` with HTTP/2
+  clients (4 concurrent streams per connection). Their load is h2load over TLS (wrk does not speak
+  HTTP/2): saturated `-c64` for BENCH_SECONDS, and a fixed EDGE_RATE (6 000 req/s: TLS costs
+  HAProxy several times what cleartext does, and the rate must stay below saturation). Their
+  ratios are taken against the same family's untraced run of the same round; the TLS probes'
+  cost includes what BPF statistics do not show, the uprobe traps, which only HAProxy's CPU per
+  request does.
 
 The modes alternate: BENCH_ROUNDS rounds (default 5), round r starting at mode r, so no mode always
 runs first or after the same neighbour. In each run, after a 1 s warm-up:
@@ -76,6 +85,8 @@ ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
 IDLE_SECONDS = int(os.environ.get("BENCH_IDLE_SECONDS", "10"))
 ZERO_LOSS_SECONDS = int(os.environ.get("BENCH_ZERO_LOSS_SECONDS", str(2 * SECONDS)))
 TAIL = os.environ.get("BENCH_TAIL", "0") == "1"
+EDGE = os.environ.get("BENCH_EDGE", "1") == "1"
+EDGE_RATE = 6_000  # req/s offered in the TLS and HTTP/2 modes
 WRK_CONNECTIONS = 64
 H2LOAD_CLIENTS = 32
 FIXED_RATE = 12_000  # req/s offered in all, h2load --rps is per client
@@ -86,7 +97,8 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 NCPU = os.cpu_count() or 2
 OTHER_CPUS = ",".join(str(c) for c in range(1, NCPU)) if NCPU > 1 else "0"
 
-MODES = ["none", "floor", "ratio 1.0", "ratio 0.0", "ot 100", "ot 0"] + (["tail 1%"] if TAIL else [])
+EDGE_MODES = ["tls none", "tls ratio 1.0", "h2 none", "h2 ratio 1.0"]
+MODES = ["none", "floor", "ratio 1.0", "ratio 0.0", "ot 100", "ot 0"] + (["tail 1%"] if TAIL else []) + (EDGE_MODES if EDGE else [])
 LABELS = {
     "none": "no tracing",
     "floor": "tracetap floor (empty programs)",
@@ -95,6 +107,10 @@ LABELS = {
     "ot 100": "OpenTracing filter (Datadog tracer, `cmp` scopes), rate-limit 100",
     "ot 0": "same filter, rate-limit 0",
     "tail 1%": "tracetap, ratio 1.0, tail keeps errors + 1%",
+    "tls none": "TLS, HTTP/1.1: no tracing",
+    "tls ratio 1.0": "TLS, HTTP/1.1: tracetap, ratio 1.0",
+    "h2 none": "TLS, HTTP/2: no tracing",
+    "h2 ratio 1.0": "TLS, HTTP/2: tracetap, ratio 1.0",
 }
 OT_RATE = {"ot 100": "100.0", "ot 0": "0.0"}
 
@@ -194,10 +210,33 @@ def wrk(port, seconds):
     return float(rps.group(1)), int(total.group(1)), errors
 
 
-def h2load(port, total_rate, seconds):
+def edge_family(mode):
+    """`tls` or `h2` for the edge modes (TLS frontend), None for the cleartext ones."""
+    family = mode.split()[0]
+    return family if family in ("tls", "h2") else None
+
+
+def h2load_args(family):
+    """h2load's protocol options and URL scheme for a mode family."""
+    return {None: (["--h1"], "http"), "tls": (["--h1"], "https"), "h2": (["-m4"], "https")}[family]
+
+
+def h2load_saturated(port, seconds, family):
+    """Saturated h2load over TLS (the edge modes' counterpart of wrk): (req/s, requests, errors)."""
+    opts, scheme = h2load_args(family)
+    out = run_tool(["h2load"] + opts + [f"-c{WRK_CONNECTIONS}", "-D", str(seconds), f"{scheme}://127.0.0.1:{port}/bench"], "h2load")
+    req = re.search(r"requests: (\d+) total, (\d+) started, (\d+) done, (\d+) succeeded, (\d+) failed, (\d+) errored, (\d+) timeout", out)
+    if not req:
+        fail(f"cannot read h2load's output:\n{out}")
+    ok, failed, errored = int(req.group(4)), int(req.group(5)), int(req.group(6))
+    return ok / seconds, ok, failed + errored
+
+
+def h2load(port, total_rate, seconds, family=None):
     per_client = total_rate // H2LOAD_CLIENTS
-    out = run_tool(["h2load", "--h1", f"-c{H2LOAD_CLIENTS}", f"--rps={per_client}", "-D", str(seconds),
-                    f"http://127.0.0.1:{port}/bench"], "h2load")
+    opts, scheme = h2load_args(family)
+    out = run_tool(["h2load"] + opts + [f"-c{H2LOAD_CLIENTS}", f"--rps={per_client}", "-D", str(seconds),
+                    f"{scheme}://127.0.0.1:{port}/bench"], "h2load")
     req = re.search(r"requests: (\d+) total, (\d+) started, (\d+) done, (\d+) succeeded, (\d+) failed, (\d+) errored, (\d+) timeout", out)
     codes = re.search(r"status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx", out)
     if not req or not codes:
@@ -277,6 +316,23 @@ defaults
             with open(os.path.join(w, f"ot-{rate}.cfg"), "w") as f:
                 f.write(template.substitute(plugin=os.path.basename(self.plugin),
                                             tracer_config=os.path.join(w, "dd-tracer.json"), rate_limit=rate))
+        # The edge modes' certificate and configuration: the same proxy behind a TLS bind.
+        pem = os.path.join(w, "cert.pem")
+        res = subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                              "-days", "2", "-subj", "/CN=localhost", "-keyout", pem + ".key", "-out", pem],
+                             capture_output=True, text=True)
+        if res.returncode != 0:
+            fail(f"openssl could not make the edge modes' certificate:\n{res.stderr}")
+        with open(pem, "a") as cert, open(pem + ".key") as key:
+            cert.write(key.read())
+        with open(os.path.join(w, "haproxy-tls.cfg"), "w") as f:
+            f.write(common + f"""frontend fe_bench
+    bind 127.0.0.1:{self.front_port} ssl crt {pem} alpn h2,http/1.1
+    default_backend be_origin
+backend be_origin
+    http-reuse always
+    server origin 127.0.0.1:{self.origin_port}
+""")
         # One HAProxy configuration for every mode; the OT modes add the filter line, nothing else.
         for name, filt in [("haproxy", "")] + [(f"haproxy-ot-{r}", f"    filter opentracing id bench-ot config {os.path.join(w, f'ot-{r}.cfg')}\n")
                                                 for r in OT_RATE.values()]:
@@ -299,7 +355,8 @@ backend be_origin
         wait_port(self.dd_port, dd, "the stand-in Datadog agent", lf)
 
     def start_haproxy(self, mode):
-        cfg = os.path.join(self.work, f"haproxy-ot-{OT_RATE[mode]}.cfg" if mode in OT_RATE else "haproxy.cfg")
+        cfg = os.path.join(self.work, f"haproxy-ot-{OT_RATE[mode]}.cfg" if mode in OT_RATE
+                           else "haproxy-tls.cfg" if edge_family(mode) else "haproxy.cfg")
         proc, lf = self.spawn(["haproxy", "-db", "-f", cfg], "haproxy", "0", cwd=self.work)
         what = "the traced HAProxy" + (" with the OpenTracing filter (did it load the plugin?)" if mode in OT_RATE else "")
         wait_port(self.front_port, proc, what, lf)
@@ -350,16 +407,18 @@ backend be_origin
         log(f"OpenTracing filter check: {got} spans for 20 requests")
 
     def run(self, mode):
+        family = edge_family(mode)
         haproxy, hlf = self.start_haproxy(mode)
         agent = admin = None
-        if mode not in ("none",) and mode not in OT_RATE:
-            agent, admin = self.start_agent(mode, haproxy.pid)
+        if mode not in ("none", "tls none", "h2 none") and mode not in OT_RATE:
+            agent, admin = self.start_agent(mode.removeprefix(f"{family} ") if family else mode, haproxy.pid)
         row = {}
-        wrk(self.front_port, 1)  # warm-up
+        saturate = (lambda secs: h2load_saturated(self.front_port, secs, family)) if family else (lambda secs: wrk(self.front_port, secs))
+        saturate(1)  # warm-up
         time.sleep(0.5)
         m0 = agent_metrics(admin) if agent else {}
         with BpfStats():
-            row["rps"], sat_requests, row["wrk_errors"] = wrk(self.front_port, SECONDS)
+            row["rps"], sat_requests, row["wrk_errors"] = saturate(SECONDS)
         time.sleep(1.0)  # the agent drains what the saturated run left, and publishes the probe times
         if agent:
             m1 = agent_metrics(admin)
@@ -370,7 +429,7 @@ backend be_origin
             a_cpu0, a0 = cpu_seconds(agent.pid), m1
         dd0 = dd_stats(self.dd_port)
         h_cpu0 = cpu_seconds(haproxy.pid)
-        load = h2load(self.front_port, FIXED_RATE, SECONDS)
+        load = h2load(self.front_port, EDGE_RATE if family else FIXED_RATE, SECONDS, family)
         n = load["requests"]
         row.update(rate=load["rate"], h2_failed=load["failed"], h2_non2xx=load["non2xx"])
         time.sleep(AGENT_SETTLE)
@@ -429,7 +488,7 @@ backend be_origin
 
 
 def check_prerequisites():
-    for tool in ("haproxy", "wrk", "h2load", "taskset", "dpkg"):
+    for tool in ("haproxy", "wrk", "h2load", "taskset", "dpkg", "openssl"):
         if not shutil.which(tool):
             hint = "apt-get install nghttp2-client" if tool == "h2load" else "run `make bench` (it installs what is missing)"
             fail(f"{tool} is missing: {hint}")
@@ -471,7 +530,37 @@ def machine():
             f"libdd-opentracing0 {dd}, h2load {h2}")
 
 
+def edge_report(runs):
+    """The TLS and HTTP/2 modes: each traced run against its family's untraced run of the same round."""
+    print(f"\nThe edge: the same HAProxy terminating TLS; saturated `h2load -c{WRK_CONNECTIONS} -D {SECONDS}` "
+          f"(`--h1` for HTTP/1.1, `-m4` for HTTP/2), fixed rate `h2load -c{H2LOAD_CLIENTS} --rps={EDGE_RATE // H2LOAD_CLIENTS}` "
+          f"({EDGE_RATE:,} req/s offered). Probe ns/req counts the eBPF programs (the syscall and TLS probes), not the "
+          "uprobe traps, which the capacity ratio includes.\n")
+    print(f"| mode | saturated req/s ratio | HAProxy CPU µs/req at {EDGE_RATE // 1000}k/s | capacity ratio (CPU/req untraced ÷ traced) "
+          f"| agent CPU µs/req at {EDGE_RATE // 1000}k/s | probe ns/req (saturated) | ring losses | spans/req |")
+    print("|---|---|---|---|---|---|---|---|")
+    for family in ("tls", "h2"):
+        base, traced = runs[f"{family} none"], runs[f"{family} ratio 1.0"]
+        rounds = range(len(base))
+        for m, rows in ((f"{family} none", base), (f"{family} ratio 1.0", traced)):
+            col = lambda k, rows=rows: [row.get(k) for row in rows] if k in rows[0] else []
+            sat = [rows[r]["rps"] / base[r]["rps"] for r in rounds]
+            cap = [base[r]["haproxy_us"] / rows[r]["haproxy_us"] for r in rounds]
+            losses = col("lost")
+            print(f"| {LABELS[m]} | {med_range(sat, '.3f')} | {med_range(col('haproxy_us'), '.1f')} | {med_range(cap, '.3f')} "
+                  f"| {med_range(col('agent_us'), '.2f')} | {med_range(col('probe_ns'), '.0f')} | {sum(losses) if losses else '–'} "
+                  f"| {med_range(col('spans_per_req'), '.2f')} |")
+    print()
+    bad = {m: (sum(r["h2_failed"] for r in runs[m]), sum(r["h2_non2xx"] for r in runs[m]), sum(r["wrk_errors"] for r in runs[m])) for m in EDGE_MODES}
+    print("- Failures (fixed-rate h2load failed/errored/timed out, non-2xx, saturated h2load failed/errored): "
+          + ", ".join(f"{m} {a}/{b}/{c}" for m, (a, b, c) in bad.items()) + ".")
+    print("- Untraced: " + ", ".join(
+        f"{f} {statistics.median(r['rps'] for r in runs[f + ' none']):,.0f} req/s saturated" for f in ("tls", "h2")) + "; completed at the "
+          "fixed rate (median req/s): " + ", ".join(f"{m} {statistics.median(r['rate'] for r in runs[m]):,.0f}" for m in EDGE_MODES) + ".")
+
+
 def report(runs, idle_pct, zero):
+    edge = {m: runs.pop(m) for m in EDGE_MODES if m in runs}
     modes = list(runs)
     none = runs["none"]
     rounds = range(len(none))
@@ -545,6 +634,8 @@ def report(runs, idle_pct, zero):
           f"{zero['lost']} ring losses, {zero['failed']} failed requests, {zero['spans_per_req']:.2f} spans exported/req, "
           f"{zero['dropped']} spans dropped.")
     print("- Each run's saturated req/s: " + "; ".join(f"{m} {[round(r['rps']) for r in runs[m]]}" for m in modes) + ".")
+    if edge:
+        edge_report(edge)
 
 
 def main():

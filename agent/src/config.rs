@@ -73,6 +73,18 @@ pub enum ProbeMode {
     Floor,
 }
 
+/// Where the TLS probes go (`TRACETAP_TLS_PROBES`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsProbes {
+    /// On the calls inside `SSL_read`/`SSL_write` when the library's code is recognised, else at
+    /// the functions' entries and returns (see `capture/tls.rs`).
+    Auto,
+    /// Always at the functions' entries and returns.
+    Entry,
+    /// No TLS probes: TLS connections stay opaque (counted, not traced).
+    Off,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     pub sink: Sink,
@@ -92,6 +104,8 @@ pub struct Config {
     pub probe_stats: bool,
     /// `TRACETAP_PROBE_MODE`: what the attached programs do (`floor` is for the benchmark).
     pub probe_mode: ProbeMode,
+    /// `TRACETAP_TLS_PROBES`.
+    pub tls_probes: TlsProbes,
     pub log_filter: String,
     /// Tail sampling, when `TRACETAP_TAIL_ENABLED=true`.
     pub tail: Option<TailConfig>,
@@ -157,6 +171,11 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
         "TRACETAP_PROBE_MODE",
         "capture",
         "`floor` attaches programs that return at once and traces nothing: the hooks' own cost, for benchmarks",
+    ),
+    (
+        "TRACETAP_TLS_PROBES",
+        "auto",
+        "where the TLS library probes go: `auto` (on the internal call of `SSL_read`/`SSL_write` where the agent recognises the code, which costs a breakpoint and no single-step, else at function entry and return), `entry` (always entry and return) or `off` (TLS connections are not traced)",
     ),
     (
         "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT",
@@ -455,6 +474,7 @@ impl Config {
         let ring_bytes = parse_ring_bytes(&src)?;
         let probe_stats = src.flag("TRACETAP_PROBE_STATS", false)?;
         let probe_mode = parse_probe_mode(&src)?;
+        let tls_probes = parse_tls_probes(&src)?;
         let log_filter = src.get("TRACETAP_LOG").unwrap_or_else(|| "info".to_owned());
         let tail = if src.flag("TRACETAP_TAIL_ENABLED", false)? { Some(parse_tail(&src)?) } else { None };
 
@@ -475,6 +495,7 @@ impl Config {
             ring_bytes,
             probe_stats,
             probe_mode,
+            tls_probes,
             log_filter,
             tail,
             node_name: src.get("NODE_NAME").map(|n| n.trim().to_owned()),
@@ -511,6 +532,15 @@ fn parse_probe_mode(src: &Source<impl Fn(&str) -> Option<String>>) -> Result<Pro
         None | Some("capture") => Ok(ProbeMode::Capture),
         Some("floor") => Ok(ProbeMode::Floor),
         Some(v) => Err(err("TRACETAP_PROBE_MODE", v, "capture or floor")),
+    }
+}
+
+fn parse_tls_probes(src: &Source<impl Fn(&str) -> Option<String>>) -> Result<TlsProbes, ConfigError> {
+    match src.get("TRACETAP_TLS_PROBES").as_deref().map(str::trim) {
+        None | Some("auto") => Ok(TlsProbes::Auto),
+        Some("entry") => Ok(TlsProbes::Entry),
+        Some("off") => Ok(TlsProbes::Off),
+        Some(v) => Err(err("TRACETAP_TLS_PROBES", v, "auto, entry or off")),
     }
 }
 
@@ -653,6 +683,7 @@ mod tests {
             ("TRACETAP_CAPTURE_BYTES", "100000"),
             ("TRACETAP_CAPTURE_BYTES", "12"),
             ("TRACETAP_PROBE_MODE", "empty"),
+            ("TRACETAP_TLS_PROBES", "uprobe"),
             ("TRACETAP_TARGET_COMM", "a-very-long-command-name"),
             ("TRACETAP_TARGET_PIDS", "12,abc"),
             ("TRACETAP_RING_BYTES", "100000"),

@@ -53,6 +53,11 @@ metrics! {
     events_lost_tls_unbound: "counter", "tracetap_events_lost_tls_unbound_total", "TLS plaintext the probes could not tie to a connection they numbered (opened before the agent started, or closed since); not traced";
     tls_processes: "gauge", "tracetap_tls_processes", "Traced processes with the TLS library probes attached";
     tls_hook_failures: "counter", "tracetap_tls_hook_failures_total", "Traced processes mapping a TLS library to which the TLS probes could not be attached (their TLS traffic is not traced; the log says why)";
+    h2_connections: "counter", "tracetap_h2_connections_total", "Connections that began with the HTTP/2 preface (cleartext or in TLS), decoded per stream";
+    h2_streams: "counter", "tracetap_h2_streams_total", "HTTP/2 request heads seen (each also counts as a frontend or backend request)";
+    h2_resets: "counter", "tracetap_h2_resets_total", "HTTP/2 RST_STREAM frames seen, either direction (the stream's span ends with error.type http2.rst_stream.CODE)";
+    h2_goaways: "counter", "tracetap_h2_goaways_total", "HTTP/2 GOAWAY frames seen, either direction";
+    h2_desyncs: "counter", "tracetap_h2_desyncs_total", "HTTP/2 connections whose header compression state was lost (bytes missing from a frame header or header block, a decoding error, a capture gap): their open streams end with error.type tracetap.capture_gap and the rest of the connection is not decoded";
     events_malformed: "counter", "tracetap_events_malformed_total", "Ring buffer records the agent could not decode";
     parse_errors: "counter", "tracetap_parse_errors_total", "HTTP/1 heads or bodies that could not be parsed";
     opaque_connections: "counter", "tracetap_opaque_connections_total", "Connections ignored because they do not speak HTTP/1";

@@ -71,29 +71,77 @@ fn assert_tls_version(label: &str, version: Version, spans: &[Received], path: &
     }
 }
 
+/// The agent's log without its terminal colour codes.
+fn without_colours(log: &str) -> String {
+    let mut out = String::with_capacity(log.len());
+    let mut chars = log.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            chars.by_ref().find(|c| *c == 'm');
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// `TRACETAP_TLS_PROBES=auto` (probes on the internal call where the library is recognised, as
+/// both Debian builds are) and `entry` (at the functions' entries and returns: what any other
+/// build gets), on both versions.
 #[test]
 fn tls_frontend_with_http1_keep_alive() {
     if !require_root() {
         return;
     }
     for version in haproxy::versions() {
-        let label = format!("tls http/1.1, {version}");
-        let pem = tls::certificate(version);
-        let stack = Stack::with_config_on(
-            version,
-            |port, backend| config(&format!("127.0.0.1:{port} ssl crt {pem}"), "", "", backend),
-            &linking::agent_env(),
-        );
-        let url = format!("https://127.0.0.1:{}/same", stack.front.port());
-        let n = 200;
-        let out = h2load::run(&[&["--h1", "-n", "200", "-c", "4"][..], &CYCLE, &[url.as_str()]].concat());
-        assert_eq!((out.answered(), out.errored), (n, 0), "[{label}] every request answered: {out:?}");
-        let spans = spans_after(&stack, "/same", out.answered());
-        assert_all_linked(&label, &linking::accuracy(&spans, "/same"), out.answered(), &stack);
-        assert_server_attrs(&label, &spans, "/same", "https", "1.1");
-        assert_tls_version(&label, version, &spans, "/same");
-        assert!(stack.agent.metric("tracetap_tls_processes") >= 1, "[{label}] TLS probes attached");
+        for probes in ["auto", "entry"] {
+            let label = format!("tls http/1.1, {version}, TRACETAP_TLS_PROBES={probes}");
+            let pem = tls::certificate(version);
+            let mut env = linking::agent_env();
+            env.push(("TRACETAP_TLS_PROBES", probes.to_owned()));
+            let stack = Stack::with_config_on(
+                version,
+                |port, backend| config(&format!("127.0.0.1:{port} ssl crt {pem}"), "", "", backend),
+                &env,
+            );
+            let url = format!("https://127.0.0.1:{}/same", stack.front.port());
+            let n = 200;
+            let out = h2load::run(&[&["--h1", "-n", "200", "-c", "4"][..], &CYCLE, &[url.as_str()]].concat());
+            assert_eq!((out.answered(), out.errored), (n, 0), "[{label}] every request answered: {out:?}");
+            let spans = spans_after(&stack, "/same", out.answered());
+            assert_all_linked(&label, &linking::accuracy(&spans, "/same"), out.answered(), &stack);
+            assert_server_attrs(&label, &spans, "/same", "https", "1.1");
+            assert_tls_version(&label, version, &spans, "/same");
+            assert!(stack.agent.metric("tracetap_tls_processes") >= 1, "[{label}] TLS probes attached");
+            let call_sites = without_colours(&stack.agent.log()).contains("call_sites=true");
+            assert_eq!(call_sites, probes == "auto", "[{label}] where the probes went:\n{}", stack.agent.log());
+        }
     }
+}
+
+/// With the TLS probes off, TLS connections are counted as opaque and nothing is traced from them.
+#[test]
+fn tls_probes_off() {
+    if !require_root() {
+        return;
+    }
+    let version = Version::from_env();
+    let pem = tls::certificate(version);
+    let stack = Stack::with_config_on(
+        version,
+        |port, backend| config(&format!("127.0.0.1:{port} ssl crt {pem}"), "", "", backend),
+        &[("TRACETAP_TLS_PROBES", "off".to_owned())],
+    );
+    let url = format!("https://127.0.0.1:{}/same", stack.front.port());
+    let out = h2load::run(&["--h1", "-n", "50", "-c", "2", url.as_str()]);
+    assert_eq!(out.answered(), 50, "{out:?}");
+    let opaque = wait_for(Duration::from_secs(10), || {
+        (stack.agent.metric("tracetap_opaque_connections_total") >= 2).then_some(())
+    });
+    assert!(opaque.is_some(), "the TLS connections are counted as opaque\n{}", stack.agent.log());
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(stack.receiver.spans().iter().all(|s| s.str_attr("url.path") != Some("/same")), "no span from TLS bytes");
+    assert_eq!(stack.agent.metric("tracetap_tls_processes"), 0);
 }
 
 #[test]

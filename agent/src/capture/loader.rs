@@ -12,12 +12,12 @@ use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use std::collections::HashMap;
 use std::num::NonZeroU32;
 
-use aya::programs::uprobe::{UProbeError, UProbeLinkId, UProbeScope};
+use aya::programs::uprobe::{UProbeAttachLocation, UProbeLinkId, UProbeScope};
 use aya::programs::{BtfTracePoint, ProgramError, UProbe};
 use aya::{Ebpf, EbpfLoader};
 use tracetap_ebpf_common::{COMM_BYTES, EventHeader, LOSS_SLOTS, TARGET_SLOTS, TargetSet, globals, maps};
 
-use crate::config::{Config, ProbeMode, Targets};
+use crate::config::{Config, ProbeMode, Targets, TlsProbes};
 
 /// The programs of the probe object and the BTF tracepoints they attach to.
 const PROGRAMS: &[(&str, &str)] = &[
@@ -79,13 +79,16 @@ pub struct Probes {
     tls_links: HashMap<u32, Vec<(&'static str, UProbeLinkId)>>,
     /// `TLS_HOOKED`, set once the first process is hooked.
     tls_hooked: Option<Array<MapData, u32>>,
+    /// `TRACETAP_TLS_PROBES`, `Off` in the floor mode.
+    tls_placement: TlsProbes,
 }
 
 /// What [`Probes::hook_tls`] found in a process.
 #[derive(Debug)]
 pub enum TlsHook {
-    /// The probes are attached to the functions in this file.
-    Attached(std::path::PathBuf),
+    /// The probes are attached to the functions in this file: at their call sites, or at their
+    /// entries and returns (see [`super::tls`]).
+    Attached { object: std::path::PathBuf, call_sites: bool },
     /// No mapped file exports the TLS functions: the process does not use TLS (or links a
     /// library stripped of its symbols).
     NoLibrary,
@@ -137,18 +140,16 @@ impl Probes {
             tracing::debug!(program = name, verified_instructions = ?verified, "probe attached");
         }
         let attached = programs.len();
-        if config.probe_mode == ProbeMode::Capture {
-            for (_, entry, ret) in super::tls::FUNCTIONS {
-                for name in [entry, ret] {
-                    let attach_error =
-                        |source| LoadError::Attach { program: name.to_owned(), source: Box::new(source) };
-                    let program: &mut UProbe = ebpf
-                        .program_mut(name)
-                        .ok_or_else(|| LoadError::MissingProgram(name.to_owned()))?
-                        .try_into()
-                        .map_err(attach_error)?;
-                    program.load().map_err(attach_error)?;
-                }
+        let tls_probes = if config.probe_mode == ProbeMode::Capture { config.tls_probes } else { TlsProbes::Off };
+        if tls_probes != TlsProbes::Off {
+            for name in super::tls::PROGRAMS {
+                let attach_error = |source| LoadError::Attach { program: name.to_owned(), source: Box::new(source) };
+                let program: &mut UProbe = ebpf
+                    .program_mut(name)
+                    .ok_or_else(|| LoadError::MissingProgram(name.to_owned()))?
+                    .try_into()
+                    .map_err(attach_error)?;
+                program.load().map_err(attach_error)?;
             }
         }
         let tls_hooked = ebpf.take_map(maps::TLS_HOOKED).and_then(|m| Array::try_from(m).ok());
@@ -190,6 +191,7 @@ impl Probes {
             _stats: stats,
             tls_links: HashMap::new(),
             tls_hooked,
+            tls_placement: tls_probes,
         };
         // Nothing is traced yet; with no command filter, every process can be ruled out at once.
         probes.write_target_set(&[]);
@@ -225,15 +227,20 @@ impl Probes {
     }
 
     /// Attaches the TLS probes to process `pid`: to the first of `objects` (see
-    /// [`super::tls::objects_of`]) that exports the TLS functions. A process already hooked is
-    /// left as it is.
+    /// [`super::tls::objects_of`]) that defines the TLS functions, at the points
+    /// [`super::tls::attach_plan`] chooses. A process already hooked is left as it is.
     pub fn hook_tls(&mut self, pid: u32, objects: &[std::path::PathBuf]) -> TlsHook {
         let Some(pid_nz) = NonZeroU32::new(pid) else { return TlsHook::NoLibrary };
         if self.tls_links.contains_key(&pid) {
             return TlsHook::NoLibrary;
         }
         for object in objects {
-            match self.attach_tls(pid_nz, object) {
+            let plan = match std::fs::read(object) {
+                Ok(data) => super::tls::attach_plan(&data, self.tls_placement == TlsProbes::Auto),
+                Err(e) => return TlsHook::Failed { object: object.clone(), error: e.to_string() },
+            };
+            let Some(plan) = plan else { continue };
+            return match self.attach_tls(pid_nz, object, &plan) {
                 Ok(links) => {
                     self.tls_links.insert(pid, links);
                     if let Some(hooked) = &mut self.tls_hooked
@@ -241,32 +248,34 @@ impl Probes {
                     {
                         tracing::warn!(error = %e, "cannot switch the TLS binding on in the probes; TLS connections will not be traced");
                     }
-                    return TlsHook::Attached(object.clone());
+                    TlsHook::Attached {
+                        object: object.clone(),
+                        call_sites: plan.iter().any(|p| p.program.ends_with("_call")),
+                    }
                 }
-                // Not this file: it does not define the functions (an import, or stripped).
-                Err(ProgramError::UProbeError(UProbeError::SymbolError { .. })) => {}
-                Err(e) => return TlsHook::Failed { object: object.clone(), error: e.to_string() },
-            }
+                Err(e) => TlsHook::Failed { object: object.clone(), error: e.to_string() },
+            };
         }
         TlsHook::NoLibrary
     }
 
-    /// All six programs on `object` for `pid`, or none (what was attached is detached again).
+    /// Every point of `plan` on `object` for `pid`, or none (what was attached is detached again).
     fn attach_tls(
         &mut self,
         pid: NonZeroU32,
         object: &Path,
+        plan: &[super::tls::ProbePoint],
     ) -> Result<Vec<(&'static str, UProbeLinkId)>, ProgramError> {
-        let mut links = Vec::with_capacity(6);
-        for (symbol, entry, ret) in super::tls::FUNCTIONS {
-            for name in [entry, ret] {
-                let attached = self.uprobe(name).and_then(|p| p.attach(symbol, object, UProbeScope::OneProcess(pid)));
-                match attached {
-                    Ok(link) => links.push((name, link)),
-                    Err(e) => {
-                        self.detach_tls(links);
-                        return Err(e);
-                    }
+        let mut links = Vec::with_capacity(plan.len());
+        for point in plan {
+            let attached = self.uprobe(point.program).and_then(|p| {
+                p.attach(UProbeAttachLocation::AbsoluteOffset(point.offset), object, UProbeScope::OneProcess(pid))
+            });
+            match attached {
+                Ok(link) => links.push((point.program, link)),
+                Err(e) => {
+                    self.detach_tls(links);
+                    return Err(e);
                 }
             }
         }
@@ -293,10 +302,11 @@ impl Probes {
         }
     }
 
-    /// Whether the TLS probes are loaded (not in the floor mode of `make bench`).
+    /// Whether the TLS probes are loaded (`TRACETAP_TLS_PROBES` is not `off`, and not in the
+    /// floor mode of `make bench`).
     #[must_use]
     pub fn captures_tls(&self) -> bool {
-        self.tls_hooked.is_some() && self.attached == PROGRAMS.len()
+        self.tls_hooked.is_some() && self.tls_placement != TlsProbes::Off
     }
 
     /// Processes with the TLS probes attached.

@@ -294,8 +294,8 @@ fn hook_tls(probes: &mut Probes, pid: u32, metrics: &Metrics) {
         }
     };
     match probes.hook_tls(pid, &objects) {
-        loader::TlsHook::Attached(object) => {
-            tracing::info!(pid, object = %object.display(), "TLS probes attached");
+        loader::TlsHook::Attached { object, call_sites } => {
+            tracing::info!(pid, object = %object.display(), call_sites, "TLS probes attached");
         }
         loader::TlsHook::NoLibrary => tracing::debug!(pid, "no TLS library mapped"),
         loader::TlsHook::Failed { object, error } => {
@@ -335,6 +335,11 @@ fn publish_tracker(tracker: &Tracker, metrics: &Metrics) {
     metrics::set(&metrics.unnumbered_connections, s.unnumbered_connections);
     metrics::set(&metrics.backend_relinked, s.relinked_backend_exchanges);
     metrics::set(&metrics.backend_quarantined, s.quarantined_backend_exchanges);
+    metrics::set(&metrics.h2_connections, s.h2_connections);
+    metrics::set(&metrics.h2_streams, s.h2_streams);
+    metrics::set(&metrics.h2_resets, s.h2_resets);
+    metrics::set(&metrics.h2_goaways, s.h2_goaways);
+    metrics::set(&metrics.h2_desyncs, s.h2_desyncs);
     metrics::set(&metrics.connections, tracker.connections() as u64);
     metrics::set(&metrics.open_exchanges, tracker.open_exchanges() as u64);
 }

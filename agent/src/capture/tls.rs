@@ -3,6 +3,16 @@
 //! `OpenSSL`, `AWS-LC` or `BoringSSL` statically), as paths the agent can open from its own mount
 //! namespace (through `/proc/PID/root`, so a process in a container is covered).
 //!
+//! Where in those files to attach ([`attach_plan`]): the cheapest probe points the code allows.
+//! A probe at a function's entry makes the kernel single-step the first instruction out of line,
+//! a debug exception per call that costs microseconds in a virtual machine (measured here: half
+//! of a TLS-terminating `HAProxy`'s CPU). Calls and conditional jumps are emulated instead, so on
+//! a build whose `SSL_read`/`SSL_write` the agent recognises (OpenSSL 3 as GCC compiles it:
+//! the prologue, then `call ssl_{read,write}_internal(s, buf, num, &bytes)`, `test eax,eax`,
+//! `jle`) the probes go on that call and on that jump. Recognition is by exact bytes from the
+//! function's start, so a probe never lands inside an instruction; any other build gets the entry
+//! and return probes.
+//!
 //! The probes themselves are attached by [`super::loader::Probes::hook_tls`], one set per process
 //! (never for every process that maps the same library: other programs on the node must not pay a
 //! uprobe per TLS call), and detached when the process goes.
@@ -14,14 +24,130 @@ use std::path::{Path, PathBuf};
 use procfs_core::FromBufRead as _;
 use procfs_core::process::{MMPermissions, MMapPath, MemoryMaps};
 
-/// The functions probed, with the entry and return programs attached to each. The handshake is
-/// probed so that a connection is bound to its socket before its first plaintext (see the probes'
-/// `tls` module).
-pub const FUNCTIONS: [(&str, &str, &str); 3] = [
-    ("SSL_do_handshake", "ssl_handshake_entry", "ssl_handshake_return"),
-    ("SSL_read", "ssl_read_entry", "ssl_read_return"),
-    ("SSL_write", "ssl_write_entry", "ssl_write_return"),
+/// A function probed: its symbol, its entry and return programs, and its call-site programs (see
+/// the module notes). The handshake is probed so that a connection is bound to its socket before
+/// its first plaintext (see the probes' `tls` module); it runs once per connection, so its entry
+/// probe's cost does not matter.
+struct Function {
+    symbol: &'static str,
+    entry: &'static str,
+    ret: &'static str,
+    call_site: Option<(&'static str, &'static str)>,
+}
+
+const FUNCTIONS: [Function; 3] = [
+    Function {
+        symbol: "SSL_read",
+        entry: "ssl_read_entry",
+        ret: "ssl_read_return",
+        call_site: Some(("ssl_read_call", "ssl_read_done")),
+    },
+    Function {
+        symbol: "SSL_write",
+        entry: "ssl_write_entry",
+        ret: "ssl_write_return",
+        call_site: Some(("ssl_write_call", "ssl_write_done")),
+    },
+    Function { symbol: "SSL_do_handshake", entry: "ssl_handshake_entry", ret: "ssl_handshake_return", call_site: None },
 ];
+
+/// Every program the TLS probes use (the agent loads them all at start).
+pub const PROGRAMS: [&str; 10] = [
+    "ssl_read_entry",
+    "ssl_read_return",
+    "ssl_read_call",
+    "ssl_read_done",
+    "ssl_write_entry",
+    "ssl_write_return",
+    "ssl_write_call",
+    "ssl_write_done",
+    "ssl_handshake_entry",
+    "ssl_handshake_return",
+];
+
+/// The prologue of `SSL_read` and `SSL_write` in OpenSSL 3 built by GCC up to the call of their
+/// internal function (`None`: any byte, the displacements), followed by `test eax,eax; jle`.
+/// Debian 12's and Debian 13's builds are this, Debian 13's with `endbr64` first.
+#[rustfmt::skip]
+const OPENSSL3_CALL_SITE: [Option<u8>; 39] = {
+    #[expect(clippy::unnecessary_wraps, reason = "spells a byte of the template, beside the `None` wildcards")]
+    const fn b(x: u8) -> Option<u8> {
+        Some(x)
+    }
+    [
+        b(0x48), b(0x83), b(0xec), b(0x18), // sub $0x18,%rsp
+        b(0x64), b(0x48), b(0x8b), b(0x04), b(0x25), b(0x28), b(0x00), b(0x00), b(0x00), // mov %fs:0x28,%rax
+        b(0x48), b(0x89), b(0x44), b(0x24), b(0x08), // mov %rax,0x8(%rsp)
+        b(0x31), b(0xc0), // xor %eax,%eax
+        b(0x85), b(0xd2), // test %edx,%edx
+        b(0x78), None, // js
+        b(0x48), b(0x89), b(0xe1), // mov %rsp,%rcx
+        b(0x48), b(0x63), b(0xd2), // movslq %edx,%rdx
+        b(0xe8), None, None, None, None, // call <internal>
+        b(0x85), b(0xc0), // test %eax,%eax
+        b(0x7e), None, // jle
+    ]
+};
+/// Offsets in [`OPENSSL3_CALL_SITE`] of the call and of the conditional jump.
+const CALL_AT: u64 = 30;
+const JUMP_AT: u64 = 37;
+const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
+
+/// Where the call-site probes of a function go, as offsets from its start, when its first bytes
+/// are a prologue the agent recognises.
+#[must_use]
+pub fn call_site(code: &[u8]) -> Option<(u64, u64)> {
+    let (skip, code) = match code.strip_prefix(&ENDBR64) {
+        Some(rest) => (ENDBR64.len() as u64, rest),
+        None => (0, code),
+    };
+    let matches = code.len() >= OPENSSL3_CALL_SITE.len()
+        && OPENSSL3_CALL_SITE.iter().zip(code).all(|(want, got)| want.is_none_or(|w| w == *got));
+    matches.then_some((skip + CALL_AT, skip + JUMP_AT))
+}
+
+/// One probe to attach: a program at a file offset of the object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProbePoint {
+    pub program: &'static str,
+    pub offset: u64,
+}
+
+/// The probe points of an ELF object (`data`), or `None` when it does not define both `SSL_read`
+/// and `SSL_write` (an import, a stripped library, not a TLS library). Call sites are used where
+/// recognised, unless `call_sites` is false.
+#[must_use]
+pub fn attach_plan(data: &[u8], call_sites: bool) -> Option<Vec<ProbePoint>> {
+    use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
+    let file = object::File::parse(data).ok()?;
+    let offset_of = |name: &str| -> Option<u64> {
+        let symbol =
+            file.dynamic_symbols().chain(file.symbols()).find(|s| s.is_definition() && s.name() == Ok(name))?;
+        let section = file.section_by_index(symbol.section_index()?).ok()?;
+        let (file_offset, _) = section.file_range()?;
+        symbol.address().checked_sub(section.address())?.checked_add(file_offset)
+    };
+    let mut plan = Vec::with_capacity(6);
+    for f in &FUNCTIONS {
+        let Some(start) = offset_of(f.symbol) else {
+            if f.call_site.is_some() {
+                return None;
+            }
+            continue;
+        };
+        let code = usize::try_from(start).ok().and_then(|s| data.get(s..s.checked_add(48)?));
+        if let (Some((call, done)), Some((call_at, jump_at))) =
+            (f.call_site.filter(|_| call_sites), code.and_then(call_site))
+        {
+            plan.push(ProbePoint { program: call, offset: start + call_at });
+            plan.push(ProbePoint { program: done, offset: start + jump_at });
+        } else {
+            plan.push(ProbePoint { program: f.entry, offset: start });
+            plan.push(ProbePoint { program: f.ret, offset: start });
+        }
+    }
+    Some(plan)
+}
 
 /// Files mapped executable by the process that may hold the TLS functions: every `libssl*`, and
 /// the program itself (a static build), each once with the inode the mapping names. Paths are as
@@ -100,6 +226,76 @@ mod tests {
     fn without_a_readable_program_only_libraries() {
         let found = candidate_objects(&maps(MAPS), None);
         assert_eq!(found, [(PathBuf::from("/usr/lib/x86_64-linux-gnu/libssl.so.3"), 2001)]);
+    }
+
+    /// Debian 12's `SSL_read` (libssl3 3.0), first 48 bytes.
+    const DEBIAN12_SSL_READ: &str =
+        "4883ec18 64488b042528000000 4889442408 31c0 85d2 782f 4889e1 4863d2 e83dfeffff 85c0 7e03 8b0424 488b542408";
+
+    fn hex(text: &str) -> Vec<u8> {
+        let digits: String = text.split_whitespace().collect();
+        (0..digits.len()).step_by(2).map(|i| u8::from_str_radix(&digits[i..i + 2], 16).unwrap()).collect()
+    }
+
+    #[test]
+    fn openssl3_call_sites_with_and_without_endbr64() {
+        let plain = hex(DEBIAN12_SSL_READ);
+        assert_eq!(call_site(&plain), Some((30, 37)));
+        assert_eq!(plain[30], 0xe8, "a call");
+        assert_eq!(plain[37], 0x7e, "a jle");
+        let mut cet = ENDBR64.to_vec();
+        cet.extend_from_slice(&plain);
+        assert_eq!(call_site(&cet), Some((34, 41)));
+    }
+
+    #[test]
+    fn any_other_code_gets_entry_probes() {
+        let mut other = hex(DEBIAN12_SSL_READ);
+        other[28] = 0x90; // one byte differs
+        assert_eq!(call_site(&other), None);
+        assert_eq!(call_site(&hex(DEBIAN12_SSL_READ)[..20]), None, "too short");
+        assert_eq!(call_site(&[]), None);
+    }
+
+    #[test]
+    fn this_machines_libssl_gets_call_site_probes() {
+        let data = std::fs::read("/usr/lib/x86_64-linux-gnu/libssl.so.3").expect("libssl3 (Debian 12)");
+        let plan = attach_plan(&data, true).expect("libssl defines SSL_read and SSL_write");
+        let programs: Vec<_> = plan.iter().map(|p| p.program).collect();
+        assert_eq!(
+            programs,
+            [
+                "ssl_read_call",
+                "ssl_read_done",
+                "ssl_write_call",
+                "ssl_write_done",
+                "ssl_handshake_entry",
+                "ssl_handshake_return"
+            ]
+        );
+        for p in &plan {
+            let at = usize::try_from(p.offset).unwrap();
+            let expected = match p.program {
+                "ssl_read_call" | "ssl_write_call" => 0xe8,
+                "ssl_read_done" | "ssl_write_done" => 0x7e,
+                _ => data[at],
+            };
+            assert_eq!(data[at], expected, "{p:?}");
+        }
+    }
+
+    #[test]
+    fn a_program_that_only_imports_the_functions_has_no_plan() {
+        let data = std::fs::read("/usr/sbin/haproxy").expect("haproxy (make setup)");
+        assert_eq!(attach_plan(&data, true), None);
+    }
+
+    #[test]
+    fn entry_probes_when_call_sites_are_not_wanted() {
+        let data = std::fs::read("/usr/lib/x86_64-linux-gnu/libssl.so.3").expect("libssl3 (Debian 12)");
+        let plan = attach_plan(&data, false).expect("libssl defines SSL_read and SSL_write");
+        assert!(plan.iter().all(|p| p.program.ends_with("_entry") || p.program.ends_with("_return")), "{plan:?}");
+        assert_eq!(plan.len(), 6);
     }
 
     #[test]

@@ -14,6 +14,16 @@
 //!   the agent the connection's later records are plaintext (and the protocol version, when the
 //!   library's layout lets it be read).
 //!
+//! Two ways to probe a function:
+//! - at its entry and return (`uprobe` + `uretprobe`): works on any build, but the kernel must
+//!   single-step the function's first instruction out of line (a debug exception per call, which
+//!   costs several microseconds in a virtual machine) and hijack the return address;
+//! - at the call inside it (`*_call`) and at the conditional jump right after that call
+//!   (`*_done`), on builds whose code the agent recognises (OpenSSL 3's `SSL_read`/`SSL_write`
+//!   call their `_ex` internals with `&readbytes` in `rcx`, then test the result): the kernel
+//!   emulates calls and conditional jumps, so each costs one breakpoint trap and nothing else.
+//!   The byte count is then the `size_t` the internal call wrote through its fourth argument.
+//!
 //! The handshake is the first I/O of a TLS connection and always reaches the socket, so every
 //! connection is bound before its first plaintext. Plaintext whose `SSL *` names no live
 //! connection (opened before the probes, or closed since) is counted in `LOSSES`, never guessed.
@@ -51,6 +61,8 @@ static TLS_HOOKED: Array<u32> = Array::with_max_entries(1, 0);
 struct SslCall {
     ssl: u64,
     buf: u64,
+    /// Call-site probes: where the internal call writes the byte count (`size_t *`).
+    out: u64,
     /// One of the `CALL_*` values.
     call: u32,
     _pad: u32,
@@ -101,55 +113,90 @@ pub(crate) fn bind(pid_tgid: u64, tgid: u32, fd: i32, state: *mut ConnState) -> 
 fn enter(ctx: &ProbeContext, call: u32) -> u32 {
     let ssl: u64 = ctx.arg(0).unwrap_or(0);
     let buf: u64 = ctx.arg(1).unwrap_or(0);
-    let _ = SSL_CALLS.insert(&bpf_get_current_pid_tgid(), &SslCall { ssl, buf, call, _pad: 0 }, 0);
+    // The fourth argument: `&readbytes`/`&written` at a call site; unused at a function entry.
+    let out: u64 = ctx.arg(3).unwrap_or(0);
+    let _ = SSL_CALLS.insert(&bpf_get_current_pid_tgid(), &SslCall { ssl, buf, out, call, _pad: 0 }, 0);
     0
 }
 
+/// Takes the thread's noted call, if it is a `call`.
+#[inline(always)]
+fn take_call(pid_tgid: u64, call: u32) -> Option<SslCall> {
+    // SAFETY: read-only lookup of a plain value, copied out before the entry is removed.
+    let noted = (unsafe { SSL_CALLS.get(&pid_tgid) }).copied()?;
+    let _ = SSL_CALLS.remove(&pid_tgid);
+    (noted.call == call).then_some(noted)
+}
+
+/// At the return of `SSL_read`/`SSL_write`/`SSL_do_handshake`.
 #[inline(always)]
 fn leave(ctx: &RetProbeContext, call: u32) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
-    // SAFETY: read-only lookup of a plain value, copied out before the entry is removed.
-    let Some(noted) = (unsafe { SSL_CALLS.get(&pid_tgid) }).copied() else { return 0 };
-    let _ = SSL_CALLS.remove(&pid_tgid);
-    if noted.call != call {
-        return 0;
-    }
+    let Some(noted) = take_call(pid_tgid, call) else { return 0 };
     let ret: i32 = ctx.ret();
     let wanted = match call {
         CALL_READ => ret >= 0,
         CALL_WRITE => ret > 0,
         _ => ret == 1,
     };
-    if !wanted {
+    if wanted {
+        report(pid_tgid, noted, call, i64::from(ret));
+    }
+    0
+}
+
+/// Right after the internal call of a call-site probe: `eax` is its result (1: done), and the
+/// byte count is where the fourth argument pointed.
+#[inline(always)]
+fn done(ctx: &ProbeContext, call: u32) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let Some(noted) = take_call(pid_tgid, call) else { return 0 };
+    // SAFETY: `regs` is the probe's context, a `struct pt_regs` the verifier lets us read.
+    let result = unsafe { (*ctx.regs).rax } as i32;
+    if result <= 0 {
         return 0;
     }
+    // SAFETY: a helper read of user memory, which faults safely.
+    let Ok(len) = (unsafe { bpf_probe_read_user(noted.out as *const u64) }) else {
+        count_loss(Loss::ReadFailed);
+        return 0;
+    };
+    if len > 0 {
+        report(pid_tgid, noted, call, len.min(i32::MAX as u64) as i64);
+    }
+    0
+}
+
+/// Reports a finished call that moved `len` bytes of plaintext (0: end of stream; for the
+/// handshake, its success).
+#[inline(always)]
+fn report(pid_tgid: u64, noted: SslCall, call: u32, len: i64) {
     let tgid = (pid_tgid >> 32) as u32;
     let key = SslKey { ssl: noted.ssl, tgid, _pad: 0 };
     // SAFETY: read-only lookup of a plain value, copied out.
     let Some(conn) = (unsafe { SSL_CONNS.get(&key) }).copied() else {
         count_loss(Loss::TlsUnbound);
-        return 0;
+        return;
     };
     let Some(state) = CONNS.get_ptr_mut(&conn_key(tgid, conn.fd)) else {
         count_loss(Loss::TlsUnbound);
-        return 0;
+        return;
     };
     // SAFETY: map value pointer, see `take_seq`.
     if unsafe { (*state).opened_ns } != conn.opened_ns {
         // The socket closed and its fd was reused since the handle was bound.
         count_loss(Loss::TlsUnbound);
-        return 0;
+        return;
     }
     announce(state, conn.fd, noted.ssl);
     if call == CALL_HANDSHAKE {
-        return 0;
+        return;
     }
     let kind = if call == CALL_READ { EventKind::Read } else { EventKind::Write };
     let seq = take_seq(state);
     // SAFETY: as above.
     let window = capture_window(unsafe { (*state).flags });
-    emit_data(kind, conn.fd, i64::from(ret), seq, BufShape::Plain, noted.buf, 0, window, state);
-    0
+    emit_data(kind, conn.fd, len, seq, BufShape::Plain, noted.buf, 0, window, state);
 }
 
 /// Sends the connection's `TlsOpen` record once, before its first plaintext.
@@ -196,6 +243,26 @@ pub fn ssl_write_entry(ctx: ProbeContext) -> u32 {
 #[uretprobe]
 pub fn ssl_write_return(ctx: RetProbeContext) -> u32 {
     leave(&ctx, CALL_WRITE)
+}
+
+#[uprobe]
+pub fn ssl_read_call(ctx: ProbeContext) -> u32 {
+    enter(&ctx, CALL_READ)
+}
+
+#[uprobe]
+pub fn ssl_read_done(ctx: ProbeContext) -> u32 {
+    done(&ctx, CALL_READ)
+}
+
+#[uprobe]
+pub fn ssl_write_call(ctx: ProbeContext) -> u32 {
+    enter(&ctx, CALL_WRITE)
+}
+
+#[uprobe]
+pub fn ssl_write_done(ctx: ProbeContext) -> u32 {
+    done(&ctx, CALL_WRITE)
 }
 
 #[uprobe]
