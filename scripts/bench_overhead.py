@@ -40,7 +40,8 @@ runs first or after the same neighbour. In each run, after a 1 s warm-up:
 (b) fixed offered rate: `h2load --h1 -c32 --rps=375` (12 000 req/s) for BENCH_SECONDS. At the same
     load, HAProxy's CPU time per request (utime+stime of all its threads from /proc/PID/stat) is
     the capacity measure: 1 / (CPU per request) is how many requests its core can carry, and the
-    untraced-over-traced ratio of it is the share of capacity tracing leaves. Saturated req/s also
+    untraced-over-traced ratio of it is the share of capacity tracing leaves. It starts once the
+    agent has read what the saturated run left in the ring. Saturated req/s also
     falls when the agent takes CPU 1 from the load generator; CPU per request does not. Also the
     agent's CPU per request, ring-buffer losses and spans per request (exported by the agent, or
     received by the stand-in Datadog agent), and h2load's failures.
@@ -392,6 +393,19 @@ backend be_origin
                 fail(f"the agent ({mode}) was not ready after 30 s (GET http://{admin}/readyz); its log ({lf}):\n{tail_of(lf)}")
             time.sleep(0.1)
 
+    def drained(self, admin, timeout=60):
+        """The agent's metrics once it has handled what a saturated run left in the ring (its count
+        of records read stops moving), so that the fixed-rate run measures its own work only."""
+        last = agent_metrics(admin)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            time.sleep(0.5)
+            now = agent_metrics(admin)
+            if now.get("tracetap_events_captured_total") == last.get("tracetap_events_captured_total"):
+                return now
+            last = now
+        fail(f"the agent was still reading records {timeout} s after the saturated run")
+
     def check_ot(self):
         """Fails fast unless the filter at rate-limit 100 loads the plugin and its spans arrive."""
         haproxy, lf = self.start_haproxy("ot 100")
@@ -421,7 +435,7 @@ backend be_origin
             row["rps"], sat_requests, row["wrk_errors"] = saturate(SECONDS)
         time.sleep(1.0)  # the agent drains what the saturated run left, and publishes the probe times
         if agent:
-            m1 = agent_metrics(admin)
+            m1 = self.drained(admin)
             d = lambda k: m1.get(k, 0) - m0.get(k, 0)
             row["probe_ns"] = d("tracetap_probe_run_time_ns_total") / sat_requests
             row["probe_runs"] = d("tracetap_probe_runs_total") / sat_requests
@@ -569,7 +583,7 @@ def report(runs, idle_pct, zero):
     col = lambda m, k: [row.get(k) for row in runs[m]] if k in runs[m][0] else []
     print(f"Machine: {machine()}.")
     print(f"Command: `BENCH_ROUNDS={ROUNDS} BENCH_SECONDS={SECONDS} make bench` (scripts/bench_overhead.py); "
-          f"{len(modes)} modes alternated over {ROUNDS} rounds, each round starting at the next mode; "
+          f"{len(modes) + len(edge)} modes alternated over {ROUNDS} rounds, each round starting at the next mode; "
           f"saturated: `wrk -t1 -c{WRK_CONNECTIONS} -d{SECONDS}s`; fixed rate: "
           f"`h2load --h1 -c{H2LOAD_CLIENTS} --rps={FIXED_RATE // H2LOAD_CLIENTS} -D {SECONDS}` ({FIXED_RATE:,} req/s offered). "
           "Medians over rounds, [min–max]; ratios against the same round's untraced run. Ring losses: summed over the "

@@ -1,5 +1,5 @@
 //! The stream parser (framing, heads, pairing, linking) fed with arbitrary syscalls on a few
-//! connections: it must never panic, and its state must stay bounded by the connections open.
+//! connections (HTTP/1, HTTP/2 after its preface, TLS plaintext): it must never panic, and its state must stay bounded by the connections open.
 #![no_main]
 
 use arbitrary::Arbitrary;
@@ -15,6 +15,10 @@ enum FuzzOp {
     Eof,
     Close,
     Ignore,
+    /// The connection's later records are TLS plaintext.
+    Tls { version: u16 },
+    /// A read whose bytes start with the HTTP/2 preface, so that HTTP/2 decoding is reached.
+    H2Read { bytes: Vec<u8> },
     Expire,
 }
 
@@ -35,6 +39,7 @@ fuzz_target!(|calls: Vec<Call>| {
         let chunk = |bytes: &'_ [u8], uncaptured: u16, tail: &'_ [u8]| -> (u64, usize) {
             (bytes.len() as u64 + u64::from(uncaptured), tail.len().min(16))
         };
+        let mut preface_first = Vec::new();
         let op = match &call.op {
             FuzzOp::Accept => Op::Accept { peer: None, local: None },
             FuzzOp::Connect => Op::Connect { server: None },
@@ -49,6 +54,12 @@ fuzz_target!(|calls: Vec<Call>| {
             FuzzOp::Eof => Op::Read(Chunk { known: &[], total: 0, tail: &[] }),
             FuzzOp::Close => Op::Close,
             FuzzOp::Ignore => Op::Ignore,
+            FuzzOp::Tls { version } => Op::Tls { version: *version },
+            FuzzOp::H2Read { bytes } => {
+                preface_first.extend_from_slice(tracetap_proxy::h2::PREFACE);
+                preface_first.extend_from_slice(bytes);
+                Op::Read(Chunk::complete(&preface_first))
+            }
             FuzzOp::Expire => {
                 tracker.expire(ts * 1_000_000);
                 continue;

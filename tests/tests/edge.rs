@@ -8,11 +8,13 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use tracetap_tests::agent::Agent;
 use tracetap_tests::h2client::{CANCEL, H2Conn};
+use tracetap_tests::haproxy::Haproxy;
 use tracetap_tests::haproxy::{self, Version};
 use tracetap_tests::linking::{self, Accuracy};
 use tracetap_tests::otlp::Received;
-use tracetap_tests::{Stack, h2load, require_root, tls, wait_for};
+use tracetap_tests::{Rig, Stack, free_port, h2load, require_root, tls, wait_for};
 
 /// `error.type` of a stream the client reset with CANCEL.
 const RESET_CANCEL: &str = "http2.rst_stream.CANCEL";
@@ -174,6 +176,19 @@ fn h2_over_tls_with_concurrent_streams_and_a_rewrite() {
         assert_tls_version(&label, version, &spans, "/same");
         let rewritten = spans.iter().filter(|s| s.is_client() && s.str_attr("url.path") == Some("/rewritten")).count();
         assert_eq!(rewritten, out.answered(), "[{label}] CLIENT spans show the rewritten path");
+        // And one request from curl, as a browser-like client would send it.
+        let curl = std::process::Command::new("curl")
+            .args(["-sk", "--http2", "-o", "/dev/null", "-w", "%{http_version}"])
+            .arg(format!("https://127.0.0.1:{}/from-curl?x=1", stack.front.port()))
+            .output()
+            .expect("curl (make setup installs it)");
+        assert_eq!(String::from_utf8_lossy(&curl.stdout), "2", "[{label}] curl spoke HTTP/2");
+        let spans = stack.spans_for(&["/from-curl"]);
+        let (server, clients) = Stack::trace_of(&spans, "/from-curl");
+        assert_eq!(server.str_attr("url.query"), Some("x=1"), "[{label}]");
+        assert_eq!(server.str_attr("network.protocol.version"), Some("2"), "[{label}]");
+        assert_eq!(server.str_attr("user_agent.original").map(|u| u.starts_with("curl/")), Some(true), "[{label}]");
+        assert_eq!(clients.len(), 1, "[{label}] curl's request has its CLIENT span");
     }
 }
 
@@ -206,7 +221,7 @@ fn tls_towards_the_server() {
     }
     let version = Version::from_env();
     let pem = tls::certificate(version);
-    let inner = tracetap_tests::free_port();
+    let inner = free_port();
     // fe_main (cleartext) -> be_app -> `server ... ssl` -> listen tls_in (TLS) -> the backend.
     let stack = Stack::with_config_on(
         version,
@@ -239,6 +254,50 @@ fn tls_towards_the_server() {
     }
     let tls_servers = spans.iter().filter(|s| s.is_server() && s.str_attr("url.scheme") == Some("https")).count();
     assert_eq!(tls_servers, out.answered(), "the TLS listener's SERVER spans say https");
+}
+
+/// `proto h2` on a server line: HAProxy speaks HTTP/2 to the server (here a second section of the
+/// same HAProxy, with an HTTP/2 `bind`), so both the CLIENT span of that hop and the SERVER span
+/// of the section that receives it come from HTTP/2 streams. The client speaks h2c too: an
+/// HTTP/1 client would get the status line without reason phrase HAProxy relays from HTTP/2,
+/// which `h2load --h1` counts as a failure.
+#[test]
+fn h2_towards_the_server() {
+    if !require_root() {
+        return;
+    }
+    let inner = free_port();
+    let stack = Stack::with_config_on(
+        Version::from_env(),
+        |port, backend| {
+            format!(
+                "global\n    maxconn 4096\n\ndefaults\n    mode http\n    timeout connect 2s\n    timeout client 10s\n    timeout server 10s\n\n\
+                 frontend fe_main\n    bind 127.0.0.1:{port} proto h2\n    default_backend be_app\n\n\
+                 backend be_app\n    server h2_hop 127.0.0.1:{inner} proto h2\n\n\
+                 listen h2_in\n    bind 127.0.0.1:{inner} proto h2\n    server s0 {backend}\n"
+            )
+        },
+        &linking::agent_env(),
+    );
+    let url = format!("http://127.0.0.1:{}/same", stack.front.port());
+    let n = 400;
+    let out = h2load::run(&[&["-n", "400", "-c", "4", "-m", "10"][..], &CYCLE, &[url.as_str()]].concat());
+    assert_eq!((out.answered(), out.errored), (n, 0), "every request answered: {out:?}");
+    let spans = spans_after(&stack, "/same", 2 * n);
+    let acc = linking::accuracy(&spans, "/same");
+    println!("[h2 towards the server] answered {n}, {acc:?}");
+    assert_eq!(acc.server, 2 * n, "two SERVER spans per request\n{}", stack.agent.log());
+    assert_eq!(acc.client, 2 * n, "two CLIENT spans per request");
+    assert_eq!(acc.linked_right, acc.client, "{acc:?}");
+    let h2_clients = spans
+        .iter()
+        .filter(|s| s.is_client() && s.int_attr("server.port") == Some(i64::from(inner)))
+        .filter(|s| s.str_attr("network.protocol.version") == Some("2"))
+        .count();
+    assert_eq!(h2_clients, n, "the CLIENT spans of the HTTP/2 hop say version 2");
+    let h2_servers =
+        spans.iter().filter(|s| s.is_server() && s.str_attr("network.protocol.version") == Some("2")).count();
+    assert_eq!(h2_servers, 2 * n, "every SERVER span says version 2");
 }
 
 #[test]
@@ -277,4 +336,43 @@ fn a_client_that_resets_streams() {
     let answered = server("/answered");
     assert!(!answered.is_error(), "the stream between them is answered: {answered:?}");
     assert_eq!(answered.int_attr("http.response.status_code"), Some(200));
+}
+
+/// An HTTP/2 connection opened before the agent started: its HPACK state (built from header
+/// blocks the agent never saw) is unknown, so its later streams must not be decoded at all,
+/// while a connection opened afterwards is traced.
+#[test]
+fn an_h2_connection_older_than_the_agent_is_never_decoded() {
+    if !require_root() {
+        return;
+    }
+    let rig = Rig::new();
+    let port = free_port();
+    let front = SocketAddr::from(([127, 0, 0, 1], port));
+    let _haproxy =
+        Haproxy::start(&rig.comm, &config(&format!("127.0.0.1:{port} proto h2"), "", "", rig.backend.addr), port);
+    let authority = format!("127.0.0.1:{port}");
+    let mut old = H2Conn::connect(front).expect("connect");
+    // Fills both sides' dynamic tables: later blocks refer to these entries by index.
+    old.request(1, "GET", "/before-the-agent", &authority).expect("request");
+    old.read_until_end(1).expect("response");
+    let agent = Agent::start(&rig.agent_env());
+    for stream in [3, 5, 7] {
+        old.request(stream, "GET", "/old-connection", &authority).expect("request");
+        old.read_until_end(stream).expect("response");
+    }
+    let mut new = H2Conn::connect(front).expect("connect");
+    new.request(1, "GET", "/new-connection", &authority).expect("request");
+    new.read_until_end(1).expect("response");
+    let arrived = wait_for(Duration::from_secs(20), || {
+        let spans = rig.receiver.spans();
+        spans.iter().any(|s| s.is_server() && s.str_attr("url.path") == Some("/new-connection")).then_some(spans)
+    });
+    let spans = arrived.unwrap_or_else(|| panic!("the new connection is traced\n{}", agent.log()));
+    std::thread::sleep(Duration::from_millis(500));
+    let spans: Vec<_> = rig.receiver.spans().into_iter().chain(spans).collect();
+    let paths: Vec<_> = spans.iter().filter(|s| s.is_server()).filter_map(|s| s.str_attr("url.path")).collect();
+    assert!(paths.iter().all(|p| *p == "/new-connection"), "only the new connection's stream is traced: {paths:?}");
+    assert!(agent.metric("tracetap_unknown_descriptors_total") >= 1, "the old connection is counted");
+    assert_eq!(agent.metric("tracetap_h2_connections_total"), 1, "one HTTP/2 connection decoded");
 }

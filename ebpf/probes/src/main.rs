@@ -353,21 +353,20 @@ const BPF_RB_AVAIL_DATA: u64 = 0;
 const BPF_RB_NO_WAKEUP: u64 = 1;
 const BPF_RB_FORCE_WAKEUP: u64 = 2;
 
-/// Emits a staged record. Wake-ups are batched: waking the agent costs the traced thread an
-/// inter-processor interrupt per record, so the agent polls on a short timer instead and is only
-/// woken when `WAKEUP_BYTES` are waiting.
 /// Bumped for every record the ring had no room for (see `EventHeader::loss_epoch`). Two CPUs
 /// losing at once may bump it once: it only has to change. A global (direct access, no lookup
 /// branch) keeps the verifier's work per record path small.
 #[unsafe(no_mangle)]
 static mut LOSS_EPOCH: u32 = 0;
 
+/// Emits a staged record (see [`wakeup_flags`] for when it wakes the agent).
 #[inline(always)]
 pub(crate) fn emit(staging: &mut Staging, payload: u64) {
     // SAFETY: a plain load of a global; a racing update only delays when the agent notices.
     staging.header.loss_epoch = unsafe { core::ptr::read_volatile(&raw const LOSS_EPOCH) };
     let size = (EventHeader::SIZE as u64) + bounded(payload);
-    let flags = wakeup_flags();
+    let waiting = EVENTS.query(BPF_RB_AVAIL_DATA);
+    let flags = wakeup_flags(waiting, waiting + size);
     // SAFETY: `size` is at most the size of `Staging`, which `staging` points to.
     let ret = unsafe {
         bpf_ringbuf_output(
@@ -382,12 +381,16 @@ pub(crate) fn emit(staging: &mut Staging, payload: u64) {
     }
 }
 
-/// Wake the agent only when `WAKEUP_BYTES` are waiting (see [`emit`]).
+/// Wake-ups are batched: waking the agent costs the traced thread an inter-processor interrupt,
+/// so the agent polls on a short timer instead, and a record wakes it only when it takes the
+/// bytes waiting (from `before` to `after`) across `WAKEUP_BYTES`: once per crossing, not for
+/// every record while the agent is behind (it is awake then, and drains the ring empty before it
+/// sleeps again, so the next crossing wakes it).
 #[inline(always)]
-fn wakeup_flags() -> u64 {
+fn wakeup_flags(before: u64, after: u64) -> u64 {
     // SAFETY: the agent writes this global before load.
     let threshold = u64::from(unsafe { core::ptr::read_volatile(&raw const WAKEUP_BYTES) });
-    if EVENTS.query(BPF_RB_AVAIL_DATA) >= threshold { BPF_RB_FORCE_WAKEUP } else { BPF_RB_NO_WAKEUP }
+    if before < threshold && after >= threshold { BPF_RB_FORCE_WAKEUP } else { BPF_RB_NO_WAKEUP }
 }
 
 /// Counts a record the ring had no room for, and moves the loss epoch on.
@@ -439,7 +442,9 @@ fn emit_small(kind: EventKind, fd: i32, ret: i64, seq: u32, buf: u64, len: u64, 
     } else {
         count_loss(Loss::ReadFailed);
     }
-    entry.submit(wakeup_flags());
+    // The reservation already counts as waiting.
+    let waiting = EVENTS.query(BPF_RB_AVAIL_DATA);
+    entry.submit(wakeup_flags(waiting.saturating_sub(size_of::<SmallRecord>() as u64), waiting));
 }
 
 #[inline(always)]
