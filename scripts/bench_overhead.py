@@ -27,7 +27,9 @@ modes add only the `filter` line):
 - The edge (unless BENCH_EDGE=0): the same HAProxy terminating TLS (`bind ... ssl crt ... alpn
   h2,http/1.1`, a P-256 certificate made for the run), untraced and with the agent at ratio 1.0:
   `tls none` / `tls ratio 1.0` with HTTP/1.1 clients, `h2 none` / `h2 ratio 1.0` with HTTP/2
-  clients (4 concurrent streams per connection). Their load is h2load over TLS (wrk does not speak
+  clients (4 concurrent streams per connection), and `tls entry`: ratio 1.0 with the TLS probes
+  at the functions' entries and returns (`TRACETAP_TLS_PROBES=entry`, what a TLS library the agent
+  does not recognise gets) instead of on their internal call. Their load is h2load over TLS (wrk does not speak
   HTTP/2): saturated `-c64` for BENCH_SECONDS, and a fixed EDGE_RATE (6 000 req/s: TLS costs
   HAProxy several times what cleartext does, and the rate must stay below saturation). Their
   ratios are taken against the same family's untraced run of the same round; the TLS probes'
@@ -98,7 +100,7 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 NCPU = os.cpu_count() or 2
 OTHER_CPUS = ",".join(str(c) for c in range(1, NCPU)) if NCPU > 1 else "0"
 
-EDGE_MODES = ["tls none", "tls ratio 1.0", "h2 none", "h2 ratio 1.0"]
+EDGE_MODES = ["tls none", "tls ratio 1.0", "tls entry", "h2 none", "h2 ratio 1.0"]
 MODES = ["none", "floor", "ratio 1.0", "ratio 0.0", "ot 100", "ot 0"] + (["tail 1%"] if TAIL else []) + (EDGE_MODES if EDGE else [])
 LABELS = {
     "none": "no tracing",
@@ -110,6 +112,7 @@ LABELS = {
     "tail 1%": "tracetap, ratio 1.0, tail keeps errors + 1%",
     "tls none": "TLS, HTTP/1.1: no tracing",
     "tls ratio 1.0": "TLS, HTTP/1.1: tracetap, ratio 1.0",
+    "tls entry": "TLS, HTTP/1.1: tracetap, ratio 1.0, `TRACETAP_TLS_PROBES=entry`",
     "h2 none": "TLS, HTTP/2: no tracing",
     "h2 ratio 1.0": "TLS, HTTP/2: tracetap, ratio 1.0",
 }
@@ -376,6 +379,8 @@ backend be_origin
         }
         if mode == "floor":
             env["TRACETAP_PROBE_MODE"] = "floor"
+        if mode == "tls entry":
+            env["TRACETAP_TLS_PROBES"] = "entry"
         if mode == "tail 1%":
             env.update({"TRACETAP_TAIL_ENABLED": "true", "TRACETAP_TAIL_RATIO": "0.01",
                         "TRACETAP_STATE_DIR": os.path.join(self.work, "state")})
@@ -425,7 +430,8 @@ backend be_origin
         haproxy, hlf = self.start_haproxy(mode)
         agent = admin = None
         if mode not in ("none", "tls none", "h2 none") and mode not in OT_RATE:
-            agent, admin = self.start_agent(mode.removeprefix(f"{family} ") if family else mode, haproxy.pid)
+            agent_mode = "tls entry" if mode == "tls entry" else mode.removeprefix(f"{family} ") if family else mode
+            agent, admin = self.start_agent(agent_mode, haproxy.pid)
         row = {}
         saturate = (lambda secs: h2load_saturated(self.front_port, secs, family)) if family else (lambda secs: wrk(self.front_port, secs))
         saturate(1)  # warm-up
@@ -554,9 +560,10 @@ def edge_report(runs):
           f"| agent CPU µs/req at {EDGE_RATE // 1000}k/s | probe ns/req (saturated) | ring losses | spans/req |")
     print("|---|---|---|---|---|---|---|---|")
     for family in ("tls", "h2"):
-        base, traced = runs[f"{family} none"], runs[f"{family} ratio 1.0"]
+        base = runs[f"{family} none"]
         rounds = range(len(base))
-        for m, rows in ((f"{family} none", base), (f"{family} ratio 1.0", traced)):
+        for m in [m for m in EDGE_MODES if edge_family(m) == family]:
+            rows = runs[m]
             col = lambda k, rows=rows: [row.get(k) for row in rows] if k in rows[0] else []
             sat = [rows[r]["rps"] / base[r]["rps"] for r in rounds]
             cap = [base[r]["haproxy_us"] / rows[r]["haproxy_us"] for r in rounds]
