@@ -12,7 +12,7 @@ use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use std::collections::HashMap;
 use std::num::NonZeroU32;
 
-use aya::programs::uprobe::{UProbeAttachLocation, UProbeLinkId, UProbeScope};
+use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope};
 use aya::programs::{BtfTracePoint, ProgramError, UProbe};
 use aya::{Ebpf, EbpfLoader};
 use tracetap_ebpf_common::{COMM_BYTES, EventHeader, LOSS_SLOTS, TARGET_SLOTS, TargetSet, globals, maps};
@@ -87,8 +87,9 @@ pub struct Probes {
 #[derive(Debug)]
 pub enum TlsHook {
     /// The probes are attached to the functions in this file: at their call sites, or at their
-    /// entries and returns (see [`super::tls`]).
-    Attached { object: std::path::PathBuf, call_sites: bool },
+    /// entries and returns (see [`super::tls`]); `call_sites` counts the functions probed at
+    /// their call site.
+    Attached { object: std::path::PathBuf, call_sites: usize },
     /// No mapped file exports the TLS functions: the process does not use TLS (or links a
     /// library stripped of its symbols).
     NoLibrary,
@@ -234,10 +235,15 @@ impl Probes {
         if self.tls_links.contains_key(&pid) {
             return TlsHook::NoLibrary;
         }
+        let mut unreadable = None;
         for object in objects {
             let plan = match std::fs::read(object) {
                 Ok(data) => super::tls::attach_plan(&data, self.tls_placement == TlsProbes::Auto),
-                Err(e) => return TlsHook::Failed { object: object.clone(), error: e.to_string() },
+                Err(e) => {
+                    // Another candidate may still be the library.
+                    unreadable = Some(TlsHook::Failed { object: object.clone(), error: e.to_string() });
+                    continue;
+                }
             };
             let Some(plan) = plan else { continue };
             return match self.attach_tls(pid_nz, object, &plan) {
@@ -248,15 +254,13 @@ impl Probes {
                     {
                         tracing::warn!(error = %e, "cannot switch the TLS binding on in the probes; TLS connections will not be traced");
                     }
-                    TlsHook::Attached {
-                        object: object.clone(),
-                        call_sites: plan.iter().any(|p| p.program.ends_with("_call")),
-                    }
+                    let call_sites = plan.iter().filter(|p| p.program.ends_with("_call")).count();
+                    TlsHook::Attached { object: object.clone(), call_sites }
                 }
                 Err(e) => TlsHook::Failed { object: object.clone(), error: e.to_string() },
             };
         }
-        TlsHook::NoLibrary
+        unreadable.unwrap_or(TlsHook::NoLibrary)
     }
 
     /// Every point of `plan` on `object` for `pid`, or none (what was attached is detached again).
@@ -268,9 +272,11 @@ impl Probes {
     ) -> Result<Vec<(&'static str, UProbeLinkId)>, ProgramError> {
         let mut links = Vec::with_capacity(plan.len());
         for point in plan {
-            let attached = self.uprobe(point.program).and_then(|p| {
-                p.attach(UProbeAttachLocation::AbsoluteOffset(point.offset), object, UProbeScope::OneProcess(pid))
-            });
+            let at = UProbeAttachPoint {
+                location: UProbeAttachLocation::AbsoluteOffset(point.offset),
+                cookie: Some(point.cookie),
+            };
+            let attached = self.uprobe(point.program).and_then(|p| p.attach(at, object, UProbeScope::OneProcess(pid)));
             match attached {
                 Ok(link) => links.push((point.program, link)),
                 Err(e) => {

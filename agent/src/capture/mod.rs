@@ -293,9 +293,13 @@ fn hook_tls(probes: &mut Probes, pid: u32, metrics: &Metrics) {
             return;
         }
     };
-    match probes.hook_tls(pid, &objects) {
+    match probes.hook_tls(pid, &objects.usable) {
         loader::TlsHook::Attached { object, call_sites } => {
             tracing::info!(pid, object = %object.display(), call_sites, "TLS probes attached");
+        }
+        loader::TlsHook::NoLibrary if !objects.unreachable.is_empty() => {
+            tracing::warn!(pid, libraries = ?objects.unreachable, "the process maps a TLS library the agent cannot open (deleted or replaced since it was mapped, or on a mount the agent does not see); its TLS connections are not traced");
+            metrics::add(&metrics.tls_hook_failures, 1);
         }
         loader::TlsHook::NoLibrary => tracing::debug!(pid, "no TLS library mapped"),
         loader::TlsHook::Failed { object, error } => {

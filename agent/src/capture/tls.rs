@@ -65,57 +65,85 @@ pub const PROGRAMS: [&str; 10] = [
     "ssl_handshake_return",
 ];
 
-/// The prologue of `SSL_read` and `SSL_write` in OpenSSL 3 built by GCC up to the call of their
-/// internal function (`None`: any byte, the displacements), followed by `test eax,eax; jle`.
-/// Debian 12's and Debian 13's builds are this, Debian 13's with `endbr64` first.
+/// A function prologue the agent recognises: its bytes up to and including the internal call's
+/// `test eax,eax; jle` (`None`: any byte, the displacements), where the call and the jump are,
+/// and which argument of the internal call points at the byte count (the attach cookie of the
+/// call-site program, see the probes' `tls` module).
+struct Template {
+    bytes: &'static [Option<u8>],
+    call_at: u64,
+    jump_at: u64,
+    count_arg: u64,
+}
+
+/// `SSL_read` and `SSL_write` of OpenSSL 3.0/3.1 as GCC builds them (Debian 12), and `SSL_read`
+/// of 3.2+ (Debian 13): `call ssl_{read,write}_internal(s, buf, num, &bytes)`.
 #[rustfmt::skip]
-const OPENSSL3_CALL_SITE: [Option<u8>; 39] = {
-    #[expect(clippy::unnecessary_wraps, reason = "spells a byte of the template, beside the `None` wildcards")]
-    const fn b(x: u8) -> Option<u8> {
-        Some(x)
-    }
-    [
-        b(0x48), b(0x83), b(0xec), b(0x18), // sub $0x18,%rsp
-        b(0x64), b(0x48), b(0x8b), b(0x04), b(0x25), b(0x28), b(0x00), b(0x00), b(0x00), // mov %fs:0x28,%rax
-        b(0x48), b(0x89), b(0x44), b(0x24), b(0x08), // mov %rax,0x8(%rsp)
-        b(0x31), b(0xc0), // xor %eax,%eax
-        b(0x85), b(0xd2), // test %edx,%edx
-        b(0x78), None, // js
-        b(0x48), b(0x89), b(0xe1), // mov %rsp,%rcx
-        b(0x48), b(0x63), b(0xd2), // movslq %edx,%rdx
-        b(0xe8), None, None, None, None, // call <internal>
-        b(0x85), b(0xc0), // test %eax,%eax
-        b(0x7e), None, // jle
-    ]
-};
-/// Offsets in [`OPENSSL3_CALL_SITE`] of the call and of the conditional jump.
-const CALL_AT: u64 = 30;
-const JUMP_AT: u64 = 37;
+const OPENSSL3_0: [Option<u8>; 39] = [
+    Some(0x48), Some(0x83), Some(0xec), Some(0x18), // sub $0x18,%rsp
+    Some(0x64), Some(0x48), Some(0x8b), Some(0x04), Some(0x25), Some(0x28), Some(0x00), Some(0x00), Some(0x00), // mov %fs:0x28,%rax
+    Some(0x48), Some(0x89), Some(0x44), Some(0x24), Some(0x08), // mov %rax,0x8(%rsp)
+    Some(0x31), Some(0xc0), // xor %eax,%eax
+    Some(0x85), Some(0xd2), // test %edx,%edx
+    Some(0x78), None, // js
+    Some(0x48), Some(0x89), Some(0xe1), // mov %rsp,%rcx: &bytes, the fourth argument
+    Some(0x48), Some(0x63), Some(0xd2), // movslq %edx,%rdx
+    Some(0xe8), None, None, None, None, // call <internal>
+    Some(0x85), Some(0xc0), // test %eax,%eax
+    Some(0x7e), None, // jle
+];
+
+/// `SSL_write` of OpenSSL 3.2+ (Debian 13): `call ssl_write_internal(s, buf, num, 0, &written)`.
+#[rustfmt::skip]
+const OPENSSL3_2_WRITE: [Option<u8>; 41] = [
+    Some(0x48), Some(0x83), Some(0xec), Some(0x18), // sub $0x18,%rsp
+    Some(0x64), Some(0x48), Some(0x8b), Some(0x04), Some(0x25), Some(0x28), Some(0x00), Some(0x00), Some(0x00), // mov %fs:0x28,%rax
+    Some(0x48), Some(0x89), Some(0x44), Some(0x24), Some(0x08), // mov %rax,0x8(%rsp)
+    Some(0x31), Some(0xc0), // xor %eax,%eax
+    Some(0x85), Some(0xd2), // test %edx,%edx
+    Some(0x78), None, // js
+    Some(0x31), Some(0xc9), // xor %ecx,%ecx: flags 0
+    Some(0x48), Some(0x63), Some(0xd2), // movslq %edx,%rdx
+    Some(0x49), Some(0x89), Some(0xe0), // mov %rsp,%r8: &written, the fifth argument
+    Some(0xe8), None, None, None, None, // call <internal>
+    Some(0x85), Some(0xc0), // test %eax,%eax
+    Some(0x7e), None, // jle
+];
+
+const TEMPLATES: [Template; 2] = [
+    Template { bytes: &OPENSSL3_0, call_at: 30, jump_at: 37, count_arg: 3 },
+    Template { bytes: &OPENSSL3_2_WRITE, call_at: 32, jump_at: 39, count_arg: 4 },
+];
 const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
 
-/// Where the call-site probes of a function go, as offsets from its start, when its first bytes
-/// are a prologue the agent recognises.
+/// Where the call-site probes of a function go, when its first bytes are a prologue the agent
+/// recognises: offsets from its start of the call and of the jump, and the argument that points
+/// at the byte count.
 #[must_use]
-pub fn call_site(code: &[u8]) -> Option<(u64, u64)> {
+pub fn call_site(code: &[u8]) -> Option<(u64, u64, u64)> {
     let (skip, code) = match code.strip_prefix(&ENDBR64) {
         Some(rest) => (ENDBR64.len() as u64, rest),
         None => (0, code),
     };
-    let matches = code.len() >= OPENSSL3_CALL_SITE.len()
-        && OPENSSL3_CALL_SITE.iter().zip(code).all(|(want, got)| want.is_none_or(|w| w == *got));
-    matches.then_some((skip + CALL_AT, skip + JUMP_AT))
+    TEMPLATES.iter().find_map(|t| {
+        let matches =
+            code.len() >= t.bytes.len() && t.bytes.iter().zip(code).all(|(want, got)| want.is_none_or(|w| w == *got));
+        matches.then_some((skip + t.call_at, skip + t.jump_at, t.count_arg))
+    })
 }
 
-/// One probe to attach: a program at a file offset of the object.
+/// One probe to attach: a program at a file offset of the object, with its attach cookie.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProbePoint {
     pub program: &'static str,
     pub offset: u64,
+    pub cookie: u64,
 }
 
 /// The probe points of an ELF object (`data`), or `None` when it does not define both `SSL_read`
 /// and `SSL_write` (an import, a stripped library, not a TLS library). Call sites are used where
-/// recognised, unless `call_sites` is false.
+/// recognised, unless `call_sites` is false. Each function's closing probe comes before its
+/// opening one, so that attaching in this order never leaves a call noted that nothing clears.
 #[must_use]
 pub fn attach_plan(data: &[u8], call_sites: bool) -> Option<Vec<ProbePoint>> {
     use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
@@ -136,14 +164,14 @@ pub fn attach_plan(data: &[u8], call_sites: bool) -> Option<Vec<ProbePoint>> {
             continue;
         };
         let code = usize::try_from(start).ok().and_then(|s| data.get(s..s.checked_add(48)?));
-        if let (Some((call, done)), Some((call_at, jump_at))) =
+        if let (Some((call, done)), Some((call_at, jump_at, count_arg))) =
             (f.call_site.filter(|_| call_sites), code.and_then(call_site))
         {
-            plan.push(ProbePoint { program: call, offset: start + call_at });
-            plan.push(ProbePoint { program: done, offset: start + jump_at });
+            plan.push(ProbePoint { program: done, offset: start + jump_at, cookie: 0 });
+            plan.push(ProbePoint { program: call, offset: start + call_at, cookie: count_arg });
         } else {
-            plan.push(ProbePoint { program: f.entry, offset: start });
-            plan.push(ProbePoint { program: f.ret, offset: start });
+            plan.push(ProbePoint { program: f.ret, offset: start, cookie: 0 });
+            plan.push(ProbePoint { program: f.entry, offset: start, cookie: 0 });
         }
     }
     Some(plan)
@@ -175,21 +203,39 @@ pub fn candidate_objects(maps: &MemoryMaps, exe: Option<&Path>) -> Vec<(PathBuf,
 /// path from the reader's root when it can (a chroot on the host's mounts: the host path), else
 /// from the process's own mount namespace (a container: the path inside it). So the path is tried
 /// under `/proc/PID/root` first, then as it is, and kept only where its inode is the mapping's.
-pub fn objects_of(proc_root: &Path, pid: u32) -> std::io::Result<Vec<PathBuf>> {
+///
+/// Candidates that cannot be opened so (a library deleted or replaced on disk since the process
+/// mapped it, a mount the agent does not see) come back apart, as paths as `maps` shows them, so
+/// that the caller can say why a process that maps a TLS library is not probed.
+pub fn objects_of(proc_root: &Path, pid: u32) -> std::io::Result<Objects> {
     use std::os::unix::fs::MetadataExt as _;
     let dir = proc_root.join(pid.to_string());
     let file = std::fs::File::open(dir.join("maps"))?;
     let maps = MemoryMaps::from_buf_read(BufReader::new(file)).map_err(std::io::Error::other)?;
     let exe = std::fs::read_link(dir.join("exe")).ok();
     let root = dir.join("root");
-    Ok(candidate_objects(&maps, exe.as_deref())
-        .into_iter()
-        .filter_map(|(path, inode)| {
-            [root.join(path.strip_prefix("/").unwrap_or(&path)), path]
-                .into_iter()
-                .find(|p| std::fs::metadata(p).is_ok_and(|m| m.ino() == inode))
-        })
-        .collect())
+    let mut objects = Objects::default();
+    for (path, inode) in candidate_objects(&maps, exe.as_deref()) {
+        let found = [root.join(path.strip_prefix("/").unwrap_or(&path)), path.clone()]
+            .into_iter()
+            .find(|p| std::fs::metadata(p).is_ok_and(|m| m.ino() == inode));
+        match found {
+            Some(usable) => objects.usable.push(usable),
+            // The program itself is always a candidate; only a library missing says something.
+            None if Some(path.as_path()) != exe.as_deref() => objects.unreachable.push(path),
+            None => {}
+        }
+    }
+    Ok(objects)
+}
+
+/// What [`objects_of`] found.
+#[derive(Debug, Default)]
+pub struct Objects {
+    /// Paths the agent can open, in the order to try them.
+    pub usable: Vec<PathBuf>,
+    /// TLS libraries the process maps that the agent cannot open with the mapped inode.
+    pub unreachable: Vec<PathBuf>,
 }
 
 #[cfg(test)]
@@ -240,12 +286,36 @@ mod tests {
     #[test]
     fn openssl3_call_sites_with_and_without_endbr64() {
         let plain = hex(DEBIAN12_SSL_READ);
-        assert_eq!(call_site(&plain), Some((30, 37)));
+        assert_eq!(call_site(&plain), Some((30, 37, 3)));
         assert_eq!(plain[30], 0xe8, "a call");
         assert_eq!(plain[37], 0x7e, "a jle");
         let mut cet = ENDBR64.to_vec();
         cet.extend_from_slice(&plain);
-        assert_eq!(call_site(&cet), Some((34, 41)));
+        assert_eq!(call_site(&cet), Some((34, 41, 3)));
+    }
+
+    /// Debian 13's `SSL_write` (libssl3t64 3.5), first 48 bytes after `endbr64`.
+    const DEBIAN13_SSL_WRITE: &str =
+        "4883ec18 64488b042528000000 4889442408 31c0 85d2 7834 31c9 4863d2 4989e0 e8f7faffff 85c0 7e03 8b0424 488b5424";
+
+    #[test]
+    fn openssl32_ssl_write_passes_the_count_in_the_fifth_argument() {
+        let mut code = ENDBR64.to_vec();
+        code.extend_from_slice(&hex(DEBIAN13_SSL_WRITE));
+        assert_eq!(call_site(&code), Some((36, 43, 4)));
+        assert_eq!(code[36], 0xe8, "a call");
+        assert_eq!(code[43], 0x7e, "a jle");
+    }
+
+    #[test]
+    fn debian13s_libssl_gets_call_sites_for_both_functions() {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.tools/trixie");
+        let data =
+            std::fs::read(root.join("usr/lib/x86_64-linux-gnu/libssl.so.3")).expect("the trixie tree (make setup)");
+        let plan = attach_plan(&data, true).expect("libssl defines SSL_read and SSL_write");
+        let cookies: Vec<_> =
+            plan.iter().filter(|p| p.program.ends_with("_call")).map(|p| (p.program, p.cookie)).collect();
+        assert_eq!(cookies, [("ssl_read_call", 3), ("ssl_write_call", 4)]);
     }
 
     #[test]
@@ -265,14 +335,16 @@ mod tests {
         assert_eq!(
             programs,
             [
-                "ssl_read_call",
                 "ssl_read_done",
-                "ssl_write_call",
+                "ssl_read_call",
                 "ssl_write_done",
-                "ssl_handshake_entry",
-                "ssl_handshake_return"
-            ]
+                "ssl_write_call",
+                "ssl_handshake_return",
+                "ssl_handshake_entry"
+            ],
+            "closing probes first"
         );
+        assert!(plan.iter().filter(|p| p.program.ends_with("_call")).all(|p| p.cookie == 3), "{plan:?}");
         for p in &plan {
             let at = usize::try_from(p.offset).unwrap();
             let expected = match p.program {
@@ -301,7 +373,7 @@ mod tests {
     #[test]
     fn objects_are_reached_through_the_process_root() {
         let pid = std::process::id();
-        let found = objects_of(Path::new("/proc"), pid).unwrap();
+        let found = objects_of(Path::new("/proc"), pid).unwrap().usable;
         let exe = std::fs::read_link("/proc/self/exe").unwrap();
         let expected = Path::new("/proc").join(pid.to_string()).join("root").join(exe.strip_prefix("/").unwrap());
         assert_eq!(found.first(), Some(&expected), "the test binary maps itself executable");

@@ -96,6 +96,9 @@ pub(crate) struct ConnState {
     opaque: u32,
     /// `CONN_*` bits.
     pub(crate) flags: u32,
+    /// With `CONN_TLS`: the `SSL *` bound to this connection (see the `tls` module), forgotten
+    /// with the connection.
+    pub(crate) ssl: u64,
 }
 
 /// The connection carries TLS: its socket bytes are ciphertext and not reported; the plaintext
@@ -107,6 +110,8 @@ pub(crate) const CONN_TLS_ANNOUNCED: u32 = 2;
 /// frame headers and header blocks is needed to keep the HPACK state, so its records are copied
 /// up to the staging buffer's size whatever the capture window says.
 const CONN_H2: u32 = 4;
+/// The first record with payload was seen, and `CONN_H2` decided from its first bytes.
+const CONN_DECIDED: u32 = 8;
 
 /// Connections whose bytes the agent does not want (they do not speak HTTP/1: TLS, `mode tcp`,
 /// tunnels), as `tgid << 32 | fd` to the `ts_ns` of their `accept`/`connect` record. Only the
@@ -133,7 +138,7 @@ pub(crate) fn conn_key(tgid: u32, fd: i32) -> u64 {
 /// Starts numbering a new connection's records; its first record carries 1.
 #[inline(always)]
 fn open_conn(tgid: u32, fd: i32, opened_ns: u64) -> u32 {
-    let state = ConnState { opened_ns, seq: 1, checked_generation: 0, opaque: 0, flags: 0 };
+    let state = ConnState { opened_ns, seq: 1, checked_generation: 0, opaque: 0, flags: 0, ssl: 0 };
     // A full table evicts the least recently used entry; insert fails only on memory pressure.
     if CONNS.insert(&conn_key(tgid, fd), &state, 0).is_ok() { 1 } else { 0 }
 }
@@ -163,14 +168,16 @@ fn next_seq(tgid: u32, fd: i32) -> u32 {
 enum DataPlan {
     Skip,
     HeaderOnly { seq: u32 },
-    Copy { seq: u32, window: u64, state: *mut ConnState },
+    Copy { seq: u32, window: u64 },
 }
 
+/// The plan for a read or write of `ret` bytes at `buf` (its first bytes decide `CONN_H2`, see
+/// [`decide_h2`]).
 #[inline(always)]
-fn plan_data(pid_tgid: u64, tgid: u32, fd: i32) -> DataPlan {
+fn plan_data(pid_tgid: u64, tgid: u32, fd: i32, plain_buf: Option<u64>, ret: i64) -> DataPlan {
     let key = conn_key(tgid, fd);
     let Some(state) = CONNS.get_ptr_mut(&key) else {
-        return DataPlan::Copy { seq: 0, window: capture_window(0), state: core::ptr::null_mut() };
+        return DataPlan::Copy { seq: 0, window: capture_window(0) };
     };
     // SAFETY: map value pointer, see `take_seq`.
     let flags = unsafe { (*state).flags };
@@ -181,8 +188,14 @@ fn plan_data(pid_tgid: u64, tgid: u32, fd: i32) -> DataPlan {
     if payload_unwanted(key, state) {
         DataPlan::HeaderOnly { seq }
     } else {
-        DataPlan::Copy { seq, window: capture_window(flags), state }
+        DataPlan::Copy { seq, window: capture_window(decide_h2(state, plain_buf, ret)) }
     }
+}
+
+/// [`payload_unwanted`] for a connection known by its `tgid` and `fd`.
+#[inline(always)]
+pub(crate) fn payload_unwanted_at(tgid: u32, fd: i32, state: *mut ConnState) -> bool {
+    payload_unwanted(conn_key(tgid, fd), state)
 }
 
 /// How many bytes of a record to copy on a connection with these `CONN_*` flags.
@@ -199,16 +212,28 @@ pub(crate) fn capture_window(flags: u32) -> u64 {
 /// does.
 const H2_PREFACE_START: u32 = u32::from_le_bytes(*b"PRI ");
 
-/// Notes an HTTP/2 connection from the first bytes of one of its records (see [`CONN_H2`]).
+/// On a connection's first record with payload (`ret` bytes at `buf`, a plain buffer; `None`
+/// for vectored calls, which `HAProxy` does not start connections with), decides `CONN_H2` from
+/// its first bytes: one 4-byte read per connection, before the window of that very record is
+/// chosen, so that the preface's flight is copied whole too. Returns the connection's flags.
 #[inline(always)]
-fn note_h2(state: *mut ConnState, first: &[u8; SMALL_PAYLOAD], captured: u64) {
-    if state.is_null() || captured < 4 {
-        return;
+pub(crate) fn decide_h2(state: *mut ConnState, buf: Option<u64>, ret: i64) -> u32 {
+    // SAFETY: map value pointer, see `take_seq`.
+    let flags = unsafe { (*state).flags };
+    if flags & CONN_DECIDED != 0 || ret <= 0 {
+        return flags;
     }
-    if u32::from_le_bytes([first[0], first[1], first[2], first[3]]) == H2_PREFACE_START {
-        // SAFETY: map value pointer, see `take_seq`.
-        unsafe { (*state).flags |= CONN_H2 };
+    let mut decided = flags | CONN_DECIDED;
+    if ret >= 4
+        && let Some(buf) = buf
+        // SAFETY: a helper read of user memory, which faults safely.
+        && unsafe { bpf_probe_read_user(buf as *const u32) }.is_ok_and(|first| first == H2_PREFACE_START)
+    {
+        decided |= CONN_H2;
     }
+    // SAFETY: as above.
+    unsafe { (*state).flags = decided };
+    decided
 }
 
 #[inline(always)]
@@ -305,6 +330,8 @@ pub fn sched_process_exec(_ctx: BtfTracePointContext) -> i32 {
 #[btf_tracepoint(function = "sched_process_exit")]
 pub fn sched_process_exit(_ctx: BtfTracePointContext) -> i32 {
     let pid_tgid = bpf_get_current_pid_tgid();
+    // Every exiting thread (this runs for each): a call it left noted must not bind another.
+    tls::thread_exit(pid_tgid);
     if (pid_tgid >> 32) as u32 == pid_tgid as u32 && comm_verdict().is_some() {
         let _ = TARGET_PIDS.remove(&((pid_tgid >> 32) as u32));
     }
@@ -420,7 +447,7 @@ struct SmallRecord {
 /// Emits a plain read or write of `len` bytes (`0 < len <= SMALL_PAYLOAD`, and within the
 /// capture window) at `buf`, copied straight into the ring.
 #[inline(always)]
-fn emit_small(kind: EventKind, fd: i32, ret: i64, seq: u32, buf: u64, len: u64, state: *mut ConnState) {
+fn emit_small(kind: EventKind, fd: i32, ret: i64, seq: u32, buf: u64, len: u64) {
     let Some(mut entry) = EVENTS.reserve::<SmallRecord>(0) else {
         ring_full();
         return;
@@ -438,7 +465,6 @@ fn emit_small(kind: EventKind, fd: i32, ret: i64, seq: u32, buf: u64, len: u64, 
         unsafe { raw_probe_read_user(record.data.as_mut_ptr().cast(), len as u32, buf as *const core::ffi::c_void) };
     if rc == 0 {
         record.header.captured = len as u32;
-        note_h2(state, &record.data, len);
     } else {
         count_loss(Loss::ReadFailed);
     }
@@ -615,14 +641,11 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> i32 {
             if ret == 0 && kind == EventKind::Write {
                 return 0;
             }
-            match plan_data(pid_tgid, tgid, fd) {
+            let plain_buf = if shape == BufShape::Plain { Some(si) } else { None };
+            match plan_data(pid_tgid, tgid, fd, plain_buf, ret) {
                 DataPlan::Skip => {}
-                DataPlan::HeaderOnly { seq } => {
-                    let Some(staging) = stage(kind, fd, ret) else { return 0 };
-                    staging.header.seq = seq;
-                    emit(staging, 0);
-                }
-                DataPlan::Copy { seq, window, state } => emit_data(kind, fd, ret, seq, shape, si, dx, window, state),
+                DataPlan::HeaderOnly { seq } => emit_header_only(kind, fd, ret, seq),
+                DataPlan::Copy { seq, window } => emit_data(kind, fd, ret, seq, shape, si, dx, window),
             }
         }
     }
@@ -642,19 +665,24 @@ pub(crate) fn emit_data(
     buf: u64,
     count: u64,
     window: u64,
-    state: *mut ConnState,
 ) {
     if shape == BufShape::Plain && ret > 0 && ret as u64 <= SMALL_PAYLOAD as u64 && ret as u64 <= window {
-        emit_small(kind, fd, ret, seq, buf, ret as u64, state);
+        emit_small(kind, fd, ret, seq, buf, ret as u64);
         return;
     }
     let Some(staging) = stage(kind, fd, ret) else { return };
     staging.header.seq = seq;
     let copied = if ret > 0 { copy_payload(staging, shape, buf, count, ret as u64, window) } else { 0 };
     staging.header.captured = copied as u32;
-    // SAFETY: the staging buffer is larger than SMALL_PAYLOAD.
-    note_h2(state, unsafe { &*staging.data.as_ptr().cast::<[u8; SMALL_PAYLOAD]>() }, copied);
     emit(staging, copied);
+}
+
+/// Emits a read or write without payload (a connection the agent marked opaque).
+#[inline(always)]
+pub(crate) fn emit_header_only(kind: EventKind, fd: i32, ret: i64, seq: u32) {
+    let Some(staging) = stage(kind, fd, ret) else { return };
+    staging.header.seq = seq;
+    emit(staging, 0);
 }
 
 /// `close` is reported at entry, while the fd still belongs to the connection: at exit another
@@ -673,8 +701,19 @@ pub fn sys_enter(ctx: BtfTracePointContext) -> i32 {
     }
     let fd = reg(ctx.arg(0), PT_REGS_DI) as i32;
     if let Some(staging) = stage(EventKind::Close, fd, 0) {
-        staging.header.seq = next_seq(tgid, fd);
-        let _ = CONNS.remove(&conn_key(tgid, fd));
+        let key = conn_key(tgid, fd);
+        staging.header.seq = match CONNS.get_ptr_mut(&key) {
+            Some(state) => {
+                // SAFETY: map value pointer, see `take_seq`.
+                let (flags, ssl) = unsafe { ((*state).flags, (*state).ssl) };
+                if flags & CONN_TLS != 0 {
+                    tls::forget(tgid, ssl);
+                }
+                take_seq(state)
+            }
+            None => 0,
+        };
+        let _ = CONNS.remove(&key);
         emit(staging, 0);
     }
     0

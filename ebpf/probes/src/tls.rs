@@ -30,7 +30,8 @@
 //! Only sockets numbered in `CONNS` are bound (the others carry no identity to check against).
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user},
+    EbpfContext as _,
+    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user, generated::bpf_get_attach_cookie},
     macros::{map, uprobe, uretprobe},
     maps::{Array, HashMap, LruHashMap},
     programs::{ProbeContext, RetProbeContext},
@@ -38,18 +39,19 @@ use aya_ebpf::{
 use tracetap_ebpf_common::{EventKind, Loss, MAX_NUMBERED_CONNECTIONS};
 
 use crate::{
-    BufShape, CONN_TLS, CONN_TLS_ANNOUNCED, CONNS, ConnState, capture_window, conn_key, count_loss, emit, emit_data,
-    stage, take_seq,
+    BufShape, CONN_TLS, CONN_TLS_ANNOUNCED, CONNS, ConnState, capture_window, conn_key, count_loss, decide_h2, emit,
+    emit_data, emit_header_only, payload_unwanted_at, stage, take_seq,
 };
 
 /// Threads inside an `SSL_*` call: `pid_tgid` to the call.
 #[map]
 static SSL_CALLS: HashMap<u64, SslCall> = HashMap::with_max_entries(16_384, 0);
 
-/// `SSL *` (per process) to the socket it was seen reading or writing. LRU: handles freed
-/// without our knowing age out; a reused handle is bound anew by its own handshake.
+/// `SSL *` (per process) to the socket it was seen reading or writing. An entry goes when its
+/// connection closes (`forget`); LRU only for connections whose close the probes never saw (the
+/// process exited), twice the size of `CONNS` so that live entries are not what it evicts.
 #[map]
-static SSL_CONNS: LruHashMap<SslKey, SslConn> = LruHashMap::with_max_entries(MAX_NUMBERED_CONNECTIONS, 0);
+static SSL_CONNS: LruHashMap<SslKey, SslConn> = LruHashMap::with_max_entries(2 * MAX_NUMBERED_CONNECTIONS, 0);
 
 /// Nonzero once the agent attached the TLS probes to some process: until then the syscall probe
 /// does not look for a call in `SSL_CALLS` (an array lookup the JIT inlines).
@@ -98,23 +100,66 @@ pub(crate) fn bind(pid_tgid: u64, tgid: u32, fd: i32, state: *mut ConnState) -> 
     }
     // SAFETY: read-only lookup of a plain value, copied out.
     let Some(call) = (unsafe { SSL_CALLS.get(&pid_tgid) }).copied() else { return false };
+    let key = SslKey { ssl: call.ssl, tgid, _pad: 0 };
+    // An `SSL *` bound to another connection that is still open is not taken from it: a call
+    // noted but never finished (its return probe missed) must not turn a cleartext socket the
+    // thread uses later into a TLS one. A handle reused after its connection closed is free.
+    // SAFETY: read-only lookup of a plain value, copied out.
+    if let Some(bound) = (unsafe { SSL_CONNS.get(&key) }).copied()
+        && bound.fd != fd
+        && is_open(tgid, bound)
+    {
+        return false;
+    }
     // SAFETY: map value pointer, see `take_seq`.
     let opened_ns = unsafe { (*state).opened_ns };
-    let key = SslKey { ssl: call.ssl, tgid, _pad: 0 };
     if SSL_CONNS.insert(&key, &SslConn { opened_ns, fd, _pad: 0 }, 0).is_err() {
         return false;
     }
     // SAFETY: as above.
-    unsafe { (*state).flags |= CONN_TLS };
+    unsafe {
+        (*state).flags |= CONN_TLS;
+        (*state).ssl = call.ssl;
+    }
     true
 }
 
+/// Whether the connection an `SSL *` was bound to is still the one open on its fd.
+#[inline(always)]
+fn is_open(tgid: u32, bound: SslConn) -> bool {
+    // SAFETY: read-only lookup of a plain value.
+    unsafe { CONNS.get(&conn_key(tgid, bound.fd)) }.is_some_and(|state| state.opened_ns == bound.opened_ns)
+}
+
+/// A TLS connection closed: its `SSL *` binding goes with it.
+#[inline(always)]
+pub(crate) fn forget(tgid: u32, ssl: u64) {
+    let _ = SSL_CONNS.remove(&SslKey { ssl, tgid, _pad: 0 });
+}
+
+/// A thread exited: a call it left noted (killed inside `SSL_read`) goes with it, so that a later
+/// thread with the same id does not inherit it.
+#[inline(always)]
+pub(crate) fn thread_exit(pid_tgid: u64) {
+    if TLS_HOOKED.get(0).is_some_and(|hooked| *hooked != 0) {
+        let _ = SSL_CALLS.remove(&pid_tgid);
+    }
+}
+
+/// Notes a call. At a call site, the attach cookie says which argument of the internal call
+/// points at the byte count: 3 (`ssl_{read,write}_internal(s, buf, num, &bytes)`, OpenSSL 3.0
+/// and 3.1) or 4 (OpenSSL 3.2's `ssl_write_internal(s, buf, num, flags, &written)`); at a
+/// function entry it is 0 and unused.
 #[inline(always)]
 fn enter(ctx: &ProbeContext, call: u32) -> u32 {
     let ssl: u64 = ctx.arg(0).unwrap_or(0);
     let buf: u64 = ctx.arg(1).unwrap_or(0);
-    // The fourth argument: `&readbytes`/`&written` at a call site; unused at a function entry.
-    let out: u64 = ctx.arg(3).unwrap_or(0);
+    // Both loaded first, as plain values: the verifier refuses a load through a context pointer
+    // the compiler moved (which a select between the two registers' offsets would be).
+    let fourth: u64 = core::hint::black_box(ctx.arg(3).unwrap_or(0));
+    let fifth: u64 = core::hint::black_box(ctx.arg(4).unwrap_or(0));
+    // SAFETY: the helper only reads the cookie of the program's attachment.
+    let out = if unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } == 4 { fifth } else { fourth };
     let _ = SSL_CALLS.insert(&bpf_get_current_pid_tgid(), &SslCall { ssl, buf, out, call, _pad: 0 }, 0);
     0
 }
@@ -194,9 +239,13 @@ fn report(pid_tgid: u64, noted: SslCall, call: u32, len: i64) {
     }
     let kind = if call == CALL_READ { EventKind::Read } else { EventKind::Write };
     let seq = take_seq(state);
-    // SAFETY: as above.
-    let window = capture_window(unsafe { (*state).flags });
-    emit_data(kind, conn.fd, len, seq, BufShape::Plain, noted.buf, 0, window, state);
+    if payload_unwanted_at(tgid, conn.fd, state) {
+        // The agent stopped reading the connection (`mode tcp`, a tunnel, lost HTTP/2 state).
+        emit_header_only(kind, conn.fd, len, seq);
+        return;
+    }
+    let window = capture_window(decide_h2(state, Some(noted.buf), len));
+    emit_data(kind, conn.fd, len, seq, BufShape::Plain, noted.buf, 0, window);
 }
 
 /// Sends the connection's `TlsOpen` record once, before its first plaintext.
