@@ -52,6 +52,17 @@ fn spans_after(stack: &Stack, path: &str, n: usize) -> Vec<Received> {
     stack.receiver.spans()
 }
 
+/// Sends `n` identical requests (`GET /same`, the backend choosing statuses) through `stack` with
+/// `h2load` (`options`, then `-n`), asserts every one was answered, and returns the spans once
+/// `hops` SERVER spans per request arrived.
+fn load_identical(label: &str, stack: &Stack, scheme: &str, options: &[&str], n: usize, hops: usize) -> Vec<Received> {
+    let url = format!("{scheme}://127.0.0.1:{}/same", stack.front.port());
+    let count = n.to_string();
+    let out = h2load::run(&[options, &["-n", count.as_str()], &CYCLE, &[url.as_str()]].concat());
+    assert_eq!((out.answered(), out.errored), (n, 0), "[{label}] every request answered: {out:?}");
+    spans_after(stack, "/same", hops * n)
+}
+
 /// Every request traced, every CLIENT span linked right.
 fn assert_all_linked(label: &str, acc: &Accuracy, answered: usize, stack: &Stack) {
     println!("[{label}] answered {answered}, {acc:?}");
@@ -118,12 +129,8 @@ fn tls_frontend_with_http1_keep_alive() {
                 |port, backend| config(&format!("127.0.0.1:{port} ssl crt {pem}"), "", "", backend),
                 &env,
             );
-            let url = format!("https://127.0.0.1:{}/same", stack.front.port());
-            let n = 200;
-            let out = h2load::run(&[&["--h1", "-n", "200", "-c", "4"][..], &CYCLE, &[url.as_str()]].concat());
-            assert_eq!((out.answered(), out.errored), (n, 0), "[{label}] every request answered: {out:?}");
-            let spans = spans_after(&stack, "/same", out.answered());
-            assert_all_linked(&label, &linking::accuracy(&spans, "/same"), out.answered(), &stack);
+            let spans = load_identical(&label, &stack, "https", &["--h1", "-c", "4"], 200, 1);
+            assert_all_linked(&label, &linking::accuracy(&spans, "/same"), 200, &stack);
             assert_server_attrs(&label, &spans, "/same", "https", "1.1");
             assert_tls_version(&label, version, &spans, "/same");
             assert!(stack.agent.metric("tracetap_tls_processes") >= 1, "[{label}] TLS probes attached");
@@ -180,16 +187,12 @@ fn h2_over_tls_with_concurrent_streams_and_a_rewrite() {
             },
             &linking::agent_env(),
         );
-        let url = format!("https://127.0.0.1:{}/same", stack.front.port());
-        let n = 1000;
-        let out = h2load::run(&[&["-n", "1000", "-c", "4", "-m", "10"][..], &CYCLE, &[url.as_str()]].concat());
-        assert_eq!((out.answered(), out.errored), (n, 0), "[{label}] every request answered: {out:?}");
-        let spans = spans_after(&stack, "/same", out.answered());
-        assert_all_linked(&label, &linking::accuracy(&spans, "/same"), out.answered(), &stack);
+        let spans = load_identical(&label, &stack, "https", &["-c", "4", "-m", "10"], 1000, 1);
+        assert_all_linked(&label, &linking::accuracy(&spans, "/same"), 1000, &stack);
         assert_server_attrs(&label, &spans, "/same", "https", "2");
         assert_tls_version(&label, version, &spans, "/same");
         let rewritten = spans.iter().filter(|s| s.is_client() && s.str_attr("url.path") == Some("/rewritten")).count();
-        assert_eq!(rewritten, out.answered(), "[{label}] CLIENT spans show the rewritten path");
+        assert_eq!(rewritten, 1000, "[{label}] CLIENT spans show the rewritten path");
         // And one request from curl, as a browser-like client would send it.
         let curl = std::process::Command::new("curl")
             .args(["-sk", "--http2", "-o", "/dev/null", "-w", "%{http_version}"])
@@ -218,12 +221,8 @@ fn h2c_prior_knowledge() {
             |port, backend| config(&format!("127.0.0.1:{port} proto h2"), "", "", backend),
             &linking::agent_env(),
         );
-        let url = format!("http://127.0.0.1:{}/same", stack.front.port());
-        let n = 1000;
-        let out = h2load::run(&[&["-n", "1000", "-c", "4", "-m", "10"][..], &CYCLE, &[url.as_str()]].concat());
-        assert_eq!((out.answered(), out.errored), (n, 0), "[{label}] every request answered: {out:?}");
-        let spans = spans_after(&stack, "/same", out.answered());
-        assert_all_linked(&label, &linking::accuracy(&spans, "/same"), out.answered(), &stack);
+        let spans = load_identical(&label, &stack, "http", &["-c", "4", "-m", "10"], 1000, 1);
+        assert_all_linked(&label, &linking::accuracy(&spans, "/same"), 1000, &stack);
         assert_server_attrs(&label, &spans, "/same", "http", "2");
     }
 }
@@ -258,12 +257,8 @@ fn h2_linking_scenarios() {
             },
             &linking::agent_env(),
         );
-        let url = format!("http://127.0.0.1:{}/same", stack.front.port());
-        let n = 1000;
-        let out = h2load::run(&[&["-n", "1000", "-c", "4", "-m", "10"][..], &CYCLE, &[url.as_str()]].concat());
-        assert_eq!((out.answered(), out.errored), (n, 0), "[{label}] every request answered: {out:?}");
-        let spans = spans_after(&stack, "/same", out.answered());
-        assert_all_linked(&label, &linking::accuracy(&spans, "/same"), out.answered(), &stack);
+        let spans = load_identical(&label, &stack, "http", &["-c", "4", "-m", "10"], 1000, 1);
+        assert_all_linked(&label, &linking::accuracy(&spans, "/same"), 1000, &stack);
     }
 }
 
@@ -288,25 +283,22 @@ fn tls_towards_the_server() {
         },
         &linking::agent_env(),
     );
-    let url = format!("http://127.0.0.1:{}/same", stack.front.port());
     let n = 200;
-    let out = h2load::run(&[&["--h1", "-n", "200", "-c", "4"][..], &CYCLE, &[url.as_str()]].concat());
-    assert_eq!((out.answered(), out.errored), (n, 0), "every request answered: {out:?}");
     // Two SERVER spans per request (fe_main, tls_in), each with its CLIENT span.
-    let spans = spans_after(&stack, "/same", 2 * out.answered());
+    let spans = load_identical("tls towards the server", &stack, "http", &["--h1", "-c", "4"], n, 2);
     let acc = linking::accuracy(&spans, "/same");
-    println!("[tls towards the server] answered {}, {acc:?}", out.answered());
-    assert_eq!(acc.server, 2 * out.answered(), "two SERVER spans per request\n{}", stack.agent.log());
-    assert_eq!(acc.client, 2 * out.answered(), "two CLIENT spans per request");
+    println!("[tls towards the server] answered {n}, {acc:?}");
+    assert_eq!(acc.server, 2 * n, "two SERVER spans per request\n{}", stack.agent.log());
+    assert_eq!(acc.client, 2 * n, "two CLIENT spans per request");
     assert_eq!(acc.linked_right, acc.client, "{acc:?}");
     let tls_clients: Vec<_> =
         spans.iter().filter(|s| s.is_client() && s.int_attr("server.port") == Some(i64::from(inner))).collect();
-    assert_eq!(tls_clients.len(), out.answered(), "CLIENT spans towards the TLS server");
+    assert_eq!(tls_clients.len(), n, "CLIENT spans towards the TLS server");
     for c in &tls_clients {
         assert!(c.str_attr("url.full").is_some_and(|u| u.starts_with("https://")), "url.full of {c:?}");
     }
     let tls_servers = spans.iter().filter(|s| s.is_server() && s.str_attr("url.scheme") == Some("https")).count();
-    assert_eq!(tls_servers, out.answered(), "the TLS listener's SERVER spans say https");
+    assert_eq!(tls_servers, n, "the TLS listener's SERVER spans say https");
 }
 
 /// `proto h2` on a server line: HAProxy speaks HTTP/2 to the server (here a second section of the
@@ -332,11 +324,8 @@ fn h2_towards_the_server() {
         },
         &linking::agent_env(),
     );
-    let url = format!("http://127.0.0.1:{}/same", stack.front.port());
     let n = 400;
-    let out = h2load::run(&[&["-n", "400", "-c", "4", "-m", "10"][..], &CYCLE, &[url.as_str()]].concat());
-    assert_eq!((out.answered(), out.errored), (n, 0), "every request answered: {out:?}");
-    let spans = spans_after(&stack, "/same", 2 * n);
+    let spans = load_identical("h2 towards the server", &stack, "http", &["-c", "4", "-m", "10"], n, 2);
     let acc = linking::accuracy(&spans, "/same");
     println!("[h2 towards the server] answered {n}, {acc:?}");
     assert_eq!(acc.server, 2 * n, "two SERVER spans per request\n{}", stack.agent.log());
