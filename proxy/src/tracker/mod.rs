@@ -534,15 +534,18 @@ impl Tracker {
             })
             .map(|(id, _)| *id)
             .collect();
-        // Let-go backend exchanges whose response no relay claimed.
+        // Let-go backend exchanges whose response no relay claimed. A relay claims one without a
+        // link only within `RELAY_WINDOW_NS` of its response (see `claim_relay`), so past that
+        // nothing can: filed at once rather than after the linger, so that a burst of them (the
+        // streams a client's abrupt close leaves behind) does not lengthen every claim's scan.
+        let unclaimable = |b: &BackRecord| match b.relay {
+            Relay::Pending { read_ns, .. } => now_ns.saturating_sub(read_ns) > linking::RELAY_WINDOW_NS,
+            _ => now_ns.saturating_sub(b.exchange.end_ns) > linger,
+        };
         let unclaimed: Vec<u64> = self
             .relays
             .iter()
-            .filter(|b| {
-                self.backs
-                    .get(b)
-                    .is_some_and(|b| b.front.is_none() && b.ended && now_ns.saturating_sub(b.exchange.end_ns) > linger)
-            })
+            .filter(|b| self.backs.get(b).is_some_and(|b| b.front.is_none() && b.ended && unclaimable(b)))
             .copied()
             .collect();
         for bid in unclaimed {
