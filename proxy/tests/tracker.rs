@@ -977,3 +977,32 @@ fn a_connection_that_stops_being_numbered_is_counted() {
     assert_eq!(t.stats().unnumbered_connections, 1);
     assert_eq!(t.stats().capture_gaps, 0);
 }
+
+/// A guessed link whose relay never came is let go; once no relay can claim it (past the relay
+/// window after its response) it is counted at the next expiry, not only after the linger: a
+/// burst of them (the streams a client's abrupt close leaves) must not stay in the relay queue
+/// that every claim scans.
+#[test]
+fn a_let_go_backend_exchange_is_counted_once_no_relay_can_claim_it() {
+    let mut t =
+        Tracker::new(tracetap_proxy::Limits { exchange_timeout_ns: 600_000_000_000, linger_ns: 60_000_000_000 });
+    let mut s = Script::default();
+    s.push(1, 10, OwnedOp::Accept(client()))
+        .push(1, 10, OwnedOp::Read(req_with("/x", "X-A: 1\r\n")))
+        .push(1, 11, OwnedOp::Accept(client()))
+        .push(1, 11, OwnedOp::Read(req_with("/x", "X-B: 1\r\n")))
+        .push(1, 20, OwnedOp::Connect(server()))
+        // Rewritten target: linked by its headers only, a guess.
+        .push(1, 20, OwnedOp::Write(req_with("/rewritten", "X-A: 1\r\n")))
+        .push(1, 20, OwnedOp::Read(resp(404, "")))
+        // HAProxy answers the first client by itself: the 404 is not relayed to it.
+        .push(1, 10, OwnedOp::Write(resp(200, "")));
+    let out = s.run(&mut t);
+    assert_eq!(out.len(), 1, "the first request is done");
+    assert!(out[0].clients.is_empty(), "an unconfirmed guess is not exported");
+    assert_eq!(t.stats().unlinked_backend_requests, 0, "the response may still be claimed");
+    t.expire(s.ts + 50_000_000);
+    assert_eq!(t.stats().unlinked_backend_requests, 0, "within the relay window it still may");
+    t.expire(s.ts + 100_000_001);
+    assert_eq!(t.stats().unlinked_backend_requests, 1, "past it, counted, without waiting for the linger");
+}
