@@ -57,3 +57,28 @@ fn unprivileged_agent_says_what_is_missing() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("root") && stderr.contains("CAP_"), "the message says how to grant access: {stderr}");
 }
+
+/// The TLS probes under the four capabilities: attaching a uprobe (`perf_event_open` of the
+/// uprobe PMU on a file under `/proc/PID/root`) is refused here, which is a known gap (README,
+/// Requirements). What this test holds is that the refusal is not silent: the process is named in
+/// the log with the reason, counted in `tracetap_tls_hook_failures_total`, and its cleartext
+/// tracing goes on. When the gap is closed, this test must change to expect TLS spans.
+#[test]
+fn tls_under_the_four_capabilities_is_refused_loudly() {
+    if !require_root() {
+        return;
+    }
+    let rig = Rig::new();
+    let port = free_port();
+    let pem = tracetap_tests::tls::certificate(haproxy::Version::Debian12);
+    let config = haproxy::config(port, &[rig.backend.addr], "")
+        .replace(&format!("bind 127.0.0.1:{port}"), &format!("bind 127.0.0.1:{port} ssl crt {pem}"));
+    let _haproxy = Haproxy::start_on(haproxy::Version::Debian12, &rig.comm, &config, port);
+    let agent = Agent::start_with_daemonset_capabilities(&rig.agent_env());
+    let counted = tracetap_tests::wait_for(std::time::Duration::from_secs(10), || {
+        (agent.metric("tracetap_tls_hook_failures_total") == 1).then_some(())
+    });
+    assert!(counted.is_some(), "the refusal is counted\n{}", agent.log());
+    assert!(agent.log().contains("cannot attach the TLS probes"), "and logged with the reason\n{}", agent.log());
+    assert_eq!(agent.metric("tracetap_tls_processes"), 0);
+}

@@ -78,7 +78,7 @@ pub struct Probes {
     /// The TLS probes attached to each process (see [`Probes::hook_tls`]).
     tls_links: HashMap<u32, Vec<(&'static str, UProbeLinkId)>>,
     /// `TLS_HOOKED`, set once the first process is hooked.
-    tls_hooked: Option<Array<MapData, u32>>,
+    tls_hooked: Array<MapData, u32>,
     /// `TRACETAP_TLS_PROBES`, `Off` in the floor mode.
     tls_placement: TlsProbes,
 }
@@ -128,11 +128,7 @@ impl Probes {
         let btf = Btf::from_sys_fs().map_err(|e| LoadError::Btf(Box::new(e)))?;
         for &(name, tracepoint) in programs {
             let attach_error = |source| LoadError::Attach { program: name.to_owned(), source: Box::new(source) };
-            let program: &mut BtfTracePoint = ebpf
-                .program_mut(name)
-                .ok_or_else(|| LoadError::MissingProgram(name.to_owned()))?
-                .try_into()
-                .map_err(attach_error)?;
+            let program: &mut BtfTracePoint = program_of(&mut ebpf, name)?;
             program.load(tracepoint, &btf).map_err(attach_error)?;
             program.attach().map_err(attach_error)?;
             // How close a program is to the verifier's limit of 1M instructions, for whoever
@@ -144,17 +140,15 @@ impl Probes {
         let tls_probes = if config.probe_mode == ProbeMode::Capture { config.tls_probes } else { TlsProbes::Off };
         if tls_probes != TlsProbes::Off {
             for name in super::tls::PROGRAMS {
-                let attach_error = |source| LoadError::Attach { program: name.to_owned(), source: Box::new(source) };
-                let program: &mut UProbe = ebpf
-                    .program_mut(name)
-                    .ok_or_else(|| LoadError::MissingProgram(name.to_owned()))?
-                    .try_into()
-                    .map_err(attach_error)?;
-                program.load().map_err(attach_error)?;
+                let program: &mut UProbe = program_of(&mut ebpf, name)?;
+                program
+                    .load()
+                    .map_err(|source| LoadError::Attach { program: name.to_owned(), source: Box::new(source) })?;
             }
         }
-        let tls_hooked = ebpf.take_map(maps::TLS_HOOKED).and_then(|m| Array::try_from(m).ok());
         let take = |ebpf: &mut Ebpf, name: &'static str| ebpf.take_map(name).ok_or(LoadError::MissingMap(name));
+        let tls_hooked = Array::try_from(take(&mut ebpf, maps::TLS_HOOKED)?)
+            .map_err(|source| LoadError::Map { name: maps::TLS_HOOKED, source: Box::new(source) })?;
         let ring = RingBuf::try_from(take(&mut ebpf, maps::EVENTS)?)
             .map_err(|source| LoadError::Map { name: maps::EVENTS, source: Box::new(source) })?;
         let losses = PerCpuArray::try_from(take(&mut ebpf, maps::LOSSES)?)
@@ -249,9 +243,7 @@ impl Probes {
             return match self.attach_tls(pid_nz, object, &plan) {
                 Ok(links) => {
                     self.tls_links.insert(pid, links);
-                    if let Some(hooked) = &mut self.tls_hooked
-                        && let Err(e) = hooked.set(0, 1, 0)
-                    {
+                    if let Err(e) = self.tls_hooked.set(0, 1, 0) {
                         tracing::warn!(error = %e, "cannot switch the TLS binding on in the probes; TLS connections will not be traced");
                     }
                     let call_sites = plan.iter().filter(|p| p.program.ends_with("_call")).count();
@@ -312,7 +304,7 @@ impl Probes {
     /// floor mode of `make bench`).
     #[must_use]
     pub fn captures_tls(&self) -> bool {
-        self.tls_hooked.is_some() && self.tls_placement != TlsProbes::Off
+        self.tls_placement != TlsProbes::Off
     }
 
     /// Processes with the TLS probes attached.
@@ -349,6 +341,17 @@ impl Probes {
         // SAFETY: one valid pollfd for the duration of the call.
         let _ = unsafe { libc::poll(&raw mut fds, 1, ms) };
     }
+}
+
+/// The program `name` of the probe object, as its kind `P`.
+fn program_of<'a, P>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut P, LoadError>
+where
+    &'a mut P: TryFrom<&'a mut aya::programs::Program, Error = ProgramError>,
+{
+    ebpf.program_mut(name)
+        .ok_or_else(|| LoadError::MissingProgram(name.to_owned()))?
+        .try_into()
+        .map_err(|source| LoadError::Attach { program: name.to_owned(), source: Box::new(source) })
 }
 
 /// Copies the header out of a record. The caller checked the length.
