@@ -267,12 +267,7 @@ impl<F: Fn(&str) -> Option<String>> Source<F> {
     }
 
     fn flag(&self, var: &'static str, default: bool) -> Result<bool, ConfigError> {
-        match self.get(var).as_deref().map(str::trim) {
-            None => Ok(default),
-            Some("false" | "0") => Ok(false),
-            Some("true" | "1") => Ok(true),
-            Some(v) => Err(err(var, v, "true or false")),
-        }
+        parse_flag(var, self.get(var).as_deref(), default)
     }
 
     /// A positive duration with a unit: `500ms`, `2s`, `1m`.
@@ -293,6 +288,16 @@ impl<F: Fn(&str) -> Option<String>> Source<F> {
             Ok(n) if n > 0 => Ok(Duration::from_millis(n.saturating_mul(scale_ms))),
             _ => Err(err(var, &v, expected)),
         }
+    }
+}
+
+/// A boolean variable: `true`/`1` or `false`/`0`, `default` when unset.
+pub fn parse_flag(var: &'static str, value: Option<&str>, default: bool) -> Result<bool, ConfigError> {
+    match value.map(str::trim) {
+        None => Ok(default),
+        Some("false" | "0") => Ok(false),
+        Some("true" | "1") => Ok(true),
+        Some(v) => Err(err(var, v, "true or false")),
     }
 }
 

@@ -5,6 +5,7 @@
 pub mod admin;
 pub mod batch;
 pub mod capture;
+pub mod cli;
 pub mod config;
 pub mod encode;
 pub mod export;
@@ -12,6 +13,7 @@ pub mod k8s;
 pub mod metrics;
 pub mod names;
 pub mod sampling;
+pub mod snippet;
 pub mod spans;
 pub mod tail;
 pub mod target;

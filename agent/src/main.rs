@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use anyhow::Context as _;
 use tracetap::capture::pods::Pods;
 use tracetap::capture::{self, Output, loader::Probes};
+use tracetap::cli::{self, Command};
 use tracetap::config::{Config, Sink};
 use tracetap::export::{self, BatchQueue};
 use tracetap::k8s::{self, PodIndex};
@@ -16,13 +17,40 @@ use tracetap::metrics::Metrics;
 use tracetap::tail::engine::{Engine, Limits};
 use tracetap::tail::policy::{NamedPolicy, PolicySet};
 use tracetap::tail::{self, PolicySource, TailConfig, policy_file};
-use tracetap::{admin, config};
+use tracetap::{admin, config, snippet};
 use tracetap_storage::{SledOptions, SledStore};
 
 fn main() -> ExitCode {
-    if std::env::args().nth(1).is_some_and(|a| a == "--help" || a == "-h") {
-        print_help();
-        return ExitCode::SUCCESS;
+    match cli::parse(std::env::args_os().skip(1)) {
+        Ok(Command::Run) => {}
+        Ok(Command::Help) => {
+            print_help();
+            return ExitCode::SUCCESS;
+        }
+        Ok(Command::Version) => {
+            println!("tracetap {}", env!("CARGO_PKG_VERSION"));
+            return ExitCode::SUCCESS;
+        }
+        Ok(Command::SnippetHelp) => {
+            println!("{}", cli::SNIPPET_USAGE);
+            return ExitCode::SUCCESS;
+        }
+        Ok(Command::Snippet(options)) => {
+            return match snippet::from_lookup(|k| std::env::var(k).ok(), options) {
+                Ok(lines) => {
+                    print!("{lines}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("tracetap haproxy-snippet: {e}");
+                    ExitCode::from(2)
+                }
+            };
+        }
+        Err(e) => {
+            eprintln!("tracetap: {e}\n{}", cli::USAGE);
+            return ExitCode::from(2);
+        }
     }
     let config = match Config::from_env() {
         Ok(c) => c,
@@ -50,6 +78,7 @@ fn main() -> ExitCode {
 
 fn print_help() {
     println!("tracetap {}: traces HAProxy from the outside with eBPF.\n", env!("CARGO_PKG_VERSION"));
+    println!("{}\n", cli::USAGE);
     println!("Configured with environment variables:");
     for (var, default, meaning) in config::VARIABLES {
         println!("  {var:<36} default {default}\n  {:<36} {meaning}", "");

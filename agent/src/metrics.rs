@@ -79,6 +79,8 @@ metrics! {
     backend_quarantined: "counter", "tracetap_backend_exchanges_quarantined_total", "Backend exchanges not exported because records were lost while their link was open to doubt (within 1 s of a loss, or linked with rivals or by headers before it); their SERVER spans are exported";
     sampled_in: "counter", "tracetap_requests_sampled_total", "Requests the head sampler kept";
     sampled_out: "counter", "tracetap_requests_sampled_out_total", "Requests dropped by the head sampler";
+    propagated: "counter", "tracetap_requests_propagated_total", "Requests whose trace context HAProxy forwarded itself (tracetap haproxy-snippet); their CLIENT spans take the forwarded parent ids";
+    sampling_disagreements: "counter", "tracetap_sampling_disagreements_total", "Propagated requests whose forwarded sampled flag differs from OTEL_TRACES_SAMPLER's decision (HAProxy's flag is followed)";
     spans_built: "counter", "tracetap_spans_built_total", "Spans built";
     spans_exported: "counter", "tracetap_spans_exported_total", "Spans accepted by the exporter's destination";
     spans_dropped_queue_full: "counter", "tracetap_spans_dropped_queue_full_total", "Spans dropped because the export queue was full";

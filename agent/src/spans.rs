@@ -18,7 +18,7 @@ use bumpalo::Bump;
 use bumpalo::collections::Vec as BumpVec;
 use opentelemetry_proto::tonic::trace::v1::{Span, span};
 use tracetap_proxy::haproxy_config::ProxyNames;
-use tracetap_proxy::trace_context::{FLAG_RANDOM, parse_traceparent};
+use tracetap_proxy::trace_context::{FLAG_RANDOM, TraceParent, parse_traceparent};
 use tracetap_proxy::{ClientExchange, Outcome, RequestHead, ServerExchange, TlsInfo, TraceparentField};
 
 use crate::encode::{Attr, SpanView, Value};
@@ -46,6 +46,19 @@ pub struct Decision {
     pub parent_span_id: [u8; 8],
     pub trace_state: String,
     pub flags: u32,
+    /// `HAProxy` forwarded a trace context of its own (see [`propagated_context`]): each CLIENT
+    /// span takes the parent id its request carried.
+    pub propagated: bool,
+}
+
+/// What [`SpanBuilder::decide`] counted since the builder was made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DecideStats {
+    /// Requests whose trace context `HAProxy` forwarded itself.
+    pub propagated: u64,
+    /// Of those, the ones whose forwarded sampled flag differs from what `OTEL_TRACES_SAMPLER`
+    /// decides for the same trace id (`HAProxy`'s flag stands: the backend follows it).
+    pub disagreements: u64,
 }
 
 /// Builds spans. Owned by the capture thread.
@@ -57,6 +70,7 @@ pub struct SpanBuilder {
     mono_to_unix_ns: i128,
     /// Most characters of a string attribute value (`OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT`).
     value_length_limit: Option<usize>,
+    stats: DecideStats,
 }
 
 /// What [`SpanBuilder::build`] did with an exchange.
@@ -69,13 +83,25 @@ pub enum Built {
 impl SpanBuilder {
     #[must_use]
     pub fn new(sampler: Sampler, mono_to_unix_ns: i128) -> Self {
-        Self { sampler, rng: fastrand::Rng::new(), mono_to_unix_ns, value_length_limit: None }
+        Self {
+            sampler,
+            rng: fastrand::Rng::new(),
+            mono_to_unix_ns,
+            value_length_limit: None,
+            stats: DecideStats::default(),
+        }
     }
 
     /// A builder with a fixed seed for its ids (tests and benchmarks).
     #[must_use]
     pub fn with_seed(sampler: Sampler, mono_to_unix_ns: i128, seed: u64) -> Self {
-        Self { sampler, rng: fastrand::Rng::with_seed(seed), mono_to_unix_ns, value_length_limit: None }
+        Self {
+            sampler,
+            rng: fastrand::Rng::with_seed(seed),
+            mono_to_unix_ns,
+            value_length_limit: None,
+            stats: DecideStats::default(),
+        }
     }
 
     /// Cuts string attribute values to `limit` characters (`None`: no limit, the default), as
@@ -90,20 +116,71 @@ impl SpanBuilder {
         (i128::from(mono) + self.mono_to_unix_ns).max(0) as u64
     }
 
-    /// The head sampling decision for an exchange, from its request head alone. `None`: drop it.
+    /// What [`SpanBuilder::decide`] counted.
+    #[must_use]
+    pub fn stats(&self) -> DecideStats {
+        self.stats
+    }
+
+    /// The head sampling decision for an exchange, from its request head (and, when `HAProxy`
+    /// propagates, from the trace context it forwarded). `None`: drop it.
     pub fn decide(&mut self, ex: &ServerExchange) -> Option<Decision> {
-        let parent = ex.request.as_ref().and_then(|r| match &r.traceparent {
-            TraceparentField::One(v) => parse_traceparent(v),
-            TraceparentField::Absent | TraceparentField::Repeated => None,
-        });
-        let trace_id = parent.map_or_else(|| new_trace_id(&mut self.rng), |p| p.trace_id);
+        let incoming = ex.request.as_ref().and_then(|r| single_traceparent(&r.traceparent));
         let incoming_state = ex.request.as_ref().and_then(|r| r.tracestate.as_deref());
-        let trace_state = self.sampler.decide(parent.as_ref(), incoming_state, &trace_id)?;
-        let flags = match parent {
-            Some(p) => SAMPLED | u32::from(p.flags & FLAG_RANDOM) | HAS_IS_REMOTE | IS_REMOTE,
-            None => SAMPLED | u32::from(FLAG_RANDOM) | HAS_IS_REMOTE,
-        };
-        Some(Decision { trace_id, parent_span_id: parent.map_or([0; 8], |p| p.parent_id), trace_state, flags })
+        if let Some(forwarded) = propagated_context(ex, incoming.as_ref()) {
+            return self.follow(ex, incoming, incoming_state, forwarded);
+        }
+        let trace_id = incoming.map_or_else(|| new_trace_id(&mut self.rng), |p| p.trace_id);
+        let trace_state = self.sampler.decide(incoming.as_ref(), incoming_state, &trace_id)?;
+        Some(Decision {
+            trace_id,
+            parent_span_id: incoming.map_or([0; 8], |p| p.parent_id),
+            trace_state,
+            flags: server_flags(incoming.as_ref(), FLAG_RANDOM),
+            propagated: false,
+        })
+    }
+
+    /// The decision for a request `HAProxy` forwarded with a context of its own: its trace id, and
+    /// its sampled flag, which the backend follows, so the trace is whole either way. The lines
+    /// `tracetap haproxy-snippet` prints compute that flag by the same rule as the sampler; a
+    /// difference (lines made for another sampler) is counted and logged once.
+    fn follow(
+        &mut self,
+        ex: &ServerExchange,
+        incoming: Option<TraceParent>,
+        incoming_state: Option<&str>,
+        forwarded: TraceParent,
+    ) -> Option<Decision> {
+        self.stats.propagated += 1;
+        // The incoming parent is this trace's only when HAProxy kept its trace id.
+        let parent = incoming.filter(|p| p.trace_id == forwarded.trace_id);
+        let own =
+            self.sampler.decide(parent.as_ref(), incoming_state.filter(|_| parent.is_some()), &forwarded.trace_id);
+        if own.is_some() != forwarded.sampled() {
+            if self.stats.disagreements == 0 {
+                tracing::warn!(
+                    "HAProxy forwarded a sampled flag that OTEL_TRACES_SAMPLER would not have set; HAProxy's flag is \
+                     followed (the backend follows it too). Print the lines again with `tracetap haproxy-snippet` \
+                     under this agent's sampler settings."
+                );
+            }
+            self.stats.disagreements += 1;
+        }
+        if !forwarded.sampled() {
+            return None;
+        }
+        // The spans carry the tracestate the sampler gives them, which is what the lines forward;
+        // when the two disagree, what HAProxy forwarded.
+        let trace_state =
+            own.unwrap_or_else(|| ex.clients.iter().find_map(|c| c.request.tracestate.clone()).unwrap_or_default());
+        Some(Decision {
+            trace_id: forwarded.trace_id,
+            parent_span_id: parent.map_or([0; 8], |p| p.parent_id),
+            trace_state,
+            flags: server_flags(parent.as_ref(), forwarded.flags & FLAG_RANDOM),
+            propagated: true,
+        })
     }
 
     /// The SERVER span of a kept exchange and a CLIENT span per backend exchange, in `bump`, named
@@ -174,8 +251,12 @@ impl SpanBuilder {
             attributes: attrs.into_bump_slice(),
             error,
         });
-        for client in &ex.clients {
-            let view = self.client_view(client, names, decision, span_id, bump);
+        for (i, client) in ex.clients.iter().enumerate() {
+            // A retried request is forwarded with the same traceparent each time: its id is the
+            // last attempt's, the one whose response HAProxy relayed.
+            let forwarded = forwarded_parent(client, decision)
+                .filter(|id| ex.clients[i + 1..].iter().all(|later| forwarded_parent(later, decision) != Some(*id)));
+            let view = self.client_view(client, names, decision, span_id, forwarded, bump);
             out.push(view);
         }
     }
@@ -186,6 +267,7 @@ impl SpanBuilder {
         names: Option<&'a ProxyNames>,
         decision: &'a Decision,
         parent: [u8; 8],
+        forwarded_id: Option<[u8; 8]>,
         bump: &'a Bump,
     ) -> SpanView<'a> {
         let mut attrs = BumpVec::with_capacity_in(14, bump);
@@ -214,7 +296,7 @@ impl SpanBuilder {
         limit_values(&mut attrs, self.value_length_limit);
         SpanView {
             trace_id: decision.trace_id,
-            span_id: new_span_id(&mut self.rng),
+            span_id: forwarded_id.unwrap_or_else(|| new_span_id(&mut self.rng)),
             parent_span_id: parent,
             trace_state: &decision.trace_state,
             flags: SAMPLED | HAS_IS_REMOTE,
@@ -236,6 +318,45 @@ impl SpanBuilder {
         out.extend(views.iter().map(|v| SpanRecord { tgid: ex.tgid, span: v.to_prost() }));
         Built::Sampled { spans: views.len() }
     }
+}
+
+fn single_traceparent(field: &TraceparentField) -> Option<TraceParent> {
+    match field {
+        TraceparentField::One(v) => parse_traceparent(v),
+        TraceparentField::Absent | TraceparentField::Repeated => None,
+    }
+}
+
+/// The OTLP flags of a SERVER span: sampled, W3C's random flag as given, and whether its parent
+/// is remote (it has one only when the request came with a valid `traceparent`).
+fn server_flags(parent: Option<&TraceParent>, random: u8) -> u32 {
+    match parent {
+        Some(p) => SAMPLED | u32::from(p.flags & FLAG_RANDOM) | HAS_IS_REMOTE | IS_REMOTE,
+        None => SAMPLED | u32::from(random & FLAG_RANDOM) | HAS_IS_REMOTE,
+    }
+}
+
+/// The trace context `HAProxy` forwarded on its own: the `traceparent` of the first backend
+/// request that carries a valid one other than the client's (HAProxy configured with `tracetap
+/// haproxy-snippet` sets a new parent id on every request). For a request `HAProxy` answered
+/// itself, the one its response carries (`--response`): nothing else adds one to a local answer.
+/// A backend's own response is never read for it. `None`: `HAProxy` forwarded the client's
+/// context unchanged, or none.
+#[must_use]
+pub fn propagated_context(ex: &ServerExchange, incoming: Option<&TraceParent>) -> Option<TraceParent> {
+    let own = |tp: &TraceParent| incoming.is_none_or(|i| (i.trace_id, i.parent_id) != (tp.trace_id, tp.parent_id));
+    if ex.clients.is_empty() {
+        return ex.response.and_then(|r| r.traceparent).filter(own);
+    }
+    ex.clients.iter().find_map(|c| single_traceparent(&c.request.traceparent)).filter(own)
+}
+
+/// The parent id a backend request carried in the decided trace, when `HAProxy` propagated it.
+fn forwarded_parent(client: &ClientExchange, decision: &Decision) -> Option<[u8; 8]> {
+    if !decision.propagated {
+        return None;
+    }
+    single_traceparent(&client.request.traceparent).filter(|tp| tp.trace_id == decision.trace_id).map(|tp| tp.parent_id)
 }
 
 /// A new random trace id (non-zero; the W3C random flag may be set on spans that carry it).
@@ -449,6 +570,104 @@ mod tests {
         assert_eq!(attr(server, "client.port"), Some(&any_value::Value::IntValue(51234)));
         assert_eq!(attr(server, "network.peer.address"), Some(&any_value::Value::StringValue("10.1.2.3".into())));
         assert_eq!(server.status.as_ref().unwrap().code, 0);
+    }
+
+    /// An exchange whose frontend request carried `incoming` (a header line, or "") and whose
+    /// backend requests (one per attempt) carried `forwarded`.
+    fn propagated(incoming: &str, forwarded: &[&str]) -> ServerExchange {
+        let front = format!("GET /p HTTP/1.1\r\nHost: h\r\n{incoming}\r\n");
+        let mut ex = exchange(front.as_bytes(), b"HTTP/1.1 200 OK\r\n\r\n", Outcome::Complete);
+        let attempt = ex.clients.pop().unwrap();
+        for line in forwarded {
+            let back = format!("GET /p HTTP/1.1\r\nHost: h\r\n{line}\r\n");
+            ex.clients.push(ClientExchange { request: parse_request(back.as_bytes()).unwrap(), ..attempt.clone() });
+        }
+        ex
+    }
+
+    const TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
+
+    #[test]
+    fn a_context_haproxy_forwarded_names_the_client_span_and_gives_the_trace() {
+        // No incoming traceparent: HAProxy generated the trace id and the CLIENT span's id.
+        let fwd = format!("traceparent: 00-{TRACE}-00f067aa0ba902b7-03\r\n");
+        let ex = propagated("", &[&fwd]);
+        let mut b = SpanBuilder::with_seed(Sampler::default(), 0, 7);
+        let mut out = Vec::new();
+        assert_eq!(b.build(&ex, None, &mut out), Built::Sampled { spans: 2 });
+        let (server, client) = (&out[0].span, &out[1].span);
+        assert_eq!(hex(&server.trace_id), TRACE);
+        assert_eq!(server.parent_span_id, Vec::<u8>::new(), "a root span");
+        assert_eq!(server.flags, SAMPLED | u32::from(FLAG_RANDOM) | HAS_IS_REMOTE);
+        assert_eq!(hex(&client.span_id), "00f067aa0ba902b7");
+        assert_eq!(client.parent_span_id, server.span_id);
+        assert_eq!(client.trace_id, server.trace_id);
+        assert_eq!(b.stats(), DecideStats { propagated: 1, disagreements: 0 });
+
+        // With an incoming parent in the same trace, the SERVER span stays its child.
+        let incoming = format!("traceparent: 00-{TRACE}-b7ad6b7169203331-01\r\n");
+        let fwd = format!("traceparent: 00-{TRACE}-00f067aa0ba902b7-01\r\n");
+        out.clear();
+        b.build(&propagated(&incoming, &[&fwd]), None, &mut out);
+        assert_eq!(hex(&out[0].span.parent_span_id), "b7ad6b7169203331");
+        assert_eq!(hex(&out[1].span.span_id), "00f067aa0ba902b7");
+    }
+
+    #[test]
+    fn the_forwarded_sampled_flag_decides_and_a_disagreement_is_counted() {
+        // traceidratio 0.5 keeps randomness from 2^55 up: this trace id's low bits are below it.
+        let low = "0af7651916cd43dd0000000000000001";
+        let half = Sampler::from_vars(Some("parentbased_traceidratio"), Some("0.5")).unwrap();
+        let mut b = SpanBuilder::with_seed(half, 0, 7);
+        let mut out = Vec::new();
+        let unsampled = format!("traceparent: 00-{low}-00f067aa0ba902b7-02\r\n");
+        assert_eq!(b.build(&propagated("", &[&unsampled]), None, &mut out), Built::Dropped);
+        assert_eq!(b.stats(), DecideStats { propagated: 1, disagreements: 0 });
+        // Lines made for another ratio said "sampled": HAProxy's flag stands, and it is counted.
+        let sampled = format!("traceparent: 00-{low}-00f067aa0ba902b7-03\r\n");
+        ex_sampled(&mut b, &sampled);
+        assert_eq!(b.stats(), DecideStats { propagated: 2, disagreements: 1 });
+        // The forwarded context of an unchanged traceparent is no propagation.
+        let same = format!("traceparent: 00-{TRACE}-b7ad6b7169203331-01\r\n");
+        b.build(&propagated(&same, &[&same]), None, &mut out);
+        assert_eq!(b.stats().propagated, 2);
+    }
+
+    fn ex_sampled(b: &mut SpanBuilder, forwarded: &str) {
+        let mut out = Vec::new();
+        assert_eq!(b.build(&propagated("", &[forwarded]), None, &mut out), Built::Sampled { spans: 2 });
+    }
+
+    #[test]
+    fn a_retried_request_gives_its_forwarded_id_to_the_last_attempt_only() {
+        let fwd = format!("traceparent: 00-{TRACE}-00f067aa0ba902b7-03\r\n");
+        let mut b = SpanBuilder::with_seed(Sampler::default(), 0, 7);
+        let mut out = Vec::new();
+        assert_eq!(b.build(&propagated("", &[&fwd, &fwd]), None, &mut out), Built::Sampled { spans: 3 });
+        let ids: Vec<String> = out[1..].iter().map(|r| hex(&r.span.span_id)).collect();
+        assert_ne!(ids[0], "00f067aa0ba902b7", "the first attempt gets an id of its own");
+        assert_eq!(ids[1], "00f067aa0ba902b7", "the backend that answered continued this one");
+    }
+
+    #[test]
+    fn a_local_answer_takes_the_trace_of_the_traceparent_haproxy_put_in_its_response() {
+        let mut ex = propagated("", &[]);
+        ex.response = Some(
+            parse_response(
+                format!("HTTP/1.1 403 Forbidden\r\ntraceparent: 00-{TRACE}-00f067aa0ba902b7-03\r\n\r\n").as_bytes(),
+            )
+            .unwrap(),
+        );
+        let mut b = SpanBuilder::with_seed(Sampler::default(), 0, 7);
+        let mut out = Vec::new();
+        assert_eq!(b.build(&ex, None, &mut out), Built::Sampled { spans: 1 });
+        assert_eq!(hex(&out[0].span.trace_id), TRACE);
+        // A backend's response is never read for it.
+        let mut proxied = propagated("", &["x-a: 1\r\n"]);
+        proxied.response = ex.response;
+        out.clear();
+        b.build(&proxied, None, &mut out);
+        assert_ne!(hex(&out[0].span.trace_id), TRACE);
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! Set-Cookie) are never copied out of the captured bytes.
 
 use crate::framing::BodyFraming;
+use crate::trace_context::{TraceParent, parse_traceparent};
 
 /// Most headers a head may carry; more is a parse error.
 const MAX_HEADERS: usize = 128;
@@ -84,8 +85,10 @@ pub struct RequestHead {
 /// the server): left out of [`RequestHead::header_sig`] and of the response signature and digest.
 /// `Transfer-Encoding` is among them: `HAProxy` drops it when it relays an HTTP/1 response to an
 /// HTTP/2 client (and may add it towards an HTTP/1 client), so it would keep the two responses
-/// from ever sharing a digest.
-const UNSTABLE_HEADERS: [&[u8]; 13] = [
+/// from ever sharing a digest. So are the trace context headers: the lines `tracetap
+/// haproxy-snippet` prints give every forwarded request (and, optionally, response) a new
+/// `traceparent` and may rewrite `tracestate`; linking compares them separately.
+const UNSTABLE_HEADERS: [&[u8]; 15] = [
     b"connection",
     b"transfer-encoding",
     b"keep-alive",
@@ -99,6 +102,8 @@ const UNSTABLE_HEADERS: [&[u8]; 13] = [
     b"x-forwarded-host",
     b"x-forwarded-port",
     b"x-real-ip",
+    b"traceparent",
+    b"tracestate",
 ];
 
 fn is_unstable(name: &[u8]) -> bool {
@@ -194,6 +199,10 @@ pub struct ResponseHead {
     /// relayed unchanged, and almost never for two different ones (`Date`, `ETag`, `Set-Cookie`,
     /// a request id usually differ between responses).
     pub header_digest: u64,
+    /// A single valid `traceparent`. `HAProxy` adds it to a response when configured with `tracetap
+    /// haproxy-snippet --response`: then it is the one forwarded to the server, or the one
+    /// generated for a request `HAProxy` answered itself.
+    pub traceparent: Option<TraceParent>,
 }
 
 impl ResponseHead {
@@ -491,6 +500,8 @@ impl<'a> Cookies<'a> {
 struct ResponseLines {
     header_sig: u64,
     header_digest: u64,
+    traceparent: Option<TraceParent>,
+    traceparents: u32,
     message: MessageLines,
 }
 
@@ -500,8 +511,16 @@ impl ResponseLines {
             let line = header_line_hash(name, value);
             self.header_sig |= 1u64 << (line >> 58);
             self.header_digest = self.header_digest.wrapping_add(line);
+        } else if name.eq_ignore_ascii_case(b"traceparent") {
+            self.traceparents += 1;
+            self.traceparent = std::str::from_utf8(value).ok().and_then(parse_traceparent);
         }
         self.message.line(name, value);
+    }
+
+    /// The `traceparent`, when there was exactly one and it was valid.
+    fn traceparent(&self) -> Option<TraceParent> {
+        self.traceparent.filter(|_| self.traceparents == 1)
     }
 }
 
@@ -527,6 +546,7 @@ pub fn parse_response(bytes: &[u8]) -> Result<ResponseHead, HeadError> {
         closes: lines.message.closes || (version == HttpVersion::Http10 && !lines.message.keep_alive),
         header_sig: lines.header_sig,
         header_digest: lines.header_digest,
+        traceparent: lines.traceparent(),
     })
 }
 
@@ -554,6 +574,7 @@ pub fn response_from_fields<'a>(fields: impl Iterator<Item = (&'a [u8], &'a [u8]
         closes: false,
         header_sig: lines.header_sig,
         header_digest: lines.header_digest,
+        traceparent: lines.traceparent(),
     })
 }
 

@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 
 use proptest::prelude::*;
+use tracetap_proxy::trace_context::parse_traceparent;
 use tracetap_proxy::{Chunk, Op, OpaqueMark, Outcome, ServerExchange, SyscallEvent, TraceparentField, Tracker};
 
 const PID: u32 = 100;
@@ -1005,4 +1006,81 @@ fn a_let_go_backend_exchange_is_counted_once_no_relay_can_claim_it() {
     assert_eq!(t.stats().unlinked_backend_requests, 0, "within the relay window it still may");
     t.expire(s.ts + 100_000_001);
     assert_eq!(t.stats().unlinked_backend_requests, 1, "past it, counted, without waiting for the linger");
+}
+
+/// The trace id of the CLIENT exchange's request of each SERVER exchange, with the SERVER
+/// exchange's own (from its request, or else from its response's `traceparent`).
+fn trace_pairs(out: &[ServerExchange]) -> Vec<([u8; 16], [u8; 16])> {
+    let trace = |tp: &TraceparentField| match tp {
+        TraceparentField::One(v) => parse_traceparent(v).unwrap().trace_id,
+        _ => [0; 16],
+    };
+    out.iter()
+        .map(|e| {
+            let own = match &e.request.as_ref().unwrap().traceparent {
+                TraceparentField::One(v) => parse_traceparent(v).unwrap().trace_id,
+                _ => e.response.unwrap().traceparent.unwrap().trace_id,
+            };
+            assert_eq!(e.clients.len(), 1);
+            (own, trace(&e.clients[0].request.traceparent))
+        })
+        .collect()
+}
+
+#[test]
+fn requests_haproxy_forwards_in_their_trace_under_a_new_parent_link_by_trace_id() {
+    // `tracetap haproxy-snippet` lines: each backend request carries the client's trace id with a
+    // new parent id. Byte-identical responses are relayed in the other order than they were read,
+    // which no header tells apart: only the trace id can keep each with its own request.
+    let incoming = |t: char| format!("traceparent: 00-{}-b7ad6b7169203331-01\r\n", t.to_string().repeat(32));
+    let forwarded =
+        |t: char, p: char| format!("traceparent: 00-{}-{}-01\r\n", t.to_string().repeat(32), p.to_string().repeat(16));
+    let mut t = Tracker::default();
+    let mut s = Script::default();
+    s.push(1, 10, OwnedOp::Accept(client()))
+        .push(1, 11, OwnedOp::Accept(client()))
+        .push(1, 10, OwnedOp::Read(req_with("/same", &incoming('a'))))
+        .push(1, 11, OwnedOp::Read(req_with("/same", &incoming('b'))))
+        .push(1, 20, OwnedOp::Connect(server()))
+        .push(1, 21, OwnedOp::Connect(server()))
+        .push(1, 20, OwnedOp::Write(req_with("/same", &forwarded('a', '1'))))
+        .push(1, 21, OwnedOp::Write(req_with("/same", &forwarded('b', '2'))))
+        .push(1, 20, OwnedOp::Read(resp(200, "x")))
+        .push(1, 21, OwnedOp::Read(resp(200, "x")))
+        .push(1, 11, OwnedOp::Write(resp(200, "x")))
+        .push(1, 10, OwnedOp::Write(resp(200, "x")));
+    let out = s.run(&mut t);
+    assert_eq!(out.len(), 2);
+    for (own, forwarded) in trace_pairs(&out) {
+        assert_eq!(own, forwarded, "each backend request under the request of its trace");
+    }
+    assert_eq!(t.stats().relinked_backend_exchanges, 0);
+}
+
+#[test]
+fn a_response_carrying_the_forwarded_traceparent_claims_exactly_that_backend_exchange() {
+    // No incoming traceparent: HAProxy generates one per request, forwards it and (with
+    // `--response`) gives it to the client. Identical requests and byte-identical backend
+    // responses, relayed in the other order than read: only the response's traceparent tells.
+    let tp = |t: char| format!("traceparent: 00-{}-{}-03\r\n", t.to_string().repeat(32), "1".repeat(16));
+    let relayed = |t: char| format!("HTTP/1.1 200 X\r\nContent-Length: 1\r\n{}\r\nx", tp(t)).into_bytes();
+    let mut t = Tracker::default();
+    let mut s = Script::default();
+    s.push(1, 10, OwnedOp::Accept(client()))
+        .push(1, 11, OwnedOp::Accept(client()))
+        .push(1, 10, OwnedOp::Read(req_with("/same", "")))
+        .push(1, 11, OwnedOp::Read(req_with("/same", "")))
+        .push(1, 20, OwnedOp::Connect(server()))
+        .push(1, 21, OwnedOp::Connect(server()))
+        .push(1, 20, OwnedOp::Write(req_with("/same", &tp('a'))))
+        .push(1, 21, OwnedOp::Write(req_with("/same", &tp('b'))))
+        .push(1, 20, OwnedOp::Read(resp(200, "x")))
+        .push(1, 21, OwnedOp::Read(resp(200, "x")))
+        .push(1, 11, OwnedOp::Write(relayed('b')))
+        .push(1, 10, OwnedOp::Write(relayed('a')));
+    let out = s.run(&mut t);
+    assert_eq!(out.len(), 2);
+    for (own, forwarded) in trace_pairs(&out) {
+        assert_eq!(own, forwarded, "each response's traceparent is its own backend request's");
+    }
 }

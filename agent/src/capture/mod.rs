@@ -231,6 +231,9 @@ fn hand_out(
     if batcher.is_due(Instant::now()) {
         flush(batcher, builder, tracker, queue);
     }
+    let decided = builder.stats();
+    metrics::set(&metrics.propagated, decided.propagated);
+    metrics::set(&metrics.sampling_disagreements, decided.disagreements);
 }
 
 fn flush(batcher: &mut Batcher, builder: &mut SpanBuilder, tracker: &mut Tracker, queue: &Output) {

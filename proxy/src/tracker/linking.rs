@@ -24,6 +24,7 @@ use rustc_hash::FxBuildHasher;
 use super::{Ctx, FrontRecord, POOL_LIMIT, Tracker};
 use crate::exchange::{ClientExchange, Outcome};
 use crate::head::{self, RequestHead, ResponseHead, TraceparentField};
+use crate::trace_context::{TraceParent, parse_traceparent, trace_id_field};
 
 /// Where a backend exchange stands with the relay of its response (see [`Tracker::claim_relay`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -129,6 +130,9 @@ pub(super) struct Candidate {
     pub(super) request_key: u64,
     /// Hash of the `traceparent` value, when there is exactly one.
     pub(super) traceparent_key: Option<u64>,
+    /// Hash of that value's trace id field: `HAProxy` configured to propagate (`tracetap
+    /// haproxy-snippet`) forwards a new parent id in the same trace.
+    pub(super) trace_key: Option<u64>,
     /// Hash of the method alone (for rewritten targets).
     pub(super) method_key: u64,
     /// [`RequestHead::header_sig`].
@@ -137,20 +141,28 @@ pub(super) struct Candidate {
 
 impl Candidate {
     pub(super) fn new(id: u64, ctx: Ctx, request: Option<&RequestHead>) -> Self {
-        let (request_key, traceparent_key, method_key, header_sig) = match request {
+        let (request_key, (traceparent_key, trace_key), method_key, header_sig) = match request {
             Some(r) => (
                 FxBuildHasher.hash_one((&r.method, &r.target)),
                 match &r.traceparent {
-                    TraceparentField::One(v) => Some(FxBuildHasher.hash_one(v)),
-                    _ => None,
+                    TraceparentField::One(v) => {
+                        (Some(FxBuildHasher.hash_one(v)), trace_id_field(v).map(|t| FxBuildHasher.hash_one(t)))
+                    }
+                    _ => (None, None),
                 },
                 FxBuildHasher.hash_one(&r.method),
                 r.header_sig,
             ),
-            None => (0, None, 0, 0),
+            None => (0, (None, None), 0, 0),
         };
-        Self { id, tgid: ctx.key.0, tid: ctx.tid, request_key, traceparent_key, method_key, header_sig }
+        Self { id, tgid: ctx.key.0, tid: ctx.tid, request_key, traceparent_key, trace_key, method_key, header_sig }
     }
+}
+
+/// The backend exchange's request carried `tp` (the same trace and parent ids).
+fn carries(b: &BackRecord, tp: &TraceParent) -> bool {
+    matches!(&b.exchange.request.traceparent, TraceparentField::One(v)
+        if parse_traceparent(v).is_some_and(|p| p.trace_id == tp.trace_id && p.parent_id == tp.parent_id))
 }
 
 impl Tracker {
@@ -168,15 +180,41 @@ impl Tracker {
                 && matches!(b.relay, Relay::Pending { tid, .. } if tid == ctx.tid)
                 && b.exchange.response.is_some_and(|r| r.status == status)
         };
+        let Some((links, front_start)) = self.fronts.get(&id).map(|f| (f.links, f.exchange.start_ns)) else { return };
+        // HAProxy configured with `tracetap haproxy-snippet --response` gives the client the
+        // `traceparent` it forwarded to the server: that names the backend exchange exactly.
+        let exact = relayed.traceparent.and_then(|tp| {
+            self.relays.iter().position(|b| self.backs.get(b).is_some_and(|b| relayable(b) && carries(b, &tp)))
+        });
+        let pos = match exact {
+            Some(pos) => pos,
+            None => match self.best_relay(id, ctx, relayed, links, front_start, &relayable) {
+                Some(pos) => pos,
+                None => return,
+            },
+        };
+        self.claim(id, pos);
+    }
+
+    /// The position in `relays` of the backend exchange a relay by `id` claims, by the rules of
+    /// [`Tracker::claim_relay`], when no `traceparent` names it.
+    fn best_relay(
+        &self,
+        id: u64,
+        ctx: Ctx,
+        relayed: ResponseHead,
+        links: LinkStrength,
+        front_start: u64,
+        relayable: &dyn Fn(&BackRecord) -> bool,
+    ) -> Option<usize> {
         // HAProxy writes a response head to the client in the same pass over its events as it read
         // it from the server; an older unclaimed response belongs to a request whose records were
         // lost, not to this one.
         let recent = |b: &BackRecord| matches!(b.relay, Relay::Pending { read_ns, .. } if ctx.ts.saturating_sub(read_ns) <= RELAY_WINDOW_NS);
-        let Some((links, front_start)) = self.fronts.get(&id).map(|f| (f.links, f.exchange.start_ns)) else { return };
         if links == LinkStrength::None {
             // No backend request was ever linked to it: HAProxy answered by itself (`return`,
             // `deny`, `redirect`, a cache hit), and another request's response is not its own.
-            return;
+            return None;
         }
         // Shortly after a loss, only a request's own sole link is trusted (a lost response read
         // would let a request take another's).
@@ -206,8 +244,11 @@ impl Tracker {
                 .max_by_key(|(pos, close)| (*close, std::cmp::Reverse(*pos)))
                 .map(|(pos, _)| pos)
         };
-        let pos = best(&own_sole).or_else(|| if only_own { None } else { best(&open_to_claim) });
-        let Some(pos) = pos else { return };
+        best(&own_sole).or_else(|| if only_own { None } else { best(&open_to_claim) })
+    }
+
+    /// Request `id` claims the backend exchange at `pos` in `relays`: its link is final.
+    fn claim(&mut self, id: u64, pos: usize) {
         let back_id = self.relays.remove(pos).expect("in range");
         let back = self.backs.get_mut(&back_id).expect("relays hold live backend exchanges");
         back.relay = Relay::Claimed;
@@ -314,6 +355,7 @@ impl Tracker {
             let same_key = |c: &Candidate| c.tid == ctx.tid && c.request_key == keys.request_key && forwarded(c);
             let found = by_traceparent
                 .map(|id| Link { id, strength: LinkStrength::Sole })
+                .or_else(|| self.link_by_trace(&keys, request, &eligible))
                 .or_else(|| {
                     // Among the same target's requests, the one whose header lines the backend
                     // request carries most of (a cookie, a token, a request id tell clients apart),
@@ -376,6 +418,37 @@ impl Tracker {
             }
         }
         None
+    }
+
+    /// A backend request in the trace of a waiting request, under a new parent id: `HAProxy`
+    /// configured to propagate (`tracetap haproxy-snippet`) keeps a valid incoming trace id. A
+    /// trace id is random, so it names the request unless the client sent it on several at
+    /// once; then the same target and the most alike headers choose, and a relay may correct it.
+    fn link_by_trace(
+        &self,
+        keys: &Candidate,
+        request: &RequestHead,
+        eligible: &dyn Fn(&FrontRecord) -> bool,
+    ) -> Option<Link> {
+        let key = keys.trace_key?;
+        let TraceparentField::One(value) = &request.traceparent else { return None };
+        let trace = trace_id_field(value)?;
+        let same_trace = |c: &&Candidate| {
+            c.tgid == keys.tgid
+                && c.trace_key == Some(key)
+                && self.fronts.get(&c.id).is_some_and(|f| {
+                    matches!(&f.exchange.request, Some(r) if matches!(&r.traceparent, TraceparentField::One(v) if trace_id_field(v) == Some(trace)))
+                })
+        };
+        let alike = |c: &Candidate| (c.request_key == keys.request_key, (c.header_sig & keys.header_sig).count_ones());
+        let chosen = self
+            .candidates
+            .iter()
+            .filter(same_trace)
+            .filter(|c| self.fronts.get(&c.id).is_some_and(eligible))
+            .max_by_key(|c| (alike(c), std::cmp::Reverse(c.id)))?;
+        let rivals = self.candidates.iter().filter(same_trace).any(|c| c.id != chosen.id);
+        Some(Link { id: chosen.id, strength: if rivals { LinkStrength::Target } else { LinkStrength::Sole } })
     }
 
     /// A capture gap in process `tgid`: every link guessed from headers alone is given up, and
