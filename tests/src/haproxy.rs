@@ -389,3 +389,43 @@ pub fn config(front_port: u16, servers: &[std::net::SocketAddr], extra: &str) ->
     cfg.push_str(extra);
     cfg
 }
+
+/// Runs `haproxy -c` on `config` with the given version's binary (3.0 chrooted in the trixie
+/// tree, without namespaces: checking starts nothing). `Err` holds its output.
+///
+/// # Errors
+/// When `HAProxy` rejects the configuration.
+pub fn check_config(version: Version, config: &str) -> Result<(), String> {
+    let name = format!("check-{}", unique_comm());
+    let output = match version {
+        Version::Debian12 => {
+            let dir = std::env::temp_dir().join(format!("tracetap-e2e-{name}"));
+            std::fs::create_dir_all(&dir).expect("temp dir");
+            let path = dir.join("haproxy.cfg");
+            std::fs::write(&path, config).expect("write config");
+            let out = Command::new(haproxy_binary()).arg("-c").arg("-f").arg(&path).output().expect("run haproxy -c");
+            let _ = std::fs::remove_dir_all(&dir);
+            out
+        }
+        Version::Debian13 => {
+            let root = trixie_root();
+            let inner = PathBuf::from("/").join(CHROOT_INSTANCES).join(&name);
+            let host = host_path(&root, &inner);
+            std::fs::create_dir_all(&host).expect("instance dir in the trixie tree");
+            std::fs::write(host.join("haproxy.cfg"), config).expect("write config");
+            let out = Command::new("chroot")
+                .arg(&root)
+                .args(["/usr/sbin/haproxy", "-c", "-f"])
+                .arg(inner.join("haproxy.cfg"))
+                .output()
+                .expect("run haproxy -c in the trixie tree");
+            let _ = std::fs::remove_dir_all(&host);
+            out
+        }
+    };
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr)))
+    }
+}

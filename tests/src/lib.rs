@@ -10,6 +10,7 @@
 pub mod agent;
 pub mod backend;
 pub mod client;
+pub mod continuing;
 pub mod h2client;
 pub mod h2load;
 pub mod haproxy;

@@ -74,3 +74,55 @@ fn a_bad_tail_policy_file_exits_2_and_names_the_policy_and_field() {
     assert_eq!(missing.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&missing.stderr).contains("cannot read"));
 }
+
+#[test]
+fn the_command_line_names_its_commands_and_refuses_anything_else() {
+    let run = |args: &[&str], env: &[(&str, &str)]| {
+        let out = Command::new(tracetap_tests::agent::binary())
+            .env_clear()
+            .envs(env.iter().copied())
+            .args(args)
+            .output()
+            .expect("run tracetap");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, stdout, _) = run(&["--version"], &[]);
+    assert_eq!((code, stdout.trim()), (Some(0), format!("tracetap {}", env!("CARGO_PKG_VERSION")).as_str()));
+    let (code, stdout, _) = run(&["--help"], &[]);
+    assert_eq!(code, Some(0));
+    assert!(stdout.contains("haproxy-snippet") && stdout.contains("TRACETAP_TARGET_COMM"), "{stdout}");
+    // Unknown arguments used to be ignored and the agent started; now: exit 2 with the usage,
+    // before any configuration is read (a bad variable is not what is reported).
+    for args in [&["--verbose"][..], &["run"], &["--help", "x"], &["haproxy-snippet", "--respons"]] {
+        let (code, stdout, stderr) = run(args, &[("OTEL_TRACES_SAMPLER", "sometimes")]);
+        assert_eq!(code, Some(2), "{args:?}: {stderr}");
+        assert!(stdout.is_empty() && stderr.contains("usage: tracetap"), "{args:?}: {stderr}");
+        assert!(stderr.contains(args.last().unwrap().trim_start_matches('-')), "{args:?} named: {stderr}");
+    }
+    let (code, stdout, _) = run(&["haproxy-snippet", "--help"], &[]);
+    assert_eq!(code, Some(0));
+    assert!(stdout.contains("--response"), "{stdout}");
+}
+
+#[test]
+fn the_snippet_exits_2_naming_what_it_cannot_express() {
+    for (env, var) in [
+        (&[("TRACETAP_TAIL_ENABLED", "true")][..], "TRACETAP_TAIL_ENABLED"),
+        (&[("OTEL_TRACES_SAMPLER", "jaeger_remote")], "OTEL_TRACES_SAMPLER"),
+        (&[("OTEL_TRACES_SAMPLER", "traceidratio"), ("OTEL_TRACES_SAMPLER_ARG", "-1")], "OTEL_TRACES_SAMPLER_ARG"),
+    ] {
+        let out = Command::new(tracetap_tests::agent::binary())
+            .env_clear()
+            .envs(env.iter().copied())
+            .arg("haproxy-snippet")
+            .output()
+            .expect("run tracetap");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{env:?}: {stderr}");
+        assert!(stderr.contains(var) && out.stdout.is_empty(), "{env:?}: {stderr}");
+    }
+}
