@@ -24,6 +24,12 @@ modes add only the `filter` line):
   at most 7000 traces between its writes (once a second) and drops the rest inside HAProxy, so
   above 7000 req/s fewer than one trace per request arrives, and the report says so.
 - `tail 1%` (only with BENCH_TAIL=1): head ratio 1.0, tail sampling keeps errors and 1%.
+- `lines none` / `lines ratio 1.0` (unless BENCH_LINES=0): the same HAProxy with the lines `tracetap
+  haproxy-snippet` prints (parentbased_traceidratio 1.0) in its frontend, untraced and with the agent
+  (same sampler): what propagating trace context in HAProxy's configuration costs. Each is taken
+  against `none` / `ratio 1.0` of the same round.
+- BENCH_MODES (comma-separated) runs a subset (`none` always runs; the idle and zero-loss checks
+  only with `ratio 1.0`, the filter check only with an `ot` mode).
 - The edge (unless BENCH_EDGE=0): the same HAProxy terminating TLS (`bind ... ssl crt ... alpn
   h2,http/1.1`, a P-256 certificate made for the run), untraced and with the agent at ratio 1.0:
   `tls none` / `tls ratio 1.0` with HTTP/1.1 clients, `h2 none` / `h2 ratio 1.0` with HTTP/2
@@ -100,8 +106,21 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 NCPU = os.cpu_count() or 2
 OTHER_CPUS = ",".join(str(c) for c in range(1, NCPU)) if NCPU > 1 else "0"
 
+LINES = os.environ.get("BENCH_LINES", "1") == "1"
 EDGE_MODES = ["tls none", "tls ratio 1.0", "tls entry", "h2 none", "h2 ratio 1.0"]
-MODES = ["none", "floor", "ratio 1.0", "ratio 0.0", "ot 100", "ot 0"] + (["tail 1%"] if TAIL else []) + (EDGE_MODES if EDGE else [])
+LINES_MODES = ["lines none", "lines ratio 1.0"]
+MODES = (["none", "floor", "ratio 1.0", "ratio 0.0", "ot 100", "ot 0"] + (["tail 1%"] if TAIL else [])
+         + (LINES_MODES if LINES else []) + (EDGE_MODES if EDGE else []))
+if os.environ.get("BENCH_MODES"):
+    # A subset, for a quicker run (the untraced run is always kept: every ratio is taken against it).
+    wanted = [m.strip() for m in os.environ["BENCH_MODES"].split(",")]
+    unknown = [m for m in wanted if m not in MODES]
+    if unknown:
+        print(f"bench_overhead: BENCH_MODES names unknown modes {unknown}; known: {MODES}", file=sys.stderr)
+        sys.exit(2)
+    MODES = [m for m in MODES if m == "none" or m in wanted]
+# The sampler of the `lines` modes, for both the printed lines and the agent.
+LINES_SAMPLER = {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "1.0"}
 LABELS = {
     "none": "no tracing",
     "floor": "tracetap floor (empty programs)",
@@ -115,6 +134,8 @@ LABELS = {
     "tls entry": "TLS, HTTP/1.1: tracetap, ratio 1.0, `TRACETAP_TLS_PROBES=entry`",
     "h2 none": "TLS, HTTP/2: no tracing",
     "h2 ratio 1.0": "TLS, HTTP/2: tracetap, ratio 1.0",
+    "lines none": "no tracing, with the `tracetap haproxy-snippet` lines",
+    "lines ratio 1.0": "tracetap, ratio 1.0, with the `tracetap haproxy-snippet` lines",
 }
 OT_RATE = {"ot 100": "100.0", "ot 0": "0.0"}
 
@@ -337,9 +358,17 @@ backend be_origin
     http-reuse always
     server origin 127.0.0.1:{self.origin_port}
 """)
-        # One HAProxy configuration for every mode; the OT modes add the filter line, nothing else.
-        for name, filt in [("haproxy", "")] + [(f"haproxy-ot-{r}", f"    filter opentracing id bench-ot config {os.path.join(w, f'ot-{r}.cfg')}\n")
-                                                for r in OT_RATE.values()]:
+        # The propagation lines, as a user prints them (`lines` modes).
+        res = subprocess.run([AGENT, "haproxy-snippet"], env={**LINES_SAMPLER, "PATH": os.environ.get("PATH", "")},
+                             capture_output=True, text=True)
+        if res.returncode != 0:
+            fail(f"tracetap haproxy-snippet failed:\n{res.stderr}")
+        lines = "".join(f"    {line}\n" for line in res.stdout.splitlines() if line and not line.startswith("#"))
+        # One HAProxy configuration for every mode; the OT modes add the filter line, the `lines`
+        # modes the propagation lines, nothing else.
+        for name, filt in [("haproxy", ""), ("haproxy-lines", lines)] + [
+                (f"haproxy-ot-{r}", f"    filter opentracing id bench-ot config {os.path.join(w, f'ot-{r}.cfg')}\n")
+                for r in OT_RATE.values()]:
             with open(os.path.join(w, f"{name}.cfg"), "w") as f:
                 f.write(common + f"""frontend fe_bench
     bind 127.0.0.1:{self.front_port}
@@ -360,7 +389,8 @@ backend be_origin
 
     def start_haproxy(self, mode):
         cfg = os.path.join(self.work, f"haproxy-ot-{OT_RATE[mode]}.cfg" if mode in OT_RATE
-                           else "haproxy-tls.cfg" if edge_family(mode) else "haproxy.cfg")
+                           else "haproxy-tls.cfg" if edge_family(mode)
+                           else "haproxy-lines.cfg" if mode in LINES_MODES else "haproxy.cfg")
         proc, lf = self.spawn(["haproxy", "-db", "-f", cfg], "haproxy", "0", cwd=self.work)
         what = "the traced HAProxy" + (" with the OpenTracing filter (did it load the plugin?)" if mode in OT_RATE else "")
         wait_port(self.front_port, proc, what, lf)
@@ -379,6 +409,8 @@ backend be_origin
         }
         if mode == "floor":
             env["TRACETAP_PROBE_MODE"] = "floor"
+        if mode == "lines ratio 1.0":
+            env.update(LINES_SAMPLER)
         if mode == "tls entry":
             env["TRACETAP_TLS_PROBES"] = "entry"
         if mode == "tail 1%":
@@ -429,7 +461,7 @@ backend be_origin
         family = edge_family(mode)
         haproxy, hlf = self.start_haproxy(mode)
         agent = admin = None
-        if mode not in ("none", "tls none", "h2 none") and mode not in OT_RATE:
+        if mode not in ("none", "tls none", "h2 none", "lines none") and mode not in OT_RATE:
             agent_mode = "tls entry" if mode == "tls entry" else mode.removeprefix(f"{family} ") if family else mode
             agent, admin = self.start_agent(agent_mode, haproxy.pid)
         row = {}
@@ -464,6 +496,7 @@ backend be_origin
             a2 = agent_metrics(admin)
             d = lambda k: a2.get(k, 0) - a0.get(k, 0)
             row["spans_per_req"] = d("tracetap_spans_exported_total") / n
+            row["disagreements"] = d("tracetap_sampling_disagreements_total")
             row["dropped"] = d("tracetap_spans_dropped_queue_full_total") + d("tracetap_spans_dropped_export_failed_total")
             if mode == "tail 1%":
                 row["shed_traces"] = d("tracetap_tail_shed_traces_total")
@@ -647,10 +680,25 @@ def report(runs, idle_pct, zero):
     if sat_lost:
         print("- Ring losses during the saturated runs: " + ", ".join(f"{m} {v}" for m, v in sat_lost.items())
               + "; spans dropped by the agent at the fixed rate: " + ", ".join(f"{m} {v}" for m, v in dropped.items()) + ".")
+    if "lines none" in runs or "lines ratio 1.0" in runs:
+        parts = []
+        for lines_mode, base in (("lines none", "none"), ("lines ratio 1.0", "ratio 1.0")):
+            if lines_mode in runs and base in runs:
+                vs = [runs[lines_mode][r]["haproxy_us"] / runs[base][r]["haproxy_us"] for r in rounds]
+                parts.append(f"{base} {med_range(vs, '.3f')}")
+        print("- Propagation lines (`tracetap haproxy-snippet`, parentbased_traceidratio 1.0): HAProxy CPU per request "
+              "with the lines ÷ without, same round: " + ", ".join(parts) + ".")
+        if "lines ratio 1.0" in runs:
+            print(f"  Sampling disagreements counted by the agent: {sum(r['disagreements'] for r in runs['lines ratio 1.0'])}.")
     if "tail 1%" in runs:
         print(f"- tail 1%: traces shed by the tail stage per run: {[r['shed_traces'] for r in runs['tail 1%']]}.")
-    print(f"- Agent idle (ratio 1.0, HAProxy idle): {idle_pct:.2f}% of a core over {IDLE_SECONDS} s.")
-    print(f"- Zero-loss check (ratio 1.0, {ZERO_LOSS_RATE:,} req/s offered for {ZERO_LOSS_SECONDS} s, "
+    if zero is None:
+        print("- Agent idle and the zero-loss check: not run (BENCH_MODES without `ratio 1.0`).")
+        zero = {}
+    else:
+        print(f"- Agent idle (ratio 1.0, HAProxy idle): {idle_pct:.2f}% of a core over {IDLE_SECONDS} s.")
+    if zero:
+        print(f"- Zero-loss check (ratio 1.0, {ZERO_LOSS_RATE:,} req/s offered for {ZERO_LOSS_SECONDS} s, "
           f"`h2load --h1 -c{H2LOAD_CLIENTS} --rps={ZERO_LOSS_RATE // H2LOAD_CLIENTS}`): {zero['rate']:,.0f} req/s completed, "
           f"{zero['lost']} ring losses, {zero['failed']} failed requests, {zero['spans_per_req']:.2f} spans exported/req, "
           f"{zero['dropped']} spans dropped.")
@@ -669,8 +717,9 @@ def main():
     try:
         bench.write_configs()
         bench.start_support()
-        bench.check_ot()
-        idle_pct, zero = bench.extras()
+        if any(m in OT_RATE for m in MODES):
+            bench.check_ot()
+        idle_pct, zero = bench.extras() if "ratio 1.0" in MODES else (None, None)
         runs = {m: [] for m in MODES}
         for r in range(ROUNDS):
             order = MODES[r % len(MODES):] + MODES[:r % len(MODES)]

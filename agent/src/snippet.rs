@@ -2,19 +2,28 @@
 //! trace context itself, so that backends continue traces under tracetap's CLIENT spans.
 //!
 //! tracetap never writes to `HAProxy`'s memory or sockets; `HAProxy` does the writing, with sample
-//! fetches and variables. The lines, per request:
+//! fetches, converters and one variable. The lines, per request:
 //! - keep a valid incoming `traceparent`'s trace id (exactly one header, W3C Trace Context level
-//!   2), else generate one from `uuid` (its last 14 hex digits are random, so the W3C random flag
-//!   is set);
-//! - forward a `traceparent` with a fresh parent id (the last 16 hex digits of another `uuid`);
-//!   the agent makes that the CLIENT span's id (`spans::propagated_context`). `HAProxy` runs them
-//!   once per request, so every attempt of a retried request carries the same one;
+//!   2); otherwise make one: the current Unix second (`date`) in its high 64 bits and 64 bits of
+//!   a `uuid` in its low ones, whose last 56 are random (W3C level 2's random flag is set);
+//! - forward a `traceparent` with a new parent id (60 random bits of a `uuid` and its version
+//!   digit, so never zero); the agent makes that the CLIENT span's id
+//!   (`spans::propagated_context`). `HAProxy` runs them once per request, so every attempt of a
+//!   retried request carries the same one;
 //! - set its sampled flag to the agent's decision: a valid parent's flag for parent-based
 //!   samplers, else the consistent-probability rule on the trace id's last 14 hex digits, written
 //!   as a regular expression that accepts exactly the digit strings at least the rejection
 //!   threshold (so the lines and the agent agree on every trace id: no rounding beyond the 56-bit
 //!   threshold both use);
-//! - give the backend the `tracestate` the agent's spans carry (`ot=th:` for a ratio decision).
+//! - give the backend the `tracestate` the agent's spans carry (`ot=th:` for a decision taken here).
+//!
+//! Cost shapes the lines (docs/PERFORMANCE.md, "Propagation lines"): in `HAProxy` each sample
+//! expression in a log-format string and each variable costs a few hundred nanoseconds a request,
+//! a converter or an ACL on a header far less. So a request without a valid incoming parent (most
+//! requests at the edge) takes one `set-header` whose value is two expressions, `date` and one
+//! `uuid` rearranged by `regsub` (plus one `regsub` setting the sampled flag under a ratio), and
+//! one `set-header` for `tracestate`; no variable. Only a request with a valid `traceparent` is
+//! stored in a variable, to be read back.
 //!
 //! What the lines cannot do (said in their comments and the README): read `ot=rv:` from an
 //! incoming `tracestate` (tracetap does, for non-parent-based ratio samplers with a valid parent;
@@ -22,8 +31,6 @@
 //! lines where they rewrite it, or give each retry its own parent id.
 //!
 //! Tail sampling cannot be expressed: it decides after `HAProxy` has forwarded the request.
-
-use std::fmt::Write as _;
 
 use tracetap_proxy::trace_context::{MAX_THRESHOLD, encode_threshold};
 
@@ -89,19 +96,23 @@ fn root_of(sampler: &Sampler) -> Root {
     }
 }
 
-/// W3C's random trace flag, set on the trace ids the lines make.
-const RANDOM: u8 = 2;
-
-/// Variables the lines set (transaction scope).
+/// The variables the lines set (transaction scope): a valid incoming `traceparent`, and (with
+/// `--response`) the forwarded one.
 const IN: &str = "txn.tracetap_in";
-const TRACE: &str = "txn.tracetap_trace";
-const FLAGS: &str = "txn.tracetap_flags";
 const TRACEPARENT: &str = "txn.tracetap_traceparent";
 
 /// A valid single `traceparent`: a version other than `ff`, lower-case hex ids, and a version 00
 /// value exactly 55 characters long. The second expression rejects all-zero ids.
 const VALID: &str = "^([0-9a-e][0-9a-f]|f[0-9a-e])-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}(-|$)";
 const INVALID: &str = "^(00-.{52}.|.{3}0{32}-|.{36}0{16}-)";
+
+/// A `uuid` (`xxxxxxxx-xxxx-4xxx-yxxx-xxxxxxxxxxxx`, lower case) rearranged into the low half of a
+/// new trace id (its last two groups: the variant digit `y` first, then 15 random digits), a `-`,
+/// and a parent id (its first three groups: 15 random digits and the version digit `4`), then
+/// `-0` and the flags digit the caller appends.
+const NEW_IDS: &str = "regsub('^(.{8})-(.{4})-(.{4})-(.{4})-(.{12})','\\4\\5-\\1\\2\\3-0";
+/// A `uuid`'s first three groups: a parent id.
+const NEW_PARENT: &str = "uuid,regsub('^(.{8})-(.{4})-(.{4}).*','\\1\\2\\3')";
 
 /// The configuration lines for `sampler` (`described` says which, in the comments).
 #[must_use]
@@ -120,15 +131,12 @@ pub fn lines(sampler: &Sampler, described: &str, options: Options) -> String {
     line("# HAProxy 2.6 or later. Print them again whenever the sampler settings change: tracetap follows");
     line("# the sampled flag HAProxy forwards and counts any difference from its own decision in");
     line("# tracetap_sampling_disagreements_total.");
-    match &root {
-        Root::Ratio { th, .. } => {
-            line("# Ratio decisions: kept when the trace id's last 14 hex digits are at least the rejection threshold");
-            line(&format!(
-                "# th:{th} (the same 56-bit threshold tracetap uses, so no rounding: they agree on every trace id)."
-            ));
-            line("# The lines do not read `ot=rv:` from an incoming tracestate; tracetap does.");
-        }
-        Root::Always | Root::Never => {}
+    if let Root::Ratio { th, .. } = &root {
+        line("# Ratio decisions: kept when the trace id's last 14 hex digits are at least the rejection threshold");
+        line(&format!(
+            "# th:{th} (the same 56-bit threshold tracetap uses, so no rounding: they agree on every trace id)."
+        ));
+        line("# The lines do not read `ot=rv:` from an incoming tracestate; tracetap does.");
     }
     line("");
     line("# A valid incoming traceparent (exactly one, W3C Trace Context level 2) is continued.");
@@ -136,50 +144,64 @@ pub fn lines(sampler: &Sampler, described: &str, options: Options) -> String {
         "http-request set-var({IN}) req.hdr(traceparent) if {{ req.hdr_cnt(traceparent) eq 1 }} \
          {{ req.hdr(traceparent) -m reg {VALID} }} !{{ req.hdr(traceparent) -m reg {INVALID} }}"
     ));
-    line("# Its trace id, or a new random one.");
-    line(&format!("http-request set-var({TRACE}) var({IN}),field(2,-)"));
-    line(&format!("http-request set-var({TRACE}) uuid,regsub(-,,g) unless {{ var({IN}) -m found }}"));
-    // A parent's flags, masked to what version 00 defines (sampled and random); a trace id made
-    // here gets the random flag.
-    let from_parent = if sampler.parent_based {
-        line("# The sampled flag: a valid parent's (with its random flag), else the root decision on the new");
-        line("# trace id (random flag set).");
-        "and(3)"
-    } else {
-        line("# The sampled flag: decided on the trace id whatever a parent said; the random flag is the");
-        line("# parent's, or set for a new trace id.");
-        "and(2)"
-    };
-    let sampled_root = |flags: u8| if matches!(root, Root::Always) { flags | 1 } else { flags };
-    let parent_flags = if !sampler.parent_based && matches!(root, Root::Always) { ",or(1)" } else { "" };
-    line(&format!("http-request set-var({FLAGS}) var({IN}),field(4,-),hex2i,{from_parent}{parent_flags}"));
-    line(&format!("http-request set-var({FLAGS}) int({}) unless {{ var({IN}) -m found }}", sampled_root(RANDOM)));
-    if let Root::Ratio { pattern, .. } = &root {
-        if sampler.parent_based {
-            line(&format!(
-                "http-request set-var({FLAGS}) int({}) if !{{ var({IN}) -m found }} {{ var({TRACE}) -m reg {pattern} }}",
-                RANDOM | 1
-            ));
-        } else {
-            line(&format!("http-request set-var({FLAGS}) var({FLAGS}),or(1) if {{ var({TRACE}) -m reg {pattern} }}"));
-        }
-    }
-    let traceparent = format!("\"00-%[var({TRACE})]-%[uuid,regsub('^.{{19}}|-','','g')]-0%[var({FLAGS})]\"");
-    line("# The forwarded traceparent, with a new parent id: the CLIENT span's id in tracetap.");
-    if options.response {
-        line(&format!("http-request set-var-fmt({TRACEPARENT}) {traceparent}"));
-        line(&format!("http-request set-header traceparent %[var({TRACEPARENT})]"));
-    } else {
-        line(&format!("http-request set-header traceparent {traceparent}"));
-    }
+    write_continued(&mut line, sampler, &root);
+    write_new_trace(&mut line, &root);
     write_tracestate(&mut line, sampler, &root);
     if options.response {
         line("# Every response, local answers included, carries the request's traceparent.");
+        line(&format!("http-request set-var({TRACEPARENT}) req.hdr(traceparent)"));
         line(&format!(
             "http-after-response set-header traceparent %[var({TRACEPARENT})] if {{ var({TRACEPARENT}) -m found }}"
         ));
     }
     out
+}
+
+/// Under a valid parent: its trace id, a new parent id, and the flags (masked to what version 00
+/// defines: sampled and random). A parent-based sampler keeps the parent's sampled flag; another
+/// decides on the trace id and keeps only the parent's random flag.
+fn write_continued(line: &mut impl FnMut(&str), sampler: &Sampler, root: &Root) {
+    let value =
+        |flags: &str| format!("\"00-%[var({IN}),field(2,-)]-%[{NEW_PARENT}]-0%[var({IN}),field(4,-),hex2i,{flags}]\"");
+    let found = format!("{{ var({IN}) -m found }}");
+    if sampler.parent_based {
+        line("# Under it: its trace id and flags, with a new parent id (the CLIENT span's id in tracetap).");
+        line(&format!("http-request set-header traceparent {} if {found}", value("and(3)")));
+        return;
+    }
+    line("# Under it: its trace id and random flag, with a new parent id (the CLIENT span's id in");
+    line("# tracetap), sampled by the trace id whatever the parent decided.");
+    match root {
+        Root::Always => line(&format!("http-request set-header traceparent {} if {found}", value("and(2),or(1)"))),
+        Root::Never => line(&format!("http-request set-header traceparent {} if {found}", value("and(2)"))),
+        Root::Ratio { pattern, .. } => {
+            // The trace id's last 14 digits start at offset 21 of a traceparent.
+            let kept = format!("{{ var({IN}) -m reg ^.{{21}}{pattern} }}");
+            line(&format!("http-request set-header traceparent {} if {found} {kept}", value("and(2),or(1)")));
+            line(&format!("http-request set-header traceparent {} if {found} !{kept}", value("and(2)")));
+        }
+    }
+}
+
+/// Without a valid parent: a new trace id and parent id from one `uuid` (see [`NEW_IDS`]), the
+/// random flag set, and the root decision on the new trace id.
+fn write_new_trace(line: &mut impl FnMut(&str), root: &Root) {
+    line("# Otherwise a new trace id (the current second, then 64 bits of a uuid), a new parent id, and");
+    line("# the root decision on the trace id's last 14 hex digits (random flag set).");
+    let flags = match root {
+        Root::Always => 3,
+        Root::Never | Root::Ratio { .. } => 2,
+    };
+    // Under a ratio, a second `regsub` turns the flags digit 2 into 3 when the trace id's last 14
+    // digits (from the third character of the rearranged uuid) are at least the threshold.
+    let decide = match root {
+        Root::Ratio { pattern, .. } => format!(",regsub('^(..{pattern}[^-]*-.{{16}}-0)2','\\13')"),
+        Root::Always | Root::Never => String::new(),
+    };
+    line(&format!(
+        "http-request set-header traceparent \"00-%[date,hex,lower]%[uuid,{NEW_IDS}{flags}'){decide}]\" \
+         unless {{ var({IN}) -m found }}"
+    ));
 }
 
 /// The `tracestate` lines: the one tracetap's spans carry. A parent-based decision under a valid
@@ -214,9 +236,10 @@ fn write_tracestate(line: &mut impl FnMut(&str), sampler: &Sampler, root: &Root)
     }
 }
 
-/// A regular expression (POSIX extended, so any `HAProxy` build takes it) matching a 32-digit
-/// lower-case hex trace id whose last 14 digits, read as a number, are at least `threshold`.
-/// `Some("")` matches everything (threshold 0); `None` nothing (threshold 2^56: ratio 0).
+/// A regular expression (POSIX extended, so any `HAProxy` build takes it) matching a string of
+/// lower-case hex digits that starts with 14 digits which, read as a number, are at least
+/// `threshold` (callers anchor it where a trace id's last 14 digits are). `Some("")` matches
+/// everything (threshold 0); `None` nothing (threshold 2^56: ratio 0).
 ///
 /// Digit strings of equal length compare like their numbers, so "at least t" is: a greater digit
 /// where the first i digits equal t's, for some i, or all of t's significant digits equal (the
@@ -239,13 +262,7 @@ pub fn trace_id_at_least(threshold: u64) -> Option<String> {
             branches.push(format!("{prefix}{class}"));
         }
     }
-    let mut pattern = String::from("^.{18}");
-    if branches.len() == 1 {
-        pattern.push_str(&branches[0]);
-    } else {
-        let _ = write!(pattern, "({})", branches.join("|"));
-    }
-    Some(pattern)
+    Some(if branches.len() == 1 { branches.remove(0) } else { format!("({})", branches.join("|")) })
 }
 
 /// The hex digit after `d` (`None` after `f`).
@@ -270,6 +287,8 @@ fn digits_from(d: u8) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::fmt::Write as _;
+
     use super::*;
     use crate::sampling::{randomness, threshold_for};
     use proptest::prelude::*;
@@ -281,20 +300,21 @@ mod tests {
         })
     }
 
+    /// As the lines anchor it on a traceparent's trace id (its last 14 digits start at 18).
     fn matches(pattern: &str, id: &[u8; 16]) -> bool {
-        regex::Regex::new(pattern).unwrap().is_match(&hex(id))
+        regex::Regex::new(&format!("^.{{18}}{pattern}")).unwrap().is_match(&hex(id))
     }
 
     #[test]
     fn the_half_ratio_is_one_bracket_and_the_ends_are_always_and_never() {
-        assert_eq!(trace_id_at_least(threshold_for(0.5)).as_deref(), Some("^.{18}[8-9a-f]"));
-        assert_eq!(trace_id_at_least(threshold_for(0.25)).as_deref(), Some("^.{18}[c-f]"));
+        assert_eq!(trace_id_at_least(threshold_for(0.5)).as_deref(), Some("[8-9a-f]"));
+        assert_eq!(trace_id_at_least(threshold_for(0.25)).as_deref(), Some("[c-f]"));
         assert_eq!(trace_id_at_least(0).as_deref(), Some(""));
         assert_eq!(trace_id_at_least(threshold_for(0.0)), None);
         // 2/3 rejected: one branch per significant digit of the threshold.
         let third = trace_id_at_least(threshold_for(1.0 / 3.0)).unwrap();
         assert_eq!(third.matches('|').count() + 1, encode_threshold(threshold_for(1.0 / 3.0)).len(), "{third}");
-        assert!(third.starts_with("^.{18}([b-f]|a[b-f]|aa[b-f]|"), "{third}");
+        assert!(third.starts_with("([b-f]|a[b-f]|aa[b-f]|"), "{third}");
     }
 
     #[test]
@@ -333,38 +353,72 @@ mod tests {
         Sampler::from_vars(Some(name), arg).unwrap()
     }
 
+    /// The non-comment lines.
+    fn rules(sampler_name: &str, arg: Option<&str>, options: Options) -> Vec<String> {
+        lines(&sampler(sampler_name, arg), "", options)
+            .lines()
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .map(str::to_owned)
+            .collect()
+    }
+
     #[test]
-    fn parent_based_lines_keep_the_parents_flag_and_decide_roots_by_ratio() {
+    fn a_request_without_a_parent_costs_one_header_built_from_one_uuid_and_no_variable() {
+        let half = rules("parentbased_traceidratio", Some("0.5"), Options::default());
+        let new_trace: Vec<&String> =
+            half.iter().filter(|l| l.contains("unless { var(txn.tracetap_in) -m found }")).collect();
+        assert_eq!(new_trace.len(), 2, "traceparent and tracestate: {half:#?}");
+        assert_eq!(new_trace[0].matches("%[").count(), 2, "two expressions, `date` and one `uuid`: {}", new_trace[0]);
+        assert!(new_trace[0].contains(",regsub('^(..[8-9a-f][^-]*-.{16}-0)2','\\13')]"), "{}", new_trace[0]);
+        assert!(!new_trace[0].split(" unless ").next().unwrap().contains("var("), "no variable read: {}", new_trace[0]);
+        assert_eq!(new_trace[1], "http-request set-header tracestate ot=th:8 unless { var(txn.tracetap_in) -m found }");
+        assert!(half.iter().any(|l| l.contains("field(4,-),hex2i,and(3)")), "a parent's flags are kept: {half:#?}");
+        assert!(!half.iter().any(|l| l.contains("http-after-response")), "the response header is optional");
         let text = lines(&sampler("parentbased_traceidratio", Some("0.5")), "test", Options::default());
-        assert!(text.contains("field(4,-),hex2i,and(3)"), "{text}");
-        assert!(text.contains(
-            "int(3) if !{ var(txn.tracetap_in) -m found } { var(txn.tracetap_trace) -m reg ^.{18}[8-9a-f] }"
-        ));
-        assert!(text.contains("set-header tracestate ot=th:8 unless"));
-        assert!(!text.contains("http-after-response"), "the response header is optional");
         assert!(text.contains("th:8 (the same 56-bit threshold"), "the output says how the ratio is applied");
-        let every = lines(&sampler("parentbased_traceidratio", Some("0.5")), "test", Options { response: true });
-        assert!(every.contains("http-after-response set-header traceparent %[var(txn.tracetap_traceparent)]"));
+        let every = rules("parentbased_traceidratio", Some("0.5"), Options { response: true });
+        assert!(every.contains(&"http-after-response set-header traceparent %[var(txn.tracetap_traceparent)] if { var(txn.tracetap_traceparent) -m found }".to_owned()));
     }
 
     #[test]
     fn other_samplers() {
-        let on = lines(&sampler("always_on", None), "", Options::default());
-        assert!(on.contains("hex2i,and(2),or(1)\n") && on.contains("int(3) unless"), "{on}");
+        let on = rules("always_on", None, Options::default()).join("\n");
+        assert!(on.contains("hex2i,and(2),or(1)]\" if {") && on.contains("-03')]\" unless"), "{on}");
         assert!(on.contains("ot=th:0,%[req.fhdr(tracestate)"));
-        let off = lines(&sampler("always_off", None), "", Options::default());
-        assert!(!off.contains("or(1)") && off.contains("del-header tracestate"), "{off}");
-        let ratio = lines(&sampler("traceidratio", Some("0.25")), "", Options::default());
-        assert!(ratio.contains("or(1) if { var(txn.tracetap_trace) -m reg ^.{18}[c-f] }"), "{ratio}");
-        let pb_on = lines(&sampler("parentbased_always_on", None), "", Options::default());
+        let off = rules("always_off", None, Options::default()).join("\n");
         assert!(
-            pb_on.contains("int(3) unless { var(txn.tracetap_in) -m found }\n") && !pb_on.contains("int(2)"),
-            "{pb_on}"
+            !off.contains("or(1)") && off.contains("-02')]\" unless") && off.contains("del-header tracestate"),
+            "{off}"
         );
-        let zero = lines(&sampler("parentbased_traceidratio", Some("0")), "", Options::default());
-        assert!(!zero.contains("int(3)"), "ratio 0 never samples a root: {zero}");
-        let one = lines(&sampler("parentbased_traceidratio", Some("1")), "", Options::default());
-        assert!(one.contains("int(3) unless { var(txn.tracetap_in) -m found }\n") && one.contains("ot=th:0"), "{one}");
+        let ratio = rules("traceidratio", Some("0.25"), Options::default()).join("\n");
+        assert!(
+            ratio.contains(
+                "and(2),or(1)]\" if { var(txn.tracetap_in) -m found } { var(txn.tracetap_in) -m reg ^.{21}[c-f] }"
+            ),
+            "{ratio}"
+        );
+        assert!(
+            ratio.contains(
+                "and(2)]\" if { var(txn.tracetap_in) -m found } !{ var(txn.tracetap_in) -m reg ^.{21}[c-f] }"
+            ),
+            "{ratio}"
+        );
+        let pb_on = rules("parentbased_always_on", None, Options::default()).join("\n");
+        assert!(pb_on.contains("-03')]\" unless") && !pb_on.contains("-02')"), "{pb_on}");
+        let zero = rules("parentbased_traceidratio", Some("0"), Options::default()).join("\n");
+        assert!(zero.contains("-02')]\" unless") && !zero.contains("\\13"), "ratio 0 never samples a root: {zero}");
+        let one = rules("parentbased_traceidratio", Some("1"), Options::default()).join("\n");
+        assert!(one.contains("-03')]\" unless") && one.contains("ot=th:0"), "{one}");
+    }
+
+    #[test]
+    fn the_readme_shows_the_lines_as_printed() {
+        let readme = include_str!("../../README.md");
+        let printed = lines(&sampler("parentbased_traceidratio", Some("0.5")), "", Options::default());
+        let printed: Vec<&str> = printed.lines().filter(|l| !l.is_empty() && !l.starts_with('#')).collect();
+        let start = readme.find("```\nhttp-request set-var(txn.tracetap_in)").expect("the README shows the lines") + 4;
+        let shown: Vec<&str> = readme[start..].lines().take_while(|l| *l != "```").collect();
+        assert_eq!(shown, printed, "README, Connected traces: the lines for parentbased_traceidratio 0.5");
     }
 
     #[test]

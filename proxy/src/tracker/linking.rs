@@ -1,10 +1,12 @@
 //! Which frontend request a backend exchange belongs to, and when it may be exported under it.
 //!
 //! A backend request is linked in two steps (see `docs/ARCHITECTURE.md`, "Linking model"):
-//! - tentatively when `HAProxy` writes it ([`Tracker::link`]): by `traceparent`, else by target
-//!   with alike headers, else (a rewritten target) by alike headers alone;
+//! - tentatively when `HAProxy` writes it ([`Tracker::link`]): by `traceparent`, else by trace id
+//!   (`HAProxy` propagating under a new parent id), else by target with alike headers, else (a
+//!   rewritten target) by alike headers alone;
 //! - for good when `HAProxy` relays its response ([`Tracker::claim_relay`]): a frontend response
-//!   head claims the earliest unclaimed backend response of its thread with the same status.
+//!   head that carries the `traceparent` a backend request carried claims that one; otherwise it
+//!   claims the earliest unclaimed backend response of its thread with the same status.
 //!
 //! Invariants:
 //! - A backend exchange is filed (exported under a frontend request) at most once, and only when
@@ -130,8 +132,9 @@ pub(super) struct Candidate {
     pub(super) request_key: u64,
     /// Hash of the `traceparent` value, when there is exactly one.
     pub(super) traceparent_key: Option<u64>,
-    /// Hash of that value's trace id field: `HAProxy` configured to propagate (`tracetap
-    /// haproxy-snippet`) forwards a new parent id in the same trace.
+    /// Hash of that value's trace id, when the value is valid: `HAProxy` configured to propagate
+    /// (`tracetap haproxy-snippet`) forwards a new parent id in the same trace, and a new trace for
+    /// a request without a valid one.
     pub(super) trace_key: Option<u64>,
     /// Hash of the method alone (for rewritten targets).
     pub(super) method_key: u64,
@@ -145,9 +148,11 @@ impl Candidate {
             Some(r) => (
                 FxBuildHasher.hash_one((&r.method, &r.target)),
                 match &r.traceparent {
-                    TraceparentField::One(v) => {
-                        (Some(FxBuildHasher.hash_one(v)), trace_id_field(v).map(|t| FxBuildHasher.hash_one(t)))
-                    }
+                    TraceparentField::One(v) => (
+                        Some(FxBuildHasher.hash_one(v)),
+                        // A valid one only: `HAProxy` keeps the trace of a valid parent alone.
+                        trace_id_field(v).filter(|_| parse_traceparent(v).is_some()).map(|t| FxBuildHasher.hash_one(t)),
+                    ),
                     _ => (None, None),
                 },
                 FxBuildHasher.hash_one(&r.method),
@@ -353,6 +358,10 @@ impl Tracker {
             // request without any header line is no client request that had some: a health check.
             let forwarded = |c: &Candidate| keys.header_sig != 0 || c.header_sig == 0;
             let same_key = |c: &Candidate| c.tid == ctx.tid && c.request_key == keys.request_key && forwarded(c);
+            // A backend request whose valid traceparent names no waiting request's trace was given
+            // a new trace by `HAProxy` (the snippet's lines), which it does only for a request
+            // without a valid one: among alike requests, those come first.
+            let new_trace = keys.trace_key.is_some_and(|k| !self.candidates.iter().any(|c| c.trace_key == Some(k)));
             let found = by_traceparent
                 .map(|id| Link { id, strength: LinkStrength::Sole })
                 .or_else(|| self.link_by_trace(&keys, request, &eligible))
@@ -360,7 +369,9 @@ impl Tracker {
                     // Among the same target's requests, the one whose header lines the backend
                     // request carries most of (a cookie, a token, a request id tell clients apart),
                     // earliest among equals; a rival is another as alike.
-                    let alike = |c: &Candidate| (c.header_sig & keys.header_sig).count_ones();
+                    let alike = |c: &Candidate| {
+                        (!new_trace || c.trace_key.is_none(), (c.header_sig & keys.header_sig).count_ones())
+                    };
                     let matching = || {
                         self.candidates
                             .iter()
@@ -396,6 +407,7 @@ impl Tracker {
                         .max_by_key(|c| {
                             // Earliest among the most alike: `max_by_key` keeps the last maximum.
                             (
+                                !new_trace || c.trace_key.is_none(),
                                 (c.header_sig & keys.header_sig).count_ones(),
                                 std::cmp::Reverse((c.header_sig ^ keys.header_sig).count_ones()),
                                 std::cmp::Reverse(c.id),
