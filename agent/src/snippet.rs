@@ -5,7 +5,8 @@
 //! fetches, converters and one variable. The lines, per request:
 //! - keep a valid incoming `traceparent`'s trace id (exactly one header, W3C Trace Context level
 //!   2); otherwise make one: the current Unix second (`date`) in its high 64 bits and 64 bits of
-//!   a `uuid` in its low ones, whose last 56 are random (W3C level 2's random flag is set);
+//!   a `uuid` in its low ones, 62 of them random and the last 56 among them (W3C level 2's
+//!   random flag is set);
 //! - forward a `traceparent` with a new parent id (60 random bits of a `uuid` and its version
 //!   digit, so never zero); the agent makes that the CLIENT span's id
 //!   (`spans::propagated_context`). `HAProxy` runs them once per request, so every attempt of a

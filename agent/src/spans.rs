@@ -253,9 +253,14 @@ impl SpanBuilder {
         });
         for (i, client) in ex.clients.iter().enumerate() {
             // A retried request is forwarded with the same traceparent each time: its id is the
-            // last attempt's, the one whose response HAProxy relayed.
-            let forwarded = forwarded_parent(client, decision)
-                .filter(|id| ex.clients[i + 1..].iter().all(|later| forwarded_parent(later, decision) != Some(*id)));
+            // last attempt's (the latest sent; the tracker may file a failed attempt after it).
+            let forwarded = forwarded_parent(client, decision).filter(|id| {
+                ex.clients.iter().enumerate().all(|(j, other)| {
+                    j == i
+                        || forwarded_parent(other, decision) != Some(*id)
+                        || (other.start_ns, j) < (client.start_ns, i)
+                })
+            });
             let view = self.client_view(client, names, decision, span_id, forwarded, bump);
             out.push(view);
         }
@@ -337,7 +342,7 @@ fn server_flags(parent: Option<&TraceParent>, random: u8) -> u32 {
 }
 
 /// The trace context `HAProxy` forwarded on its own: the `traceparent` of the first backend
-/// request that carries a valid one other than the client's (HAProxy configured with `tracetap
+/// request that carries a valid one, when it is not the client's (HAProxy configured with `tracetap
 /// haproxy-snippet` sets a new parent id on every request). For a request `HAProxy` answered
 /// itself, the one its response carries (`--response`): nothing else adds one to a local answer.
 /// A backend's own response is never read for it. `None`: `HAProxy` forwarded the client's
@@ -647,6 +652,14 @@ mod tests {
         let ids: Vec<String> = out[1..].iter().map(|r| hex(&r.span.span_id)).collect();
         assert_ne!(ids[0], "00f067aa0ba902b7", "the first attempt gets an id of its own");
         assert_eq!(ids[1], "00f067aa0ba902b7", "the backend that answered continued this one");
+        // The tracker may file the failed first attempt after the relayed retry.
+        let mut filed_late = propagated("", &[&fwd, &fwd]);
+        filed_late.clients[0].start_ns = 25;
+        filed_late.clients[1].start_ns = 20;
+        out.clear();
+        b.build(&filed_late, None, &mut out);
+        assert_eq!(hex(&out[1].span.span_id), "00f067aa0ba902b7", "the attempt sent last");
+        assert_ne!(hex(&out[2].span.span_id), "00f067aa0ba902b7");
     }
 
     #[test]

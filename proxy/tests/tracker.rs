@@ -1084,3 +1084,45 @@ fn a_response_carrying_the_forwarded_traceparent_claims_exactly_that_backend_exc
         assert_eq!(own, forwarded, "each response's traceparent is its own backend request's");
     }
 }
+
+#[test]
+fn a_retry_haproxy_resends_with_its_own_traceparent_stays_with_its_request() {
+    // Two identical requests without context. HAProxy forwards the first with the traceparent its
+    // lines made (X), the server closes without answering, and HAProxy resends it (same X) before
+    // it writes the second request (Y). The retry is no new request: it belongs to the first.
+    let tp = |p: char| format!("traceparent: 00-{}-{}-03\r\n", p.to_string().repeat(32), "1".repeat(16));
+    let mut t = Tracker::default();
+    let mut s = Script::default();
+    s.push(1, 10, OwnedOp::Accept(client()))
+        .push(1, 11, OwnedOp::Accept(client()))
+        .push(1, 10, OwnedOp::Read(req_with("/same", "")))
+        .push(1, 11, OwnedOp::Read(req_with("/same", "")))
+        .push(1, 20, OwnedOp::Connect(server()))
+        .push(1, 20, OwnedOp::Write(req_with("/same", &tp('a'))))
+        .push(1, 20, OwnedOp::Eof)
+        .push(1, 20, OwnedOp::Close)
+        .push(1, 22, OwnedOp::Connect(server()))
+        .push(1, 22, OwnedOp::Write(req_with("/same", &tp('a'))))
+        .push(1, 21, OwnedOp::Connect(server()))
+        .push(1, 21, OwnedOp::Write(req_with("/same", &tp('b'))))
+        .push(1, 22, OwnedOp::Read(resp(200, "x")))
+        .push(1, 10, OwnedOp::Write(resp(200, "x")))
+        .push(1, 21, OwnedOp::Read(resp(200, "x")))
+        .push(1, 11, OwnedOp::Write(resp(200, "x")));
+    let out = s.run(&mut t);
+    assert_eq!(out.len(), 2);
+    let trace_of = |c: &tracetap_proxy::ClientExchange| match &c.request.traceparent {
+        TraceparentField::One(v) => v[3..4].to_owned(),
+        _ => String::new(),
+    };
+    let mut got: Vec<Vec<String>> = out.iter().map(|e| e.clients.iter().map(trace_of).collect()).collect();
+    got.sort();
+    assert_eq!(
+        got,
+        vec![vec!["a".to_owned(), "a".to_owned()], vec!["b".to_owned()]],
+        "both attempts under the first request"
+    );
+    // Linked right when written: no relay had to move it (one that cannot, after a loss or an
+    // abort, would have left it with the second request).
+    assert_eq!(t.stats().relinked_backend_exchanges, 0);
+}

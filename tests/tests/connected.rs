@@ -109,6 +109,11 @@ fn requests(rng: &mut fastrand::Rng) -> Vec<Sent> {
     for i in 0..400 {
         let sent = match i % 8 {
             0..=3 => Sent::default(),
+            // A later version with more fields is valid too (W3C level 2, section 3.2).
+            4 if i % 16 == 4 => Sent {
+                traceparents: vec![format!("01{}-what-comes-next", &random_traceparent(rng, "01")[2..])],
+                tracestate: None,
+            },
             4 => Sent { traceparents: vec![random_traceparent(rng, "01")], tracestate: None },
             5 => Sent { traceparents: vec![random_traceparent(rng, "00")], tracestate: Some("a=b,ot=th:4".into()) },
             6 => Sent { traceparents: vec![random_traceparent(rng, "03")], tracestate: Some("x=1".into()) },
@@ -224,7 +229,8 @@ fn load(front: SocketAddr, rng: &mut fastrand::Rng) -> Vec<Exchange> {
             (0..40)
                 .map(|i| match c {
                     0..=3 => {
-                        ("/c", (i % 2 == 1).then(|| random_traceparent(rng, if i % 4 == 1 { "01" } else { "03" })))
+                        // Odd requests come with a parent: sampled or not, with the random flag or not.
+                        ("/c", (i % 2 == 1).then(|| random_traceparent(rng, ["01", "03", "00", "02"][(i / 2) % 4])))
                     }
                     4 | 5 => ("/c", Some(shared.clone())),
                     _ => ("/deny", None),

@@ -16,7 +16,9 @@
 //!   filed; every relink moves that share with it ([`Tracker::move_link_counts`]), so a request is
 //!   handed out exactly when its last backend exchange is filed.
 //! - A relay never takes a backend exchange whose link had no rival ([`Evidence::Sole`]) from its
-//!   request, and takes one linked elsewhere only within [`RELAY_WINDOW_NS`] of its response.
+//!   request, and takes one linked elsewhere only within [`RELAY_WINDOW_NS`] of its response;
+//!   except that a response carrying a `traceparent` `HAProxy` made (not the client's own) takes
+//!   the backend exchange whose request carried it, whatever its link: that is exact.
 //! - On a capture gap every guessed link of the process is given up ([`Evidence::Tainted`]).
 
 use std::hash::BuildHasher as _;
@@ -101,6 +103,8 @@ pub(super) struct BackRecord {
     /// The frontend request it is linked to (tentatively until [`Relay::Claimed`]).
     pub(super) front: Option<u64>,
     pub(super) tgid: u32,
+    /// Hash of its request's single `traceparent` value: a retry resends the same one.
+    pub(super) traceparent_key: Option<u64>,
     pub(super) relay: Relay,
     /// What the link rests on.
     pub(super) evidence: Evidence,
@@ -164,6 +168,14 @@ impl Candidate {
     }
 }
 
+/// Hash of a request's single `traceparent` value (as [`Candidate`] keys it).
+pub(super) fn traceparent_key(request: &RequestHead) -> Option<u64> {
+    match &request.traceparent {
+        TraceparentField::One(v) => Some(FxBuildHasher.hash_one(v)),
+        _ => None,
+    }
+}
+
 /// The backend exchange's request carried `tp` (the same trace and parent ids).
 fn carries(b: &BackRecord, tp: &TraceParent) -> bool {
     matches!(&b.exchange.request.traceparent, TraceparentField::One(v)
@@ -188,9 +200,23 @@ impl Tracker {
         let Some((links, front_start)) = self.fronts.get(&id).map(|f| (f.links, f.exchange.start_ns)) else { return };
         // HAProxy configured with `tracetap haproxy-snippet --response` gives the client the
         // `traceparent` it forwarded to the server: that names the backend exchange exactly.
-        let exact = relayed.traceparent.and_then(|tp| {
-            self.relays.iter().position(|b| self.backs.get(b).is_some_and(|b| relayable(b) && carries(b, &tp)))
+        // Only a traceparent other than the client's own is HAProxy's: a backend that echoes the
+        // one it received, for a client that sent the same one on several requests, names
+        // nothing exactly.
+        let own = self.fronts.get(&id).and_then(|f| f.exchange.request.as_ref()).and_then(|r| match &r.traceparent {
+            TraceparentField::One(v) => parse_traceparent(v),
+            _ => None,
         });
+        let exact = relayed
+            .traceparent
+            .filter(|tp| own.is_none_or(|o| (o.trace_id, o.parent_id) != (tp.trace_id, tp.parent_id)))
+            .and_then(|tp| {
+                self.relays.iter().position(|b| {
+                    self.backs
+                        .get(b)
+                        .is_some_and(|b| relayable(b) && b.exchange.start_ns >= front_start && carries(b, &tp))
+                })
+            });
         let pos = match exact {
             Some(pos) => pos,
             None => match self.best_relay(id, ctx, relayed, links, front_start, &relayable) {
@@ -326,6 +352,9 @@ impl Tracker {
     pub(super) fn link(&mut self, ctx: Ctx, request: &RequestHead) -> Option<Link> {
         let tgid = ctx.key.0;
         let keys = Candidate::new(0, ctx, Some(request));
+        if let Some(link) = self.link_retry(&keys) {
+            return Some(link);
+        }
         let same_traceparent = |c: &Candidate, f: &FrontRecord| match (&request.traceparent, &f.exchange.request) {
             (TraceparentField::One(value), Some(r)) => {
                 c.traceparent_key == keys.traceparent_key
@@ -432,6 +461,34 @@ impl Tracker {
         None
     }
 
+    /// A backend request carrying the very `traceparent` of an earlier backend exchange of a
+    /// waiting request, which no waiting request carries itself: `HAProxy` made that value (the
+    /// snippet's lines run once per request) and resent the request, a retry (`retry-on`,
+    /// `redispatch`). Without the lines a client's own `traceparent` is forwarded unchanged and
+    /// some waiting request carries it, so this never applies.
+    fn link_retry(&mut self, keys: &Candidate) -> Option<Link> {
+        let key = keys.traceparent_key?;
+        if self.candidates.iter().any(|c| c.tgid == keys.tgid && c.traceparent_key == Some(key)) {
+            return None;
+        }
+        // The earlier attempt is still open, or already filed under its request (it ended).
+        let front = self
+            .backs
+            .values()
+            .filter(|b| b.tgid == keys.tgid && b.traceparent_key == Some(key))
+            .find_map(|b| b.front.filter(|f| self.fronts.contains_key(f)))
+            .or_else(|| {
+                self.candidates.iter().filter(|c| c.tgid == keys.tgid).map(|c| c.id).find(|id| {
+                    self.fronts.get(id).is_some_and(|f| {
+                        f.exchange.clients.iter().any(|attempt| traceparent_key(&attempt.request) == Some(key))
+                    })
+                })
+            })?;
+        let f = self.fronts.get_mut(&front)?;
+        f.links = f.links.max(LinkStrength::Sole);
+        Some(Link { id: front, strength: LinkStrength::Sole })
+    }
+
     /// A backend request in the trace of a waiting request, under a new parent id: `HAProxy`
     /// configured to propagate (`tracetap haproxy-snippet`) keeps a valid incoming trace id. A
     /// trace id is random, so it names the request unless the client sent it on several at
@@ -460,7 +517,14 @@ impl Tracker {
             .filter(|c| self.fronts.get(&c.id).is_some_and(eligible))
             .max_by_key(|c| (alike(c), std::cmp::Reverse(c.id)))?;
         let rivals = self.candidates.iter().filter(same_trace).any(|c| c.id != chosen.id);
-        Some(Link { id: chosen.id, strength: if rivals { LinkStrength::Target } else { LinkStrength::Sole } })
+        let strength = match (rivals, chosen.request_key == keys.request_key) {
+            (false, _) => LinkStrength::Sole,
+            (true, true) => LinkStrength::Target,
+            // Rivals in the trace and a rewritten target: headers alone chose, as for any
+            // rewritten target, so a relay must confirm it.
+            (true, false) => LinkStrength::Guessed,
+        };
+        Some(Link { id: chosen.id, strength })
     }
 
     /// A capture gap in process `tgid`: every link guessed from headers alone is given up, and

@@ -977,6 +977,7 @@ impl Tracker {
             BackRecord {
                 front,
                 tgid: ctx.key.0,
+                traceparent_key: linking::traceparent_key(&request),
                 relay: Relay::Awaiting,
                 evidence: if quarantined { Evidence::Tainted } else { Evidence::of(link) },
                 ended: false,
