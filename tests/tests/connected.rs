@@ -35,10 +35,15 @@ fn snippet(sampler: &[(&str, &str)], response: bool) -> String {
 
 /// A frontend with the printed lines first, then a local answer for `/deny`, in front of `server`.
 fn config(port: u16, server: SocketAddr, lines: &str) -> String {
+    config_bind(&format!("127.0.0.1:{port}"), server, lines)
+}
+
+/// [`config`] with the frontend's `bind` arguments.
+fn config_bind(bind: &str, server: SocketAddr, lines: &str) -> String {
     let lines: String = lines.lines().flat_map(|l| ["    ", l, "\n"]).collect();
     format!(
         "global\n    maxconn 4096\n\ndefaults\n    mode http\n    timeout connect 2s\n    timeout client 10s\n    timeout server 10s\n\n\
-         frontend fe_main\n    bind 127.0.0.1:{port}\n{lines}    http-request deny if {{ path /deny }}\n    default_backend be_app\n\n\
+         frontend fe_main\n    bind {bind}\n{lines}    http-request deny if {{ path /deny }}\n    default_backend be_app\n\n\
          backend be_app\n    server s0 {server}\n"
     )
 }
@@ -448,4 +453,57 @@ fn check_responses(what: &str, sent: &[Exchange], exported: &Exported<'_>) {
             assert_eq!(server.span.parent_span_id, incoming.parent_id, "{what}: {e:?}");
         }
     }
+}
+
+/// An HTTP/2 frontend (h2c, prior knowledge): 400 identical streams without context, 10 at a time
+/// on each of 4 connections, with the lines and `--response`. Every stream's backend span is
+/// continued under its own CLIENT span, read from HPACK-coded heads both ways.
+#[test]
+fn http2_streams_are_continued_under_their_client_span() {
+    if !require_root() {
+        return;
+    }
+    for version in haproxy::versions() {
+        http2_streams_on(version);
+    }
+}
+
+fn http2_streams_on(version: haproxy::Version) {
+    let sampler = [("OTEL_TRACES_SAMPLER", "parentbased_always_on")];
+    let Rig { rt, receiver, comm, .. } = Rig::new();
+    let backend = ContinuingBackend::start(&rt);
+    let port = free_port();
+    let cfg = config_bind(&format!("127.0.0.1:{port} proto h2"), backend.addr, &snippet(&sampler, true));
+    let _haproxy = Haproxy::start_on(version, &comm, &cfg, port);
+    let mut env = vec![("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint()), ("TRACETAP_TARGET_COMM", comm)];
+    env.extend(sampler.iter().map(|(k, v)| (*k, (*v).to_owned())));
+    let agent = Agent::start(&env);
+    let url = format!("http://127.0.0.1:{port}/c");
+    let outcome = tracetap_tests::h2load::run(&["-n", "400", "-c", "4", "-m", "10", &url]);
+    assert_eq!(outcome.statuses[0], 400, "{outcome:?}");
+    let seen = backend.continuations();
+    assert_eq!(seen.len(), 400);
+    wait_for(Duration::from_secs(30), || {
+        (receiver.spans().iter().filter(|s| s.is_client()).count() >= 400).then_some(())
+    })
+    .unwrap_or_else(|| panic!("400 CLIENT spans did not arrive\n{}", agent.log()));
+    std::thread::sleep(Duration::from_millis(500));
+    let spans = receiver.spans();
+    let exported = Exported::of(&spans);
+    for c in &seen {
+        assert!(c.sampled, "{c:?}");
+        let client = exported.clients.get(&c.parent_span_id[..]).unwrap_or_else(|| panic!("no CLIENT span for {c:?}"));
+        assert_eq!(client.span.trace_id, c.trace_id);
+        let server = exported.servers.get(&client.span.parent_span_id).expect("the CLIENT span's SERVER span");
+        assert_eq!(server.span.trace_id, c.trace_id);
+        assert_eq!(server.str_attr("network.protocol.version"), Some("2"));
+    }
+    assert_eq!(exported.clients.len(), 400, "one CLIENT span per stream, no more");
+    assert_eq!(agent.metric("tracetap_sampling_disagreements_total"), 0);
+    println!(
+        "[h2c, {version}] streams 400, SERVER spans {}, CLIENT spans {}, relinked {}",
+        exported.servers.len(),
+        exported.clients.len(),
+        agent.metric("tracetap_backend_exchanges_relinked_total")
+    );
 }
