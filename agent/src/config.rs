@@ -432,7 +432,7 @@ impl Config {
             ));
         }
         let export_headers = match src.get("OTEL_EXPORTER_OTLP_HEADERS") {
-            Some(v) => parse_pairs("OTEL_EXPORTER_OTLP_HEADERS", &v)?,
+            Some(v) => parse_headers("OTEL_EXPORTER_OTLP_HEADERS", &v)?,
             None => Vec::new(),
         };
         let export_timeout = src.millis("OTEL_EXPORTER_OTLP_TIMEOUT", 10_000)?;
@@ -592,7 +592,35 @@ fn parse_endpoint(var: &'static str, url: &str, append_traces_path: bool) -> Res
     } else {
         path.to_owned()
     };
-    Ok(Endpoint { authority, path })
+    // The exporter builds its requests from this URL: whatever HTTP does not take (a space in the
+    // path, a bad port) is refused here, naming the variable, not at the first export.
+    let endpoint = Endpoint { authority, path };
+    match endpoint.to_string().parse::<hyper::Uri>() {
+        Err(e) => Err(err(var, url, format!("{expected}: {e}"))),
+        Ok(uri) if uri.port_u16().is_none_or(|p| p == 0) => {
+            Err(err(var, url, format!("{expected}: a port from 1 to 65535")))
+        }
+        Ok(_) => Ok(endpoint),
+    }
+}
+
+/// Export headers: the pairs of [`parse_pairs`], each a valid HTTP header name and value (checked
+/// with the `http` types the exporter uses, so a header that passes here is sent).
+fn parse_headers(var: &'static str, text: &str) -> Result<Vec<(String, String)>, ConfigError> {
+    let pairs = parse_pairs(var, text)?;
+    for (name, value) in &pairs {
+        if hyper::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
+            return Err(err(var, text, format!("HTTP header names; `{name}` is not one")));
+        }
+        if hyper::header::HeaderValue::from_str(value).is_err() {
+            return Err(err(
+                var,
+                text,
+                format!("HTTP header values; the value of `{name}` is not one (a control character?)"),
+            ));
+        }
+    }
+    Ok(pairs)
 }
 
 /// Parses the W3C-baggage-like `key=value,key2=value2` lists of the `OTel` variables.
@@ -679,6 +707,14 @@ mod tests {
             ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://x"),
             ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
             ("OTEL_EXPORTER_OTLP_HEADERS", "novalue"),
+            // Not an HTTP header name, and a value with a control character (percent-decoded):
+            // both used to pass here and fail every export.
+            ("OTEL_EXPORTER_OTLP_HEADERS", "api key=secret"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "x-api-key=a%0Ab"),
+            // A space in the path used to pass here and make the exporter task panic.
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/v1 traces"),
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://collector:4318/a b"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:99999"),
             ("OTEL_EXPORTER_OTLP_TIMEOUT", "soon"),
             ("OTEL_EXPORTER_OTLP_COMPRESSION", "zstd"),
             ("OTEL_TRACES_SAMPLER", "sometimes"),

@@ -14,6 +14,8 @@ fn bad_values_exit_2_and_name_the_variable() {
         ("OTEL_TRACES_SAMPLER", "sometimes"),
         ("OTEL_TRACES_SAMPLER_ARG", "1.5"),
         ("OTEL_EXPORTER_OTLP_ENDPOINT", "ftp://collector"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/v1 traces"),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "api key=secret"),
         ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "lots"),
         ("TRACETAP_CAPTURE_BYTES", "99999"),
         ("TRACETAP_ADMIN_ADDR", "localhost"),
