@@ -151,14 +151,14 @@ impl Candidate {
         let (request_key, (traceparent_key, trace_key), method_key, header_sig) = match request {
             Some(r) => (
                 FxBuildHasher.hash_one((&r.method, &r.target)),
-                match &r.traceparent {
-                    TraceparentField::One(v) => (
-                        Some(FxBuildHasher.hash_one(v)),
-                        // A valid one only: `HAProxy` keeps the trace of a valid parent alone.
-                        trace_id_field(v).filter(|_| parse_traceparent(v).is_some()).map(|t| FxBuildHasher.hash_one(t)),
-                    ),
-                    _ => (None, None),
-                },
+                (
+                    traceparent_key(r),
+                    // A valid one only: `HAProxy` keeps the trace of a valid parent alone.
+                    match &r.traceparent {
+                        TraceparentField::One(v) => parse_traceparent(v).map(|p| FxBuildHasher.hash_one(p.trace_id)),
+                        _ => None,
+                    },
+                ),
                 FxBuildHasher.hash_one(&r.method),
                 r.header_sig,
             ),
@@ -355,6 +355,10 @@ impl Tracker {
         if let Some(link) = self.link_retry(&keys) {
             return Some(link);
         }
+        // A backend request whose valid traceparent names no waiting request's trace was given a
+        // new trace by `HAProxy` (the snippet's lines), which it does only for a request without a
+        // valid one: among alike requests, those come first.
+        let new_trace = keys.trace_key.is_some_and(|k| !self.candidates.iter().any(|c| c.trace_key == Some(k)));
         let same_traceparent = |c: &Candidate, f: &FrontRecord| match (&request.traceparent, &f.exchange.request) {
             (TraceparentField::One(value), Some(r)) => {
                 c.traceparent_key == keys.traceparent_key
@@ -387,10 +391,6 @@ impl Tracker {
             // request without any header line is no client request that had some: a health check.
             let forwarded = |c: &Candidate| keys.header_sig != 0 || c.header_sig == 0;
             let same_key = |c: &Candidate| c.tid == ctx.tid && c.request_key == keys.request_key && forwarded(c);
-            // A backend request whose valid traceparent names no waiting request's trace was given
-            // a new trace by `HAProxy` (the snippet's lines), which it does only for a request
-            // without a valid one: among alike requests, those come first.
-            let new_trace = keys.trace_key.is_some_and(|k| !self.candidates.iter().any(|c| c.trace_key == Some(k)));
             let found = by_traceparent
                 .map(|id| Link { id, strength: LinkStrength::Sole })
                 .or_else(|| self.link_by_trace(&keys, request, &eligible))
