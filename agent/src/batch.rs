@@ -17,7 +17,7 @@ use tracetap_proxy::ServerExchange;
 use tracetap_proxy::haproxy_config::ProxyNames;
 
 use crate::encode::{BatchEncoder, SpanView};
-use crate::export::EncodedBatch;
+use crate::pipeline::EncodedBatch;
 use crate::spans::{Decision, SpanBuilder};
 
 /// A kept exchange waiting for its batch.

@@ -3,56 +3,18 @@
 //! variable and says what it accepts; `main` turns it into exit status 2.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use tracetap_ebpf_common::{COMM_BYTES, MAX_CAPTURE_BYTES, MIN_CAPTURE_BYTES};
 
+pub use crate::config_error::{ConfigError, parse_flag};
+use crate::export::settings::{self, ExportSettings, Signal};
 use crate::k8s::selector::LabelSelector;
 use crate::sampling::{Sampler, threshold_for};
 use crate::tail::policy::{NamedPolicy, Policy};
 use crate::tail::{PolicySource, TailConfig};
 use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
-
-/// A bad configuration value.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{var}={value:?} is invalid: {expected}")]
-pub struct ConfigError {
-    pub var: &'static str,
-    pub value: String,
-    pub expected: String,
-}
-
-/// Where spans go.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Sink {
-    /// One JSON object per span on stdout (no endpoint configured).
-    Stdout,
-    /// OTLP/HTTP protobuf POSTs to this URL.
-    OtlpHttp(Endpoint),
-}
-
-/// A parsed `http://host:port/path` URL.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Endpoint {
-    /// `host:port`, as written in the `Host` header and dialled.
-    pub authority: String,
-    /// Path and query, starting with `/`.
-    pub path: String,
-}
-
-impl fmt::Display for Endpoint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "http://{}{}", self.authority, self.path)
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Compression {
-    None,
-    Gzip,
-}
 
 /// Which processes to trace.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,10 +49,8 @@ pub enum TlsProbes {
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
-    pub sink: Sink,
-    pub export_headers: Vec<(String, String)>,
-    pub export_timeout: Duration,
-    pub compression: Compression,
+    /// Where spans go (`OTEL_EXPORTER_OTLP_*`); no endpoint means JSON lines on stdout.
+    pub export: ExportSettings,
     pub service_name: String,
     pub resource_attributes: Vec<(String, String)>,
     pub sampler: Sampler,
@@ -127,13 +87,28 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     (
         "OTEL_EXPORTER_OTLP_ENDPOINT",
         "(unset: JSON lines on stdout)",
-        "OTLP/HTTP base URL; spans go to `<url>/v1/traces`",
+        "base URL, `http://` or `https://`; OTLP/HTTP spans go to `<url>/v1/traces`; a gRPC URL without a port means 4317",
     ),
     ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "(unset)", "full URL for traces; wins over the base URL"),
-    ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf", "only `http/protobuf` for now"),
-    ("OTEL_EXPORTER_OTLP_HEADERS", "(none)", "`key=value,...` headers sent with every export (values URL-decoded)"),
-    ("OTEL_EXPORTER_OTLP_TIMEOUT", "10000", "ms per export request"),
-    ("OTEL_EXPORTER_OTLP_COMPRESSION", "none", "`none` or `gzip`"),
+    ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf", "`http/protobuf` or `grpc` (`_TRACES_` variant wins)"),
+    (
+        "OTEL_EXPORTER_OTLP_HEADERS",
+        "(none)",
+        "`key=value,...` headers sent with every export (values URL-decoded; `_TRACES_` variant wins)",
+    ),
+    ("OTEL_EXPORTER_OTLP_TIMEOUT", "10000", "ms per export request (`_TRACES_` variant wins)"),
+    ("OTEL_EXPORTER_OTLP_COMPRESSION", "none", "`none` or `gzip` (`_TRACES_` variant wins)"),
+    (
+        "OTEL_EXPORTER_OTLP_CERTIFICATE",
+        "(system roots)",
+        "PEM file of the CA certificates to trust for an `https` endpoint instead of the system's (`_TRACES_` variant wins)",
+    ),
+    (
+        "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+        "(none)",
+        "PEM client certificate chain for mutual TLS, with `OTEL_EXPORTER_OTLP_CLIENT_KEY` (`_TRACES_` variant wins)",
+    ),
+    ("OTEL_EXPORTER_OTLP_CLIENT_KEY", "(none)", "PEM private key of the client certificate (`_TRACES_` variant wins)"),
     ("OTEL_SERVICE_NAME", "haproxy", "`service.name` of the resource"),
     ("OTEL_RESOURCE_ATTRIBUTES", "(none)", "`key=value,...` extra resource attributes"),
     (
@@ -237,7 +212,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
 ];
 
 fn err(var: &'static str, value: &str, expected: impl Into<String>) -> ConfigError {
-    ConfigError { var, value: value.to_owned(), expected: expected.into() }
+    ConfigError::new(var, value, expected)
 }
 
 /// Reads variables through `get`, treating empty values as unset (as the `OTel` spec asks).
@@ -288,16 +263,6 @@ impl<F: Fn(&str) -> Option<String>> Source<F> {
             Ok(n) if n > 0 => Ok(Duration::from_millis(n.saturating_mul(scale_ms))),
             _ => Err(err(var, &v, expected)),
         }
-    }
-}
-
-/// A boolean variable: `true`/`1` or `false`/`0`, `default` when unset.
-pub fn parse_flag(var: &'static str, value: Option<&str>, default: bool) -> Result<bool, ConfigError> {
-    match value.map(str::trim) {
-        None => Ok(default),
-        Some("false" | "0") => Ok(false),
-        Some("true" | "1") => Ok(true),
-        Some(v) => Err(err(var, v, "true or false")),
     }
 }
 
@@ -404,6 +369,12 @@ fn env_policies(src: &Source<impl Fn(&str) -> Option<String>>) -> Result<Vec<Nam
 }
 
 impl Config {
+    /// The resource attributes of everything the agent exports.
+    #[must_use]
+    pub fn resource(&self) -> Vec<(String, String)> {
+        crate::resource::attributes(&self.service_name, &self.resource_attributes, self.node_name.as_deref())
+    }
+
     /// Parses the process environment.
     pub fn from_env() -> Result<Self, ConfigError> {
         Self::from_lookup(|k| std::env::var(k).ok())
@@ -417,36 +388,10 @@ impl Config {
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let src = Source { get };
 
-        let sink = match (src.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), src.get("OTEL_EXPORTER_OTLP_ENDPOINT")) {
-            (Some(url), _) => Sink::OtlpHttp(parse_endpoint("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", &url, false)?),
-            (None, Some(url)) => Sink::OtlpHttp(parse_endpoint("OTEL_EXPORTER_OTLP_ENDPOINT", &url, true)?),
-            (None, None) => Sink::Stdout,
-        };
-        if let Some(p) = src.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-            && p.trim() != "http/protobuf"
-        {
-            return Err(err(
-                "OTEL_EXPORTER_OTLP_PROTOCOL",
-                &p,
-                "http/protobuf (grpc and http/json are not supported yet)",
-            ));
-        }
-        let export_headers = match src.get("OTEL_EXPORTER_OTLP_HEADERS") {
-            Some(v) => parse_headers("OTEL_EXPORTER_OTLP_HEADERS", &v)?,
-            None => Vec::new(),
-        };
-        let export_timeout = src.millis("OTEL_EXPORTER_OTLP_TIMEOUT", 10_000)?;
-        if export_timeout.is_zero() {
-            return Err(err("OTEL_EXPORTER_OTLP_TIMEOUT", "0", "a positive number of milliseconds"));
-        }
-        let compression = match src.get("OTEL_EXPORTER_OTLP_COMPRESSION").as_deref().map(str::trim) {
-            None | Some("none") => Compression::None,
-            Some("gzip") => Compression::Gzip,
-            Some(v) => return Err(err("OTEL_EXPORTER_OTLP_COMPRESSION", v, "none or gzip")),
-        };
+        let export = settings::parse(Signal::Traces, &|var| (src.get)(var))?;
         let service_name = src.get("OTEL_SERVICE_NAME").map_or_else(|| "haproxy".to_owned(), |v| v.trim().to_owned());
         let resource_attributes = match src.get("OTEL_RESOURCE_ATTRIBUTES") {
-            Some(v) => parse_pairs("OTEL_RESOURCE_ATTRIBUTES", &v)?,
+            Some(v) => settings::parse_pairs("OTEL_RESOURCE_ATTRIBUTES", &v)?,
             None => Vec::new(),
         };
         let sampler = Sampler::from_vars(
@@ -484,10 +429,7 @@ impl Config {
         let tail = if src.flag("TRACETAP_TAIL_ENABLED", false)? { Some(parse_tail(&src)?) } else { None };
 
         Ok(Self {
-            sink,
-            export_headers,
-            export_timeout,
-            compression,
+            export,
             service_name,
             resource_attributes,
             sampler,
@@ -566,98 +508,6 @@ fn parse_targets(src: &Source<impl Fn(&str) -> Option<String>>) -> Result<Target
     }
 }
 
-fn parse_endpoint(var: &'static str, url: &str, append_traces_path: bool) -> Result<Endpoint, ConfigError> {
-    let url = url.trim();
-    let expected = "an http:// URL such as http://collector:4318 (https is not supported yet)";
-    let rest = url.strip_prefix("http://").ok_or_else(|| err(var, url, expected))?;
-    let (authority, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, ""),
-    };
-    if authority.is_empty() || authority.contains('@') || authority.contains(char::is_whitespace) {
-        return Err(err(var, url, expected));
-    }
-    let authority =
-        if authority.rsplit_once(':').is_some_and(|(_, p)| p.chars().all(|c| c.is_ascii_digit()) && !p.is_empty())
-            && !authority.ends_with(']')
-        {
-            authority.to_owned()
-        } else {
-            format!("{authority}:80")
-        };
-    let path = if append_traces_path {
-        format!("{}/v1/traces", path.trim_end_matches('/'))
-    } else if path.is_empty() {
-        "/".to_owned()
-    } else {
-        path.to_owned()
-    };
-    // The exporter builds its requests from this URL: whatever HTTP does not take (a space in the
-    // path, a bad port) is refused here, naming the variable, not at the first export.
-    let endpoint = Endpoint { authority, path };
-    match endpoint.to_string().parse::<hyper::Uri>() {
-        Err(e) => Err(err(var, url, format!("{expected}: {e}"))),
-        Ok(uri) if uri.port_u16().is_none_or(|p| p == 0) => {
-            Err(err(var, url, format!("{expected}: a port from 1 to 65535")))
-        }
-        Ok(_) => Ok(endpoint),
-    }
-}
-
-/// Export headers: the pairs of [`parse_pairs`], each a valid HTTP header name and value (checked
-/// with the `http` types the exporter uses, so a header that passes here is sent).
-fn parse_headers(var: &'static str, text: &str) -> Result<Vec<(String, String)>, ConfigError> {
-    let pairs = parse_pairs(var, text)?;
-    for (name, value) in &pairs {
-        if hyper::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
-            return Err(err(var, text, format!("HTTP header names; `{name}` is not one")));
-        }
-        if hyper::header::HeaderValue::from_str(value).is_err() {
-            return Err(err(
-                var,
-                text,
-                format!("HTTP header values; the value of `{name}` is not one (a control character?)"),
-            ));
-        }
-    }
-    Ok(pairs)
-}
-
-/// Parses the W3C-baggage-like `key=value,key2=value2` lists of the `OTel` variables.
-fn parse_pairs(var: &'static str, text: &str) -> Result<Vec<(String, String)>, ConfigError> {
-    let mut out = Vec::new();
-    for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let (k, v) = item
-            .split_once('=')
-            .ok_or_else(|| err(var, text, format!("key=value pairs separated by commas; `{item}` has no `=`")))?;
-        let k = k.trim();
-        if k.is_empty() {
-            return Err(err(var, text, "key=value pairs separated by commas; a key is empty"));
-        }
-        let v = percent_decode(v.trim())
-            .ok_or_else(|| err(var, text, format!("valid percent-encoding in the value of `{k}`")))?;
-        out.push((k.to_owned(), v));
-    }
-    Ok(out)
-}
-
-fn percent_decode(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = s.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
 fn parse_pids(text: &str) -> Result<Vec<u32>, ConfigError> {
     let pids: Result<Vec<u32>, _> = text.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::parse).collect();
     match pids {
@@ -669,6 +519,7 @@ fn parse_pids(text: &str) -> Result<Vec<u32>, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::export::settings::{Compression, Protocol};
 
     fn parse(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
         let map = pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
@@ -678,7 +529,7 @@ mod tests {
     #[test]
     fn defaults() {
         let c = parse(&[]).unwrap();
-        assert_eq!(c.sink, Sink::Stdout);
+        assert_eq!(c.export.endpoint, None);
         assert_eq!(c.service_name, "haproxy");
         assert_eq!(c.capture_bytes, 4096);
         assert_eq!(c.targets, Targets::Comm("haproxy".into()));
@@ -687,25 +538,79 @@ mod tests {
         assert_eq!(c.sampler, Sampler::default());
     }
 
+    fn endpoint(c: &Config) -> String {
+        c.export.endpoint.as_ref().unwrap().to_string()
+    }
+
     #[test]
     fn endpoint_gets_traces_path() {
         let c = parse(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/")]).unwrap();
-        assert_eq!(c.sink, Sink::OtlpHttp(Endpoint { authority: "collector:4318".into(), path: "/v1/traces".into() }));
+        assert_eq!(endpoint(&c), "http://collector:4318/v1/traces");
         let c = parse(&[
             ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c"),
             ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://t:1/x"),
         ])
         .unwrap();
-        assert_eq!(c.sink, Sink::OtlpHttp(Endpoint { authority: "t:1".into(), path: "/x".into() }));
+        assert_eq!(endpoint(&c), "http://t:1/x");
         let c = parse(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c")]).unwrap();
-        assert_eq!(c.sink, Sink::OtlpHttp(Endpoint { authority: "c:80".into(), path: "/v1/traces".into() }));
+        assert_eq!(endpoint(&c), "http://c:80/v1/traces");
+        let c = parse(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c.example/otlp")]).unwrap();
+        assert_eq!(endpoint(&c), "https://c.example:443/otlp/v1/traces");
+        assert!(c.export.endpoint.unwrap().tls);
+    }
+
+    #[test]
+    fn grpc_takes_the_url_as_given_and_port_4317_by_default() {
+        let c = parse(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c"), ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")]).unwrap();
+        assert_eq!(c.export.protocol, Protocol::Grpc);
+        assert_eq!(endpoint(&c), "http://c:4317/");
+        let c = parse(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c:9999/"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc"),
+        ])
+        .unwrap();
+        assert_eq!((c.export.protocol, endpoint(&c)), (Protocol::Grpc, "https://c:9999/".to_owned()));
+    }
+
+    #[test]
+    fn signal_variables_win_over_general_ones() {
+        let c = parse(&[
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "5"),
+            ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "7"),
+            ("OTEL_EXPORTER_OTLP_COMPRESSION", "none"),
+            ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "gzip"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "a=1"),
+            ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "b=2"),
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/general.pem"),
+            ("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "/traces.pem"),
+            ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", "/client.pem"),
+            ("OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY", "/client.key"),
+        ])
+        .unwrap();
+        let e = &c.export;
+        assert_eq!(e.timeout, Duration::from_millis(7));
+        assert_eq!(e.compression, Compression::Gzip);
+        assert_eq!(e.headers, vec![("b".to_owned(), "2".to_owned())]);
+        let ca = e.tls.certificate.as_ref().unwrap();
+        assert_eq!((ca.var, ca.path.to_str().unwrap()), ("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "/traces.pem"));
+        assert_eq!(e.tls.client_certificate.as_ref().unwrap().var, "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE");
+        assert_eq!(e.tls.client_key.as_ref().unwrap().var, "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY");
     }
 
     #[test]
     fn bad_values_name_the_variable() {
         for (var, value) in [
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://x"),
-            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "ftp://x"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://user:pw@x:4318"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://x:/"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
+            ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpcs"),
+            ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "0"),
+            ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "zstd"),
+            ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "a b=c"),
+            ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", "/client.pem"),
+            ("OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY", "/client.key"),
             ("OTEL_EXPORTER_OTLP_HEADERS", "novalue"),
             // Not an HTTP header name, and a value with a control character (percent-decoded):
             // both used to pass here and fail every export.
@@ -748,14 +653,14 @@ mod tests {
             ("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=prod"),
         ])
         .unwrap();
-        assert_eq!(c.export_headers, vec![("api-key".into(), "a b".into()), ("x".into(), "y".into())]);
+        assert_eq!(c.export.headers, vec![("api-key".into(), "a b".into()), ("x".into(), "y".into())]);
         assert_eq!(c.resource_attributes, vec![("deployment.environment".into(), "prod".into())]);
     }
 
     #[test]
     fn empty_values_mean_unset() {
         let c = parse(&[("OTEL_EXPORTER_OTLP_ENDPOINT", ""), ("TRACETAP_CAPTURE_BYTES", " ")]).unwrap();
-        assert_eq!(c.sink, Sink::Stdout);
+        assert_eq!(c.export.endpoint, None);
         assert_eq!(c.capture_bytes, 4096);
     }
 
@@ -829,7 +734,7 @@ mod tests {
     fn documented_defaults_are_the_parsed_defaults() {
         let c = parse(&[]).unwrap();
         let doc = |var: &str| VARIABLES.iter().find(|(v, _, _)| *v == var).unwrap().1;
-        assert_eq!(doc("OTEL_EXPORTER_OTLP_TIMEOUT"), c.export_timeout.as_millis().to_string());
+        assert_eq!(doc("OTEL_EXPORTER_OTLP_TIMEOUT"), c.export.timeout.as_millis().to_string());
         assert_eq!(doc("OTEL_BSP_SCHEDULE_DELAY"), c.schedule_delay.as_millis().to_string());
         assert_eq!(doc("OTEL_BSP_MAX_QUEUE_SIZE"), c.max_queue_size.to_string());
         assert_eq!(doc("OTEL_BSP_MAX_EXPORT_BATCH_SIZE"), c.max_export_batch_size.to_string());

@@ -10,8 +10,8 @@ use anyhow::Context as _;
 use tracetap::capture::pods::Pods;
 use tracetap::capture::{self, Output, loader::Probes};
 use tracetap::cli::{self, Command};
-use tracetap::config::{Config, Sink};
-use tracetap::export::{self, BatchQueue};
+use tracetap::config::Config;
+use tracetap::export::{self, BatchQueue, Destination};
 use tracetap::k8s::{self, PodIndex};
 use tracetap::metrics::Metrics;
 use tracetap::tail::engine::{Engine, Limits};
@@ -60,6 +60,13 @@ fn main() -> ExitCode {
         }
     };
     init_logging(&config.log_filter);
+    let destination = match Destination::new(&config.export) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("tracetap: configuration error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let policies = match config.tail.as_ref().map(load_policies).transpose() {
         Ok(p) => p,
         Err(e) => {
@@ -67,7 +74,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match run(&config, policies) {
+    match run(&config, policies, destination) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("tracetap: {e:#}");
@@ -122,13 +129,12 @@ fn start_tail(
         decision_cache: tail.decision_cache,
         export_batch_spans: config.max_export_batch_size,
     };
-    let engine =
-        Engine::open(store, PolicySet::new(policies), limits, export::resource_attributes(config), tail::unix_now_ns())
-            .context("recovering the tail store")?;
+    let engine = Engine::open(store, PolicySet::new(policies), limits, config.resource(), tail::unix_now_ns())
+        .context("recovering the tail store")?;
     tracing::info!(pending = engine.pending_traces(), dir = %tail.state_dir.display(), "tail store open");
     let (queue, input) =
         tail::queue((config.max_queue_size / config.max_export_batch_size).max(2), Arc::clone(metrics));
-    let (metrics, ack_wait) = (Arc::clone(metrics), config.export_timeout);
+    let (metrics, ack_wait) = (Arc::clone(metrics), config.export.timeout);
     let thread = std::thread::Builder::new()
         .name("tail".into())
         .spawn(move || tail::run(engine, &input, &export_queue, &metrics, ack_wait))
@@ -153,7 +159,7 @@ fn start_pod_watch(runtime: &tokio::runtime::Runtime, config: &Config, metrics: 
     Some(index)
 }
 
-fn run(config: &Config, policies: Option<Vec<NamedPolicy>>) -> anyhow::Result<()> {
+fn run(config: &Config, policies: Option<Vec<NamedPolicy>>, destination: Destination) -> anyhow::Result<()> {
     let runtime =
         tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
     let metrics = Arc::new(Metrics::default());
@@ -164,7 +170,7 @@ fn run(config: &Config, policies: Option<Vec<NamedPolicy>>) -> anyhow::Result<()
     tracing::info!(
         programs = probes.attached,
         admin = %config.admin_addr,
-        sink = match &config.sink { Sink::Stdout => "stdout".to_owned(), Sink::OtlpHttp(e) => e.to_string() },
+        sink = destination.describe(),
         "probes attached"
     );
 
@@ -188,7 +194,7 @@ fn run(config: &Config, policies: Option<Vec<NamedPolicy>>) -> anyhow::Result<()
     };
 
     runtime.block_on(async {
-        let exporter = tokio::spawn(export::run(config.clone(), rx, Arc::clone(&metrics)));
+        let exporter = tokio::spawn(export::run(destination, rx, Arc::clone(&metrics)));
         let admin = tokio::spawn(admin::serve(admin_listener, Arc::clone(&metrics)));
         wait_for_signal().await;
         tracing::info!("shutting down: flushing queued spans");
@@ -199,7 +205,7 @@ fn run(config: &Config, policies: Option<Vec<NamedPolicy>>) -> anyhow::Result<()
         if let Some(tail_thread) = tail_thread {
             let _ = tokio::task::spawn_blocking(move || tail_thread.join()).await;
         }
-        if tokio::time::timeout(config.export_timeout, exporter).await.is_err() {
+        if tokio::time::timeout(config.export.timeout, exporter).await.is_err() {
             tracing::warn!("flush did not finish within OTEL_EXPORTER_OTLP_TIMEOUT; queued spans were dropped");
         }
         admin.abort();

@@ -85,6 +85,7 @@ metrics! {
     spans_exported: "counter", "tracetap_spans_exported_total", "Spans accepted by the exporter's destination";
     spans_dropped_queue_full: "counter", "tracetap_spans_dropped_queue_full_total", "Spans dropped because the export queue was full";
     spans_dropped_export_failed: "counter", "tracetap_spans_dropped_export_failed_total", "Spans dropped after their export failed for good";
+    spans_rejected: "counter", "tracetap_spans_rejected_total", "Spans the collector accepted the request of but rejected (OTLP partial success; the log gives its message)";
     export_retries: "counter", "tracetap_export_retries_total", "Export requests retried";
     export_failures: "counter", "tracetap_export_failures_total", "Export requests that failed for good";
     probe_runs: "counter", "tracetap_probe_runs_total", "Probe runs in the kernel (needs TRACETAP_PROBE_STATS=true)";

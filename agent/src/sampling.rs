@@ -6,7 +6,7 @@
 //! their `tracestate`. Every tier with the same ratio keeps the same traces, and a backend can
 //! extrapolate counts from `th`.
 
-use crate::config::ConfigError;
+use crate::config_error::ConfigError;
 use tracetap_proxy::trace_context::{MAX_THRESHOLD, TraceParent, parse_ot_tracestate, with_threshold};
 
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -35,7 +35,7 @@
 
 use tracetap_proxy::trace_context::{MAX_THRESHOLD, encode_threshold};
 
-use crate::config::{ConfigError, parse_flag};
+use crate::config_error::{ConfigError, parse_flag};
 use crate::sampling::{RootSampler, Sampler};
 
 /// Choices of `tracetap haproxy-snippet` beyond the sampler.

@@ -10,8 +10,9 @@ use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
 use prost::Message as _;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tracetap::config::Config;
-use tracetap::export::{self, EncodedBatch};
+use tracetap::export::{self, Destination};
 use tracetap::metrics::Metrics;
+use tracetap::pipeline::EncodedBatch;
 
 /// Serves one canned status per request, in order (the last one repeats), and keeps the bodies.
 async fn server(statuses: Vec<u16>) -> (String, Arc<Mutex<Vec<Vec<u8>>>>) {
@@ -87,7 +88,7 @@ async fn export_batches(statuses: Vec<u16>, batches: usize) -> (Arc<Metrics>, Ve
     let config = config(&url);
     let metrics = Arc::new(Metrics::default());
     let (queue, rx) = export::queue(config.max_queue_size, config.max_export_batch_size, Arc::clone(&metrics));
-    let exporter = tokio::spawn(export::run(config.clone(), rx, Arc::clone(&metrics)));
+    let exporter = tokio::spawn(export::run(Destination::new(&config.export).unwrap(), rx, Arc::clone(&metrics)));
     for i in 0..batches {
         queue.push(batch(&format!("s{i}")));
     }

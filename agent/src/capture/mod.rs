@@ -26,9 +26,10 @@ use tracetap_proxy::{Limits, ServerExchange, Tracker};
 
 use crate::batch::Batcher;
 use crate::config::Config;
-use crate::export::{self, BatchQueue, EncodedBatch};
+use crate::export::BatchQueue;
 use crate::metrics::{self, Metrics};
 use crate::names::Names;
+use crate::pipeline::EncodedBatch;
 use crate::sampling::randomness;
 use crate::spans::SpanBuilder;
 use crate::tail::TailQueue;
@@ -92,8 +93,7 @@ pub fn run(
     let mut builder = SpanBuilder::new(config.sampler, loader::monotonic_to_unix_offset_ns())
         .with_value_length_limit(config.attribute_value_length_limit);
     let mut targets: BTreeSet<u32> = BTreeSet::new();
-    let mut batcher =
-        Batcher::new(config.max_export_batch_size, config.schedule_delay, export::resource_attributes(config));
+    let mut batcher = Batcher::new(config.max_export_batch_size, config.schedule_delay, config.resource());
     let mut scratch = Vec::with_capacity(256);
     let mut listeners = ListenAddrs::new(Path::new("/proc"));
     let mut names = Names::new(Path::new("/proc"));

@@ -37,8 +37,9 @@ use prost::Message as _;
 use tracetap_proxy::trace_context::MAX_THRESHOLD;
 use tracetap_storage::TailStore;
 
-use crate::export::{BatchQueue, Delivered, EncodedBatch};
+use crate::export::BatchQueue;
 use crate::metrics::{self, Metrics};
+use crate::pipeline::{Delivered, EncodedBatch};
 use engine::Engine;
 use policy::NamedPolicy;
 
@@ -135,7 +136,9 @@ pub fn run<S: TailStore>(
     let send = |engine: &mut Engine<S>, outstanding: &mut usize| {
         while let Some(out) = engine.take_export() {
             let body = out.request.encode_to_vec().into();
-            let delivered = Delivered::new(out.deliveries, ack_tx.clone());
+            let (deliveries, ack_tx) = (out.deliveries, ack_tx.clone());
+            // The tail thread may be gone at shutdown; the outbox then re-exports at the next start.
+            let delivered = Delivered::new(move || drop(ack_tx.send(deliveries)));
             let batch = EncodedBatch { body, spans: out.spans, traces: out.traces, delivered: Some(delivered) };
             // Blocking is fine here (this is not the capture thread); it is the backpressure that
             // makes the capture thread shed when the exporter cannot keep up.

@@ -1,0 +1,92 @@
+//! OTLP/HTTP: one protobuf POST per export request, over TLS for `https` endpoints. The body is
+//! the encoder's bytes as they are (gzipped when configured, by the caller, off the runtime).
+
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Full, Limited};
+use hyper::header::{CONTENT_ENCODING, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse;
+use prost::Message as _;
+
+use super::retry::{self, Attempt};
+use super::settings::{Compression, Endpoint, ExportSettings};
+use super::tls;
+
+/// Bytes of a collector's answer read at most (it is a small protobuf message).
+const MAX_RESPONSE_BYTES: usize = 64 * 1024;
+
+#[derive(Clone)]
+pub struct HttpTransport {
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    uri: hyper::Uri,
+    headers: HeaderMap,
+    timeout: Duration,
+}
+
+impl HttpTransport {
+    #[must_use]
+    pub fn new(endpoint: &Endpoint, settings: &ExportSettings, tls_config: rustls::ClientConfig) -> Self {
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls_config)
+            .https_or_http()
+            .enable_http1()
+            .build();
+        let client = Client::builder(TokioExecutor::new()).build(connector);
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/x-protobuf"));
+        if settings.compression == Compression::Gzip {
+            headers.insert(CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        }
+        for (name, value) in &settings.headers {
+            // Checked when the settings were parsed.
+            let name = HeaderName::from_bytes(name.as_bytes()).expect("checked header name");
+            headers.append(name, HeaderValue::from_str(value).expect("checked header value"));
+        }
+        Self { client, uri: endpoint.uri(), headers, timeout: settings.timeout }
+    }
+
+    /// One attempt.
+    pub async fn send(&self, body: Bytes) -> Attempt {
+        let mut request = hyper::Request::post(self.uri.clone()).body(Full::new(body)).expect("valid parts");
+        *request.headers_mut() = self.headers.clone();
+        let response = match tokio::time::timeout(self.timeout, self.client.request(request)).await {
+            Err(_) => {
+                return Attempt::Retryable { reason: format!("no answer within {:?}", self.timeout), after: None };
+            }
+            Ok(Err(e)) => {
+                return match tls::certificate_error(&e) {
+                    Some(reason) => Attempt::Permanent { reason },
+                    None => Attempt::Retryable { reason: format!("connection error: {e:#}"), after: None },
+                };
+            }
+            Ok(Ok(response)) => response,
+        };
+        let status = response.status();
+        let after = response
+            .headers()
+            .get(RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| retry::parse_retry_after(v, SystemTime::now()));
+        // Read (and so release) the body, within a bound: the connection can then be reused.
+        let body = tokio::time::timeout(self.timeout, Limited::new(response.into_body(), MAX_RESPONSE_BYTES).collect())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .map(http_body_util::Collected::to_bytes);
+        if status.is_success() {
+            let answer = body.and_then(|b| ExportTraceServiceResponse::decode(b).ok()).unwrap_or_default();
+            let (rejected, message) =
+                answer.partial_success.map(|p| (p.rejected_spans.max(0) as u64, p.error_message)).unwrap_or_default();
+            Attempt::Accepted { rejected, message }
+        } else if retry::http_status_retryable(status.as_u16()) {
+            Attempt::Retryable { reason: format!("HTTP {status}"), after }
+        } else {
+            Attempt::Permanent { reason: format!("HTTP {status}") }
+        }
+    }
+}

@@ -1,0 +1,259 @@
+//! Export: a bounded queue of encoded batches between the capture thread (which batches and
+//! encodes, see `batch`) and an async exporter that sends them over OTLP (HTTP or gRPC, TLS for
+//! `https` endpoints), or prints their spans as JSON lines when no endpoint is configured.
+//!
+//! Nothing is lost silently: a full queue drops the batch and counts its spans; an export that
+//! fails for good counts its spans as dropped; retries (see `retry`) and spans a collector
+//! rejected (OTLP partial success) are counted too.
+//!
+//! Nothing blocks the runtime, which also serves `/healthz`: gzip and the stdout sink's writes run
+//! on the blocking pool, and the exporter sends one request at a time, so a slow destination backs
+//! up into the queue, whose overflow is counted.
+
+pub mod settings;
+pub mod tls;
+
+mod grpc;
+mod http;
+mod retry;
+
+use std::io::Write as _;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use prost::Message as _;
+use tokio::sync::mpsc;
+
+use crate::config_error::ConfigError;
+use crate::metrics::{self, Metrics};
+use crate::pipeline::EncodedBatch;
+use retry::Attempt;
+use settings::{Compression, Endpoint, ExportSettings, Protocol};
+
+/// The capture thread's end of the queue.
+#[derive(Debug, Clone)]
+pub struct BatchQueue {
+    tx: mpsc::Sender<EncodedBatch>,
+    metrics: Arc<Metrics>,
+}
+
+impl BatchQueue {
+    /// Queues a batch without blocking; a full queue drops it and counts its spans.
+    pub fn push(&self, batch: EncodedBatch) {
+        let spans = batch.spans;
+        if self.tx.try_send(batch).is_err() {
+            metrics::add(&self.metrics.spans_dropped_queue_full, spans);
+        }
+    }
+
+    /// Queues a batch, waiting for room (for the tail thread, never the capture thread). Fails
+    /// only when the exporter is gone.
+    pub fn push_waiting(&self, batch: EncodedBatch) -> Result<(), EncodedBatch> {
+        self.tx.blocking_send(batch).map_err(|e| e.0)
+    }
+}
+
+/// Creates the queue, sized so that at most `max_queue_spans` spans wait in full batches of
+/// `batch_spans`; the receiver goes to [`run`].
+#[must_use]
+pub fn queue(
+    max_queue_spans: usize,
+    batch_spans: usize,
+    metrics: Arc<Metrics>,
+) -> (BatchQueue, mpsc::Receiver<EncodedBatch>) {
+    let (tx, rx) = mpsc::channel((max_queue_spans / batch_spans.max(1)).max(1));
+    (BatchQueue { tx, metrics }, rx)
+}
+
+/// Logs at most once per interval, counting what it held back.
+#[derive(Debug)]
+struct RateLimitedLog {
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+impl RateLimitedLog {
+    const INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+
+    fn warn(&mut self, msg: &str) {
+        let now = Instant::now();
+        if self.last.is_some_and(|t| now.duration_since(t) < Self::INTERVAL) {
+            self.suppressed += 1;
+            return;
+        }
+        tracing::warn!(suppressed = self.suppressed, "{msg}");
+        self.last = Some(now);
+        self.suppressed = 0;
+    }
+}
+
+/// How requests reach the collector.
+#[derive(Clone)]
+enum Transport {
+    Http(http::HttpTransport),
+    Grpc(grpc::GrpcTransport),
+}
+
+impl Transport {
+    /// One attempt, on its own task: a panic in a client library (tonic panics on some malformed
+    /// answers) fails this export, not the exporter.
+    async fn send(&self, body: Bytes) -> Attempt {
+        let transport = self.clone();
+        let attempt = tokio::spawn(async move {
+            match &transport {
+                Self::Http(t) => t.send(body).await,
+                Self::Grpc(t) => t.send(body).await,
+            }
+        });
+        attempt.await.unwrap_or_else(|e| Attempt::Permanent { reason: format!("the client failed: {e}") })
+    }
+}
+
+/// Where batches go, ready to use: the settings checked and the TLS files read.
+pub struct Destination(Inner);
+
+enum Inner {
+    Stdout,
+    Otlp { transport: Box<Transport>, endpoint: Endpoint, compression: Compression },
+}
+
+impl Destination {
+    /// Prepares the destination the settings name. Reads the TLS files of an `https` endpoint, so
+    /// a file that is missing or not what its variable should name is an error here, at start.
+    pub fn new(settings: &ExportSettings) -> Result<Self, ConfigError> {
+        let Some(endpoint) = &settings.endpoint else { return Ok(Self(Inner::Stdout)) };
+        let tls_config = if endpoint.tls {
+            tls::client_config(&settings.tls)?
+        } else {
+            // Never used for an `http` endpoint; the connector still wants one.
+            tls::client_config(&settings::TlsFiles::default())?
+        };
+        let transport = match settings.protocol {
+            Protocol::HttpProtobuf => Transport::Http(http::HttpTransport::new(endpoint, settings, tls_config)),
+            Protocol::Grpc => Transport::Grpc(grpc::GrpcTransport::new(endpoint, settings, tls_config)),
+        };
+        Ok(Self(Inner::Otlp {
+            transport: Box::new(transport),
+            endpoint: endpoint.clone(),
+            compression: settings.compression,
+        }))
+    }
+
+    /// What the startup log says.
+    #[must_use]
+    pub fn describe(&self) -> String {
+        match &self.0 {
+            Inner::Stdout => "stdout".to_owned(),
+            Inner::Otlp { endpoint, .. } => endpoint.to_string(),
+        }
+    }
+}
+
+/// Runs the exporter until the queue's senders are gone and everything queued was exported.
+pub async fn run(destination: Destination, mut rx: mpsc::Receiver<EncodedBatch>, metrics: Arc<Metrics>) {
+    let mut failures = RateLimitedLog { last: None, suppressed: 0 };
+    let mut rejections = RateLimitedLog { last: None, suppressed: 0 };
+    while let Some(mut batch) = rx.recv().await {
+        let delivered = batch.delivered.take();
+        match &destination.0 {
+            Inner::Stdout => {
+                let metrics = Arc::clone(&metrics);
+                // A slow log pipe blocks a pool thread, never the runtime.
+                let _ = tokio::task::spawn_blocking(move || print_json(&batch, &metrics)).await;
+            }
+            Inner::Otlp { transport, endpoint, compression } => {
+                let spans = batch.spans;
+                let body = match compression {
+                    Compression::None => batch.body,
+                    Compression::Gzip => {
+                        let raw = batch.body;
+                        tokio::task::spawn_blocking(move || gzip(&raw)).await.expect("gzip does not panic")
+                    }
+                };
+                match send_with_retries(transport, body, &metrics).await {
+                    Ok((rejected, message)) => {
+                        metrics::add(&metrics.spans_exported, spans.saturating_sub(rejected));
+                        if rejected > 0 {
+                            metrics::add(&metrics.spans_rejected, rejected);
+                            rejections.warn(&format!("{endpoint} rejected {rejected} of {spans} spans: {message}"));
+                        }
+                    }
+                    Err(reason) => {
+                        metrics::add(&metrics.export_failures, 1);
+                        metrics::add(&metrics.spans_dropped_export_failed, spans);
+                        failures.warn(&format!("export of {spans} spans to {endpoint} failed: {reason}"));
+                    }
+                }
+            }
+        }
+        if let Some(delivered) = delivered {
+            delivered.done();
+        }
+    }
+}
+
+/// Sends one request, retrying as the specification says; the partial success on success.
+async fn send_with_retries(transport: &Transport, body: Bytes, metrics: &Metrics) -> Result<(u64, String), String> {
+    let mut attempt = 1;
+    loop {
+        match transport.send(body.clone()).await {
+            Attempt::Accepted { rejected, message } => return Ok((rejected, message)),
+            Attempt::Retryable { reason, after } if attempt < retry::MAX_ATTEMPTS => {
+                tracing::debug!(attempt, %reason, "export failed, retrying");
+                metrics::add(&metrics.export_retries, 1);
+                tokio::time::sleep(retry::wait_before_next(attempt, after)).await;
+                attempt += 1;
+            }
+            Attempt::Retryable { reason, .. } => {
+                return Err(format!("{reason} (gave up after {} attempts)", retry::MAX_ATTEMPTS));
+            }
+            Attempt::Permanent { reason } => return Err(reason),
+        }
+    }
+}
+
+/// The stdout sink: one JSON object per span (`{"resource": ..., "span": ...}`), in the OTLP JSON
+/// mapping. For laptops and demos, so it decodes the batch back rather than having a path of its own.
+fn print_json(batch: &EncodedBatch, metrics: &Metrics) {
+    let Ok(request) = ExportTraceServiceRequest::decode(&batch.body[..]) else {
+        metrics::add(&metrics.spans_dropped_export_failed, batch.spans);
+        return;
+    };
+    let mut out = std::io::stdout().lock();
+    for rs in request.resource_spans {
+        for ss in rs.scope_spans {
+            for span in ss.spans {
+                let line = serde_json::json!({ "resource": rs.resource, "span": span });
+                if writeln!(out, "{line}").is_ok() {
+                    metrics::add(&metrics.spans_exported, 1);
+                } else {
+                    metrics::add(&metrics.spans_dropped_export_failed, 1);
+                }
+            }
+        }
+    }
+    let _ = out.flush();
+}
+
+fn gzip(raw: &[u8]) -> Bytes {
+    let mut gz = flate2::write::GzEncoder::new(Vec::with_capacity(raw.len() / 2), flate2::Compression::fast());
+    gz.write_all(raw).expect("writing to a Vec cannot fail");
+    Bytes::from(gz.finish().expect("writing to a Vec cannot fail"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gzip_body_round_trips() {
+        use std::io::Read as _;
+        let raw = ExportTraceServiceRequest::default().encode_to_vec();
+        let body = gzip(&raw);
+        let mut back = Vec::new();
+        flate2::read::GzDecoder::new(&body[..]).read_to_end(&mut back).unwrap();
+        assert_eq!(back, raw);
+    }
+}

@@ -1,0 +1,120 @@
+//! TLS for OTLP exports: the roots to trust (the CA file the operator names, else the system's,
+//! else the webpki roots compiled in) and the client certificate for mutual TLS, read once at
+//! start so that a bad file stops the agent there, naming its variable.
+//!
+//! At run time a certificate that does not verify is not a crash and not worth retrying: the
+//! exporter counts the failure and logs [`certificate_error`]'s one clear line.
+
+use std::error::Error as StdError;
+use std::sync::Arc;
+
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::{ClientConfig, RootCertStore};
+
+use super::settings::{NamedFile, TlsFiles};
+use crate::config_error::ConfigError;
+
+/// Certificate and key files are small; a larger one is not what the variable should name.
+const MAX_PEM_BYTES: u64 = 1 << 20;
+
+/// Builds the client TLS configuration.
+pub fn client_config(files: &TlsFiles) -> Result<ClientConfig, ConfigError> {
+    let roots = match &files.certificate {
+        Some(file) => {
+            let mut roots = RootCertStore::empty();
+            for cert in read_certificates(file)? {
+                roots.add(cert).map_err(|e| bad(file, format!("a CA certificate rustls accepts: {e}")))?;
+            }
+            roots
+        }
+        None => system_roots(),
+    };
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default protocol versions")
+        .with_root_certificates(roots);
+    let config = match (&files.client_certificate, &files.client_key) {
+        (Some(cert_file), Some(key_file)) => {
+            let chain = read_certificates(cert_file)?;
+            let key = PrivateKeyDer::from_pem_slice(&read_file(key_file)?)
+                .map_err(|e| bad(key_file, format!("a PEM private key (PKCS#8, PKCS#1 or SEC1): {e}")))?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| bad(key_file, format!("the private key of the client certificate: {e}")))?
+        }
+        // The settings parser refuses one without the other.
+        _ => builder.with_no_client_auth(),
+    };
+    // ALPN stays empty: the connector sets it from the HTTP versions it enables.
+    Ok(config)
+}
+
+/// The system's CA certificates (as `SSL_CERT_FILE`/`SSL_CERT_DIR` or the distribution's bundle
+/// give them), or the webpki roots when the system has none (a minimal container image).
+fn system_roots() -> RootCertStore {
+    let mut roots = RootCertStore::empty();
+    let native = rustls_native_certs::load_native_certs();
+    let (added, _ignored) = roots.add_parsable_certificates(native.certs);
+    if added == 0 {
+        tracing::info!("no system CA certificates found: trusting the webpki roots built into tracetap");
+        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    }
+    roots
+}
+
+fn read_file(file: &NamedFile) -> Result<Vec<u8>, ConfigError> {
+    use std::io::Read as _;
+    let mut bytes = Vec::new();
+    std::fs::File::open(&file.path)
+        .and_then(|f| f.take(MAX_PEM_BYTES + 1).read_to_end(&mut bytes))
+        .map_err(|e| bad(file, format!("a readable PEM file: {e}")))?;
+    if bytes.len() as u64 > MAX_PEM_BYTES {
+        return Err(bad(file, format!("a PEM file of at most {MAX_PEM_BYTES} bytes")));
+    }
+    Ok(bytes)
+}
+
+fn read_certificates(file: &NamedFile) -> Result<Vec<CertificateDer<'static>>, ConfigError> {
+    let bytes = read_file(file)?;
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&bytes)
+        .collect::<Result<_, _>>()
+        .map_err(|e| bad(file, format!("PEM certificates: {e}")))?;
+    if certs.is_empty() {
+        return Err(bad(file, "a PEM file with at least one CERTIFICATE block"));
+    }
+    Ok(certs)
+}
+
+fn bad(file: &NamedFile, expected: impl Into<String>) -> ConfigError {
+    ConfigError::new(file.var, &file.path.display().to_string(), expected)
+}
+
+/// When an export failed because the TLS handshake did (the peer's certificate did not verify, or
+/// it refused ours), the reason an operator can act on. Such a failure is not retried: the next
+/// attempt would meet the same certificate.
+#[must_use]
+pub fn certificate_error(error: &(dyn StdError + 'static)) -> Option<String> {
+    let mut next = Some(error);
+    while let Some(e) = next {
+        let rustls_error = e.downcast_ref::<rustls::Error>().or_else(|| {
+            e.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()?.downcast_ref::<rustls::Error>())
+        });
+        match rustls_error {
+            Some(rustls::Error::InvalidCertificate(why)) => {
+                return Some(format!(
+                    "the collector's certificate did not verify ({why}); trust its CA with OTEL_EXPORTER_OTLP_CERTIFICATE"
+                ));
+            }
+            Some(rustls::Error::AlertReceived(alert)) => {
+                return Some(format!(
+                    "the collector refused the TLS handshake ({alert:?}); check OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE and _KEY"
+                ));
+            }
+            Some(other) => return Some(format!("TLS failed: {other}")),
+            None => next = e.source(),
+        }
+    }
+    None
+}
