@@ -193,8 +193,25 @@ fn run(config: &Config, policies: Option<Vec<NamedPolicy>>, destination: Destina
             .context("starting the capture thread")?
     };
 
+    // The exporter has a thread and a runtime of its own: whatever an export costs (TLS, gzip,
+    // tonic's compression, a slow stdout) never delays the admin endpoint's answers.
+    let (exported_tx, exported_rx) = tokio::sync::oneshot::channel::<()>();
+    let exporter = {
+        let metrics = Arc::clone(&metrics);
+        let export_runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the export runtime")?;
+        std::thread::Builder::new()
+            .name("export".into())
+            .spawn(move || {
+                export_runtime.block_on(export::run(destination, rx, metrics));
+                let _ = exported_tx.send(());
+            })
+            .context("starting the export thread")?
+    };
+
     runtime.block_on(async {
-        let exporter = tokio::spawn(export::run(destination, rx, Arc::clone(&metrics)));
         let admin = tokio::spawn(admin::serve(admin_listener, Arc::clone(&metrics)));
         wait_for_signal().await;
         tracing::info!("shutting down: flushing queued spans");
@@ -205,8 +222,10 @@ fn run(config: &Config, policies: Option<Vec<NamedPolicy>>, destination: Destina
         if let Some(tail_thread) = tail_thread {
             let _ = tokio::task::spawn_blocking(move || tail_thread.join()).await;
         }
-        if tokio::time::timeout(config.export.timeout, exporter).await.is_err() {
+        if tokio::time::timeout(config.export.timeout, exported_rx).await.is_err() {
             tracing::warn!("flush did not finish within OTEL_EXPORTER_OTLP_TIMEOUT; queued spans were dropped");
+        } else {
+            let _ = exporter.join();
         }
         admin.abort();
     });

@@ -17,6 +17,7 @@ pub mod haproxy;
 pub mod kube_api;
 pub mod linking;
 pub mod otlp;
+pub mod pki;
 pub mod tls;
 
 use std::net::SocketAddr;

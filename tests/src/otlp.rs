@@ -1,5 +1,7 @@
-//! An OTLP/HTTP receiver that decodes `ExportTraceServiceRequest` with the official protobuf
-//! definitions (`opentelemetry-proto`) and keeps every span it received.
+//! An OTLP receiver that decodes `ExportTraceServiceRequest` with the official protobuf
+//! definitions (`opentelemetry-proto`) and keeps every span it received: OTLP/HTTP by default;
+//! OTLP/gRPC through the generated tonic service, TLS and mutual TLS, and a collector that asks
+//! for retries, as [`Options`] say.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -8,11 +10,14 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full};
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::service::TowerToHyperService;
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
 use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
 use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value::Value};
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message as _;
+use tonic::codec::CompressionEncoding;
 
 /// A received span with the `process.pid` and `service.name` of its resource.
 #[derive(Debug, Clone)]
@@ -70,12 +75,49 @@ fn attr<'a>(attrs: &'a [KeyValue], key: &str) -> Option<&'a Value> {
     attrs.iter().find(|kv| kv.key == key)?.value.as_ref()?.value.as_ref()
 }
 
+/// How a [`Receiver`] listens and answers.
+#[derive(Clone, Default)]
+pub struct Options {
+    /// OTLP/gRPC (the trace service's `Export`, gzip accepted) instead of OTLP/HTTP.
+    pub grpc: bool,
+    /// TLS with this certificate; with `client_ca`, mutual TLS (a client certificate is required).
+    pub tls: Option<ServerTls>,
+    /// OTLP/HTTP: the first requests are answered 429 with these `Retry-After` values, in order,
+    /// before any is accepted.
+    pub too_many: Vec<String>,
+}
+
+/// The receiver's side of TLS, as PEM.
+#[derive(Clone)]
+pub struct ServerTls {
+    pub cert_pem: String,
+    pub key_pem: String,
+    pub client_ca_pem: Option<String>,
+}
+
+/// What a receiver saw besides spans.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Export requests accepted.
+    pub accepted: u64,
+    /// Accepted requests whose body was gzipped (`Content-Encoding` or `grpc-encoding`).
+    pub gzipped: u64,
+    /// Requests answered 429.
+    pub refused: u64,
+    /// TLS handshakes that failed (an untrusted certificate on the client's side, a missing client
+    /// certificate on ours).
+    pub handshake_failures: u64,
+}
+
 /// The receiver; spans accumulate until the receiver is dropped.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Receiver {
     pub addr: SocketAddr,
     spans: Arc<Mutex<Vec<Received>>>,
-    requests: Arc<Mutex<u64>>,
+    stats: Arc<Mutex<Stats>>,
+    /// When each request arrived, and whether it was refused.
+    arrivals_log: Arc<Mutex<Vec<(std::time::SystemTime, bool)>>>,
+    options: Arc<Options>,
     /// When set, two requests in three are answered 503 (and not recorded): a collector that
     /// keeps exports in flight through the agent's retries.
     flaky: Arc<std::sync::atomic::AtomicBool>,
@@ -83,15 +125,24 @@ pub struct Receiver {
 }
 
 impl Receiver {
-    /// Starts listening on a loopback port, on `rt`.
+    /// Starts an OTLP/HTTP receiver on a loopback port, on `rt`.
     #[must_use]
     pub fn start(rt: &tokio::runtime::Runtime) -> Self {
+        Self::start_with(rt, Options::default())
+    }
+
+    /// Starts a receiver as `options` say.
+    #[must_use]
+    pub fn start_with(rt: &tokio::runtime::Runtime, options: Options) -> Self {
         let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).expect("bind receiver");
         let addr = listener.local_addr().expect("addr");
+        let acceptor = options.tls.as_ref().map(|tls| tls_acceptor(tls, options.grpc));
         let receiver = Self {
             addr,
             spans: Arc::default(),
-            requests: Arc::default(),
+            stats: Arc::default(),
+            arrivals_log: Arc::default(),
+            options: Arc::new(options),
             flaky: Arc::default(),
             arrivals: Arc::default(),
         };
@@ -99,19 +150,37 @@ impl Receiver {
         rt.spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else { continue };
-                let r = r.clone();
+                let (r, acceptor) = (r.clone(), acceptor.clone());
                 tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |req| {
-                        let r = r.clone();
-                        async move { Ok::<_, Infallible>(r.handle(req).await) }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
+                    match acceptor {
+                        None => r.serve(TokioIo::new(stream)).await,
+                        Some(acceptor) => match acceptor.accept(stream).await {
+                            Ok(tls) => r.serve(TokioIo::new(tls)).await,
+                            Err(_) => r.stats.lock().expect("lock").handshake_failures += 1,
+                        },
+                    }
                 });
             }
         });
         receiver
+    }
+
+    async fn serve<I>(self, io: I)
+    where
+        I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    {
+        if self.options.grpc {
+            let service = TraceServiceServer::new(self).accept_compressed(CompressionEncoding::Gzip);
+            let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .serve_connection(io, TowerToHyperService::new(service))
+                .await;
+        } else {
+            let service = hyper::service::service_fn(move |req| {
+                let r = self.clone();
+                async move { Ok::<_, Infallible>(r.handle(req).await) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await;
+        }
     }
 
     /// From now on, answers two requests in three with 503 Service Unavailable without recording
@@ -120,10 +189,27 @@ impl Receiver {
         self.flaky.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// The base URL for `OTEL_EXPORTER_OTLP_ENDPOINT`.
+    /// The base URL for `OTEL_EXPORTER_OTLP_ENDPOINT` (`https://localhost:PORT` with TLS, so that
+    /// the name the certificate carries is the one dialled).
     #[must_use]
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.addr)
+        if self.options.tls.is_some() {
+            format!("https://localhost:{}", self.addr.port())
+        } else {
+            format!("http://{}", self.addr)
+        }
+    }
+
+    /// What the receiver saw besides spans.
+    #[must_use]
+    pub fn stats(&self) -> Stats {
+        self.stats.lock().expect("lock").clone()
+    }
+
+    /// When each request arrived, and whether it was refused (429), in order.
+    #[must_use]
+    pub fn arrivals(&self) -> Vec<(std::time::SystemTime, bool)> {
+        self.arrivals_log.lock().expect("lock").clone()
     }
 
     async fn handle(&self, req: Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
@@ -136,7 +222,22 @@ impl Receiver {
         if req.headers().get("content-type").and_then(|v| v.to_str().ok()) != Some("application/x-protobuf") {
             return bad("content-type must be application/x-protobuf".into());
         }
+        let gzipped = match req.headers().get("content-encoding").map(hyper::header::HeaderValue::as_bytes) {
+            None => false,
+            Some(b"gzip") => true,
+            Some(other) => return bad(format!("unexpected content-encoding {}", String::from_utf8_lossy(other))),
+        };
         let Ok(body) = req.into_body().collect().await else { return bad("body".into()) };
+        let refused = self.stats.lock().expect("lock").refused as usize;
+        if let Some(retry_after) = self.options.too_many.get(refused) {
+            self.stats.lock().expect("lock").refused += 1;
+            self.arrivals_log.lock().expect("lock").push((std::time::SystemTime::now(), true));
+            return Response::builder()
+                .status(StatusCode::TOO_MANY_REQUESTS)
+                .header("retry-after", retry_after.as_str())
+                .body(Full::new(Bytes::new()))
+                .expect("response");
+        }
         let arrival = self.arrivals.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if self.flaky.load(std::sync::atomic::Ordering::Relaxed) && arrival % 3 != 2 {
             return Response::builder()
@@ -144,10 +245,24 @@ impl Receiver {
                 .body(Full::new(Bytes::new()))
                 .expect("response");
         }
-        let decoded = match ExportTraceServiceRequest::decode(body.to_bytes()) {
+        let mut bytes = body.to_bytes().to_vec();
+        if gzipped {
+            let mut plain = Vec::new();
+            if let Err(e) = std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&bytes[..]), &mut plain) {
+                return bad(format!("gunzip: {e}"));
+            }
+            bytes = plain;
+        }
+        let decoded = match ExportTraceServiceRequest::decode(&bytes[..]) {
             Ok(d) => d,
             Err(e) => return bad(format!("decode: {e}")),
         };
+        self.record(decoded, gzipped);
+        Response::new(Full::new(Bytes::from(ExportTraceServiceResponse::default().encode_to_vec())))
+    }
+
+    fn record(&self, decoded: ExportTraceServiceRequest, gzipped: bool) {
+        self.arrivals_log.lock().expect("lock").push((std::time::SystemTime::now(), false));
         let mut spans = self.spans.lock().expect("lock");
         for rs in decoded.resource_spans {
             let attrs = rs.resource.map(|r| r.attributes).unwrap_or_default();
@@ -165,8 +280,9 @@ impl Receiver {
                 }
             }
         }
-        *self.requests.lock().expect("lock") += 1;
-        Response::new(Full::new(Bytes::from(ExportTraceServiceResponse::default().encode_to_vec())))
+        let mut stats = self.stats.lock().expect("lock");
+        stats.accepted += 1;
+        stats.gzipped += u64::from(gzipped);
     }
 
     /// Every span received so far.
@@ -183,4 +299,45 @@ impl Receiver {
         });
         self.spans()
     }
+}
+
+#[tonic::async_trait]
+impl TraceService for Receiver {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let gzipped = request.metadata().get("grpc-encoding").is_some_and(|v| v == "gzip");
+        self.record(request.into_inner(), gzipped);
+        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+    }
+}
+
+/// The receiver's TLS: its certificate, and with a client CA, mandatory client certificates.
+fn tls_acceptor(tls: &ServerTls, grpc: bool) -> tokio_rustls::TlsAcceptor {
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let chain: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_slice_iter(tls.cert_pem.as_bytes()).collect::<Result<_, _>>().expect("server chain");
+    let key = PrivateKeyDer::from_pem_slice(tls.key_pem.as_bytes()).expect("server key");
+    let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
+        .with_safe_default_protocol_versions()
+        .expect("versions");
+    let builder = match &tls.client_ca_pem {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in CertificateDer::pem_slice_iter(ca.as_bytes()) {
+                roots.add(cert.expect("client CA")).expect("client CA");
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .expect("client verifier");
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut config = builder.with_single_cert(chain, key).expect("server certificate");
+    config.alpn_protocols = if grpc { vec![b"h2".to_vec()] } else { vec![b"http/1.1".to_vec()] };
+    tokio_rustls::TlsAcceptor::from(Arc::new(config))
 }

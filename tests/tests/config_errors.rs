@@ -128,3 +128,82 @@ fn the_snippet_exits_2_naming_what_it_cannot_express() {
         assert!(stderr.contains(var) && out.stdout.is_empty(), "{env:?}: {stderr}");
     }
 }
+
+/// Every export variable added for TLS and gRPC: a bad value (or a file that is missing or not
+/// what the variable names) exits 2 at start, naming the variable that was read.
+#[test]
+fn bad_export_tls_and_grpc_values_exit_2_and_name_the_variable() {
+    let pki = tracetap_tests::pki::Pki::new("config-errors-ca");
+    let dir = pki.dir();
+    let (client_cert, client_key) = pki.client_files();
+    let not_pem = dir.join("not.pem");
+    std::fs::write(&not_pem, "this is not PEM\n").expect("write");
+    let other_key = dir.join("other.key");
+    std::fs::write(&other_key, tracetap_tests::pki::Pki::new("other").client_key_pem).expect("write");
+    let missing = dir.join("missing.pem").display().to_string();
+    let (ca, cert, key) =
+        (pki.ca_file().display().to_string(), client_cert.display().to_string(), client_key.display().to_string());
+    let https = ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://localhost:4318".to_owned());
+    let cases: Vec<(&str, Vec<(&str, String)>)> = vec![
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", vec![("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json".into())]),
+        ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", vec![("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpcs".into())]),
+        (
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            vec![
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc".into()),
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317/otlp".into()),
+            ],
+        ),
+        ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", vec![("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "0".into())]),
+        ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", vec![("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "br".into())]),
+        ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", vec![("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "a b=c".into())]),
+        ("OTEL_EXPORTER_OTLP_CERTIFICATE", vec![https.clone(), ("OTEL_EXPORTER_OTLP_CERTIFICATE", missing.clone())]),
+        (
+            "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+            vec![https.clone(), ("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", not_pem.display().to_string())],
+        ),
+        (
+            "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+            vec![https.clone(), ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", cert.clone())],
+        ),
+        (
+            "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
+            vec![https.clone(), ("OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY", key.clone())],
+        ),
+        (
+            "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+            vec![
+                https.clone(),
+                ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", not_pem.display().to_string()),
+                ("OTEL_EXPORTER_OTLP_CLIENT_KEY", key.clone()),
+            ],
+        ),
+        (
+            "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+            vec![
+                https.clone(),
+                ("OTEL_EXPORTER_OTLP_CERTIFICATE", ca.clone()),
+                ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", cert.clone()),
+                ("OTEL_EXPORTER_OTLP_CLIENT_KEY", other_key.display().to_string()),
+            ],
+        ),
+        (
+            "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+            vec![
+                https.clone(),
+                ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", cert.clone()),
+                ("OTEL_EXPORTER_OTLP_CLIENT_KEY", missing.clone()),
+            ],
+        ),
+    ];
+    for (var, env) in cases {
+        let out = Command::new(tracetap_tests::agent::binary())
+            .env_clear()
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .output()
+            .expect("run tracetap");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{env:?}: {stderr}");
+        assert!(stderr.contains(&format!("{var}=")), "{env:?}: the message must name {var}: {stderr}");
+    }
+}

@@ -116,7 +116,12 @@ pub struct Destination(Inner);
 
 enum Inner {
     Stdout,
-    Otlp { transport: Box<Transport>, endpoint: Endpoint, compression: Compression },
+    /// `gzip_body`: the exporter gzips the body (OTLP/HTTP; tonic compresses gRPC messages itself).
+    Otlp {
+        transport: Box<Transport>,
+        endpoint: Endpoint,
+        gzip_body: bool,
+    },
 }
 
 impl Destination {
@@ -134,11 +139,8 @@ impl Destination {
             Protocol::HttpProtobuf => Transport::Http(http::HttpTransport::new(endpoint, settings, tls_config)),
             Protocol::Grpc => Transport::Grpc(grpc::GrpcTransport::new(endpoint, settings, tls_config)),
         };
-        Ok(Self(Inner::Otlp {
-            transport: Box::new(transport),
-            endpoint: endpoint.clone(),
-            compression: settings.compression,
-        }))
+        let gzip_body = settings.compression == Compression::Gzip && settings.protocol == Protocol::HttpProtobuf;
+        Ok(Self(Inner::Otlp { transport: Box::new(transport), endpoint: endpoint.clone(), gzip_body }))
     }
 
     /// What the startup log says.
@@ -163,14 +165,13 @@ pub async fn run(destination: Destination, mut rx: mpsc::Receiver<EncodedBatch>,
                 // A slow log pipe blocks a pool thread, never the runtime.
                 let _ = tokio::task::spawn_blocking(move || print_json(&batch, &metrics)).await;
             }
-            Inner::Otlp { transport, endpoint, compression } => {
+            Inner::Otlp { transport, endpoint, gzip_body } => {
                 let spans = batch.spans;
-                let body = match compression {
-                    Compression::None => batch.body,
-                    Compression::Gzip => {
-                        let raw = batch.body;
-                        tokio::task::spawn_blocking(move || gzip(&raw)).await.expect("gzip does not panic")
-                    }
+                let body = if *gzip_body {
+                    let raw = batch.body;
+                    tokio::task::spawn_blocking(move || gzip(&raw)).await.expect("gzip does not panic")
+                } else {
+                    batch.body
                 };
                 match send_with_retries(transport, body, &metrics).await {
                     Ok((rejected, message)) => {

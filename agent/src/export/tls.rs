@@ -96,25 +96,63 @@ fn bad(file: &NamedFile, expected: impl Into<String>) -> ConfigError {
 /// attempt would meet the same certificate.
 #[must_use]
 pub fn certificate_error(error: &(dyn StdError + 'static)) -> Option<String> {
-    let mut next = Some(error);
-    while let Some(e) = next {
-        let rustls_error = e.downcast_ref::<rustls::Error>().or_else(|| {
-            e.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()?.downcast_ref::<rustls::Error>())
-        });
-        match rustls_error {
-            Some(rustls::Error::InvalidCertificate(why)) => {
-                return Some(format!(
-                    "the collector's certificate did not verify ({why}); trust its CA with OTEL_EXPORTER_OTLP_CERTIFICATE"
-                ));
-            }
-            Some(rustls::Error::AlertReceived(alert)) => {
-                return Some(format!(
-                    "the collector refused the TLS handshake ({alert:?}); check OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE and _KEY"
-                ));
-            }
-            Some(other) => return Some(format!("TLS failed: {other}")),
-            None => next = e.source(),
-        }
+    Some(match find_rustls_error(error)? {
+        rustls::Error::InvalidCertificate(why) => format!(
+            "the collector's certificate did not verify ({why}); trust its CA with OTEL_EXPORTER_OTLP_CERTIFICATE"
+        ),
+        rustls::Error::AlertReceived(alert) => format!(
+            "the collector refused the TLS handshake ({alert:?}); check OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE and _KEY"
+        ),
+        other => format!("TLS failed: {other}"),
+    })
+}
+
+/// The rustls error in a chain. An `io::Error` wrapping another error reports that error's
+/// *source* as its own, skipping the error itself, so wrapped errors are opened one by one.
+fn find_rustls_error<'a>(error: &'a (dyn StdError + 'static)) -> Option<&'a rustls::Error> {
+    if let Some(found) = error.downcast_ref::<rustls::Error>() {
+        return Some(found);
     }
-    None
+    if let Some(inner) = error.downcast_ref::<std::io::Error>().and_then(std::io::Error::get_ref) {
+        return find_rustls_error(inner);
+    }
+    error.source().and_then(find_rustls_error)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_certificate_error_is_found_through_wrapped_io_errors() {
+        // As hyper-rustls reports it: io::Error::other(io::Error(InvalidData, rustls::Error)).
+        let rustls_error = rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
+        let inner = std::io::Error::new(std::io::ErrorKind::InvalidData, rustls_error);
+        let outer = std::io::Error::other(inner);
+        let reason = certificate_error(&outer).expect("found");
+        assert!(reason.contains("did not verify") && reason.contains("OTEL_EXPORTER_OTLP_CERTIFICATE"), "{reason}");
+        assert_eq!(certificate_error(&std::io::Error::other("connection refused")), None);
+    }
+
+    #[test]
+    fn the_named_ca_file_is_read_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = |name: &str, text: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            Some(NamedFile { var: "OTEL_EXPORTER_OTLP_CERTIFICATE", path })
+        };
+        let empty = TlsFiles { certificate: file("empty.pem", ""), ..TlsFiles::default() };
+        assert_eq!(client_config(&empty).unwrap_err().var, "OTEL_EXPORTER_OTLP_CERTIFICATE");
+        let garbage = TlsFiles {
+            certificate: file("bad.pem", "-----BEGIN CERTIFICATE-----\nnot base64!\n-----END CERTIFICATE-----\n"),
+            ..TlsFiles::default()
+        };
+        assert!(client_config(&garbage).is_err());
+        let missing = TlsFiles {
+            certificate: Some(NamedFile { var: "OTEL_EXPORTER_OTLP_CERTIFICATE", path: dir.path().join("none") }),
+            ..TlsFiles::default()
+        };
+        assert!(client_config(&missing).unwrap_err().expected.contains("readable"));
+    }
 }

@@ -1,0 +1,217 @@
+//! Export as an operator configures it, end to end: the real agent tracing a real HAProxy, exporting
+//! to a receiver that decodes with the official definitions. OTLP/HTTP over TLS with a private CA
+//! (trusted, then untrusted), mutual TLS, OTLP/gRPC plain and over TLS with gzip, and a collector
+//! that answers 429 with `Retry-After`. Every test here needs root (see `require_root`).
+
+use std::time::{Duration, SystemTime};
+
+use tracetap_tests::agent::Agent;
+use tracetap_tests::client::Conn;
+use tracetap_tests::haproxy::{self, Haproxy};
+use tracetap_tests::otlp::{Options, Receiver, ServerTls};
+use tracetap_tests::pki::Pki;
+use tracetap_tests::{Rig, free_port, require_root, wait_for};
+
+/// HAProxy in front of the rig's backend, a receiver as `options` say, and an agent exporting to it
+/// with `env` on top.
+struct Traced {
+    rig: Rig,
+    receiver: Receiver,
+    _haproxy: Haproxy,
+    agent: Agent,
+    front: std::net::SocketAddr,
+}
+
+impl Traced {
+    fn start(options: Options, env: &[(&'static str, String)]) -> Self {
+        let rig = Rig::new();
+        let receiver = Receiver::start_with(&rig.rt, options);
+        let port = free_port();
+        let haproxy = Haproxy::start(&rig.comm, &haproxy::config(port, &[rig.backend.addr], ""), port);
+        let mut vars =
+            vec![("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint()), ("TRACETAP_TARGET_COMM", rig.comm.clone())];
+        vars.extend(env.iter().cloned());
+        let agent = Agent::start(&vars);
+        Self { rig, receiver, _haproxy: haproxy, agent, front: std::net::SocketAddr::from(([127, 0, 0, 1], port)) }
+    }
+
+    /// `n` requests with identical heads on one connection.
+    fn send(&self, n: usize) {
+        let mut conn = Conn::connect(self.front).expect("connect");
+        for _ in 0..n {
+            assert_eq!(conn.get("/export", &[]).expect("request").status, 200);
+        }
+    }
+
+    /// Waits until the receiver holds `n` spans (or 20 s) and checks it holds exactly that many:
+    /// one SERVER and one CLIENT span per request.
+    fn expect_spans(&self, n: usize) {
+        let spans = self.receiver.wait_for_spans(n);
+        assert_eq!(spans.len(), n, "spans received; agent log:\n{}", self.agent.log());
+        assert_eq!(spans.iter().filter(|s| s.is_server()).count(), n / 2);
+        assert!(spans.iter().all(|s| s.span.trace_id.len() == 16));
+    }
+
+    fn metric(&self, name: &str) -> u64 {
+        self.agent.metric(name)
+    }
+}
+
+fn server_tls(pki: &Pki, mutual: bool) -> ServerTls {
+    ServerTls {
+        cert_pem: pki.server_cert_pem.clone(),
+        key_pem: pki.server_key_pem.clone(),
+        client_ca_pem: mutual.then(|| pki.ca_pem.clone()),
+    }
+}
+
+fn path(p: &std::path::Path) -> String {
+    p.display().to_string()
+}
+
+#[test]
+fn https_with_a_private_ca_named_by_the_certificate_variable() {
+    if !require_root() {
+        return;
+    }
+    let pki = Pki::new("tracetap-test-ca");
+    let t = Traced::start(
+        Options { tls: Some(server_tls(&pki, false)), ..Options::default() },
+        &[("OTEL_EXPORTER_OTLP_CERTIFICATE", path(&pki.ca_file()))],
+    );
+    t.send(20);
+    t.expect_spans(40);
+    assert_eq!(t.receiver.stats().handshake_failures, 0);
+    assert_eq!(t.metric("tracetap_export_failures_total"), 0);
+}
+
+#[test]
+fn an_untrusted_certificate_is_a_counted_failure_and_the_agent_keeps_running() {
+    if !require_root() {
+        return;
+    }
+    let pki = Pki::new("tracetap-untrusted-ca");
+    // No OTEL_EXPORTER_OTLP_CERTIFICATE: the system's roots do not know this CA.
+    let mut t = Traced::start(Options { tls: Some(server_tls(&pki, false)), ..Options::default() }, &[]);
+    t.send(10);
+    let failed = wait_for(Duration::from_secs(20), || {
+        (t.metric("tracetap_spans_dropped_export_failed_total") >= 20).then_some(())
+    });
+    assert!(failed.is_some(), "the failed exports must be counted; log:\n{}", t.agent.log());
+    assert!(t.metric("tracetap_export_failures_total") >= 1);
+    // A certificate that does not verify is not retried: the next attempt would meet it again.
+    assert_eq!(t.metric("tracetap_export_retries_total"), 0, "log:\n{}", t.agent.log());
+    assert_eq!(t.metric("tracetap_spans_exported_total"), 0);
+    assert!(t.receiver.spans().is_empty());
+    assert!(t.receiver.stats().handshake_failures >= 1);
+    let log = t.agent.log();
+    let lines: Vec<_> = log.lines().filter(|l| l.contains("certificate did not verify")).collect();
+    assert_eq!(lines.len(), 1, "one clear line (then rate-limited): {log}");
+    assert!(lines[0].contains("OTEL_EXPORTER_OTLP_CERTIFICATE"), "it says what to set: {}", lines[0]);
+    assert!(t.agent.is_running());
+    assert_eq!(t.agent.get("/healthz").map(|(s, _)| s), Some(200));
+    // More traffic, more counted failures, still running.
+    t.send(5);
+    let more = wait_for(Duration::from_secs(20), || {
+        (t.metric("tracetap_spans_dropped_export_failed_total") >= 30).then_some(())
+    });
+    assert!(more.is_some());
+    assert!(t.agent.is_running());
+}
+
+#[test]
+fn mutual_tls_sends_the_client_certificate() {
+    if !require_root() {
+        return;
+    }
+    let pki = Pki::new("tracetap-mtls-ca");
+    let (cert, key) = pki.client_files();
+    let options = Options { tls: Some(server_tls(&pki, true)), ..Options::default() };
+    // Without the client certificate the receiver refuses the handshake: counted, nothing lost silently.
+    let without = Traced::start(options.clone(), &[("OTEL_EXPORTER_OTLP_CERTIFICATE", path(&pki.ca_file()))]);
+    without.send(5);
+    let failed = wait_for(Duration::from_secs(20), || {
+        (without.metric("tracetap_spans_dropped_export_failed_total") >= 10).then_some(())
+    });
+    assert!(failed.is_some(), "log:\n{}", without.agent.log());
+    assert!(without.receiver.spans().is_empty());
+    drop(without);
+
+    let with = Traced::start(
+        options,
+        &[
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", path(&pki.ca_file())),
+            ("OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE", path(&cert)),
+            ("OTEL_EXPORTER_OTLP_CLIENT_KEY", path(&key)),
+        ],
+    );
+    with.send(20);
+    with.expect_spans(40);
+    assert_eq!(with.metric("tracetap_export_failures_total"), 0);
+}
+
+#[test]
+fn grpc_plain_with_gzip() {
+    if !require_root() {
+        return;
+    }
+    let t = Traced::start(
+        Options { grpc: true, ..Options::default() },
+        &[("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc".into()), ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip".into())],
+    );
+    assert!(t.receiver.endpoint().starts_with("http://"));
+    t.send(30);
+    t.expect_spans(60);
+    let stats = t.receiver.stats();
+    assert!(stats.accepted > 0);
+    assert_eq!(stats.gzipped, stats.accepted, "every request gzipped");
+}
+
+#[test]
+fn grpc_over_mutual_tls_with_gzip() {
+    if !require_root() {
+        return;
+    }
+    let pki = Pki::new("tracetap-grpc-ca");
+    let (cert, key) = pki.client_files();
+    let t = Traced::start(
+        Options { grpc: true, tls: Some(server_tls(&pki, true)), ..Options::default() },
+        &[
+            ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc".into()),
+            ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip".into()),
+            ("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", path(&pki.ca_file())),
+            ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", path(&cert)),
+            ("OTEL_EXPORTER_OTLP_CLIENT_KEY", path(&key)),
+        ],
+    );
+    t.send(30);
+    t.expect_spans(60);
+    let stats = t.receiver.stats();
+    assert_eq!(stats.handshake_failures, 0);
+    assert_eq!(stats.gzipped, stats.accepted);
+}
+
+#[test]
+fn a_collector_asking_to_wait_gets_its_wait_and_nothing_is_lost() {
+    if !require_root() {
+        return;
+    }
+    // The first answer asks for a date about 3 s ahead, the second for 1 s; then 200.
+    let date = SystemTime::now() + Duration::from_secs(3);
+    let t =
+        Traced::start(Options { too_many: vec![httpdate::fmt_http_date(date), "1".into()], ..Options::default() }, &[]);
+    t.send(10);
+    t.expect_spans(20);
+    let arrivals = t.receiver.arrivals();
+    assert!(arrivals.len() >= 3, "{arrivals:?}");
+    assert!(arrivals[0].1 && arrivals[1].1 && !arrivals[2].1, "two refusals then an acceptance: {arrivals:?}");
+    // An HTTP date has whole seconds: the retry comes no earlier than the second it names.
+    let whole_second =
+        date - Duration::from_nanos(u64::from(date.duration_since(SystemTime::UNIX_EPOCH).unwrap().subsec_nanos()));
+    assert!(arrivals[1].0 >= whole_second, "retried before the date it was given");
+    assert!(arrivals[2].0.duration_since(arrivals[1].0).unwrap() >= Duration::from_secs(1), "retried before 1 s");
+    assert_eq!(t.metric("tracetap_export_retries_total"), 2);
+    assert_eq!(t.metric("tracetap_spans_dropped_export_failed_total"), 0);
+    assert_eq!(t.metric("tracetap_export_failures_total"), 0);
+    let _ = &t.rig;
+}
