@@ -212,7 +212,7 @@ fn run(config: &Config, policies: Option<Vec<NamedPolicy>>, destination: Destina
     };
 
     runtime.block_on(async {
-        let admin = tokio::spawn(admin::serve(admin_listener, Arc::clone(&metrics)));
+        let admin = tokio::spawn(admin::serve(admin_listener, Arc::clone(&metrics), admin::Limits::default()));
         wait_for_signal().await;
         tracing::info!("shutting down: flushing queued spans");
         stop.store(true, Relaxed);
