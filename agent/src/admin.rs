@@ -31,16 +31,12 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Self {
-            header_timeout: Duration::from_secs(5),
-            connection_timeout: Duration::from_mins(1),
-            max_connections: 32,
-        }
+        Self { header_timeout: Duration::from_secs(5), connection_timeout: Duration::from_mins(1), max_connections: 32 }
     }
 }
 
 /// Serves the admin endpoint on an already bound listener until the task is dropped.
-pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, limits: Limits) {
+pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, limits: Limits, prometheus: bool) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let mut backoff = AcceptBackoff::default();
     loop {
@@ -63,7 +59,7 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, limits: Limits)
         tokio::spawn(async move {
             let service = service_fn(move |req| {
                 let metrics = Arc::clone(&metrics);
-                async move { Ok::<_, Infallible>(route(&req, &metrics)) }
+                async move { Ok::<_, Infallible>(route(&req, &metrics, prometheus)) }
             });
             let connection = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -96,7 +92,7 @@ impl AcceptBackoff {
     }
 }
 
-fn route<B>(req: &Request<B>, metrics: &Metrics) -> Response<Full<Bytes>> {
+fn route<B>(req: &Request<B>, metrics: &Metrics, prometheus: bool) -> Response<Full<Bytes>> {
     let text = |status: StatusCode, body: String, content_type: &'static str| {
         Response::builder()
             .status(status)
@@ -113,7 +109,12 @@ fn route<B>(req: &Request<B>, metrics: &Metrics) -> Response<Full<Bytes>> {
         "/readyz" => {
             text(StatusCode::SERVICE_UNAVAILABLE, "probes not attached to any target yet\n".into(), "text/plain")
         }
-        "/metrics" => text(StatusCode::OK, metrics.render(), "text/plain; version=0.0.4"),
+        "/metrics" if prometheus => text(StatusCode::OK, metrics.render(), "text/plain; version=0.0.4"),
+        "/metrics" => text(
+            StatusCode::NOT_FOUND,
+            "the Prometheus text is off: OTEL_METRICS_EXPORTER does not list prometheus\n".into(),
+            "text/plain",
+        ),
         _ => text(StatusCode::NOT_FOUND, "try /readyz, /healthz or /metrics\n".into(), "text/plain"),
     }
 }
@@ -126,10 +127,13 @@ mod tests {
     fn readiness_follows_the_flag() {
         let m = Metrics::default();
         let req = Request::get("/readyz").body(()).unwrap();
-        assert_eq!(route(&req, &m).status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(route(&req, &m, true).status(), StatusCode::SERVICE_UNAVAILABLE);
         m.ready.store(true, Relaxed);
-        assert_eq!(route(&req, &m).status(), StatusCode::OK);
-        assert_eq!(route(&Request::get("/nope").body(()).unwrap(), &m).status(), StatusCode::NOT_FOUND);
+        assert_eq!(route(&req, &m, true).status(), StatusCode::OK);
+        assert_eq!(route(&Request::get("/nope").body(()).unwrap(), &m, true).status(), StatusCode::NOT_FOUND);
+        let metrics = Request::get("/metrics").body(()).unwrap();
+        assert_eq!(route(&metrics, &m, true).status(), StatusCode::OK);
+        assert_eq!(route(&metrics, &m, false).status(), StatusCode::NOT_FOUND);
     }
 
     #[test]

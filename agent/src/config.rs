@@ -14,6 +14,7 @@ use crate::k8s::selector::LabelSelector;
 use crate::sampling::{Sampler, threshold_for};
 use crate::tail::policy::{NamedPolicy, Policy};
 use crate::tail::{PolicySource, TailConfig};
+use crate::telemetry::{self, TelemetrySettings};
 use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
 
 /// Which processes to trace.
@@ -51,6 +52,8 @@ pub enum TlsProbes {
 pub struct Config {
     /// Where spans go (`OTEL_EXPORTER_OTLP_*`); no endpoint means JSON lines on stdout.
     pub export: ExportSettings,
+    /// The agent's own metrics: `/metrics`, OTLP, both or neither (`OTEL_METRICS_EXPORTER`).
+    pub telemetry: TelemetrySettings,
     pub service_name: String,
     pub resource_attributes: Vec<(String, String)>,
     pub sampler: Sampler,
@@ -109,6 +112,12 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
         "PEM client certificate chain for mutual TLS, with `OTEL_EXPORTER_OTLP_CLIENT_KEY` (`_TRACES_` variant wins)",
     ),
     ("OTEL_EXPORTER_OTLP_CLIENT_KEY", "(none)", "PEM private key of the client certificate (`_TRACES_` variant wins)"),
+    (
+        "OTEL_METRICS_EXPORTER",
+        "prometheus",
+        "the agent's own metrics: `prometheus` (text on /metrics), `otlp` (to the OTLP endpoint, `/v1/metrics`; `_METRICS_` variants of the export variables win), both comma-separated, or `none`",
+    ),
+    ("OTEL_METRIC_EXPORT_INTERVAL", "60000", "ms between exports of the agent's own metrics over OTLP"),
     ("OTEL_SERVICE_NAME", "haproxy", "`service.name` of the resource"),
     ("OTEL_RESOURCE_ATTRIBUTES", "(none)", "`key=value,...` extra resource attributes"),
     (
@@ -389,6 +398,7 @@ impl Config {
         let src = Source { get };
 
         let export = settings::parse(Signal::Traces, &|var| (src.get)(var))?;
+        let telemetry = telemetry::parse(&|var| (src.get)(var))?;
         let service_name = src.get("OTEL_SERVICE_NAME").map_or_else(|| "haproxy".to_owned(), |v| v.trim().to_owned());
         let resource_attributes = match src.get("OTEL_RESOURCE_ATTRIBUTES") {
             Some(v) => settings::parse_pairs("OTEL_RESOURCE_ATTRIBUTES", &v)?,
@@ -430,6 +440,7 @@ impl Config {
 
         Ok(Self {
             export,
+            telemetry,
             service_name,
             resource_attributes,
             sampler,

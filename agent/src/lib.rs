@@ -20,3 +20,4 @@ pub mod snippet;
 pub mod spans;
 pub mod tail;
 pub mod target;
+pub mod telemetry;

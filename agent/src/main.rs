@@ -17,7 +17,7 @@ use tracetap::metrics::Metrics;
 use tracetap::tail::engine::{Engine, Limits};
 use tracetap::tail::policy::{NamedPolicy, PolicySet};
 use tracetap::tail::{self, PolicySource, TailConfig, policy_file};
-use tracetap::{admin, config, snippet};
+use tracetap::{admin, config, snippet, telemetry};
 use tracetap_storage::{SledOptions, SledStore};
 
 fn main() -> ExitCode {
@@ -60,7 +60,8 @@ fn main() -> ExitCode {
         }
     };
     init_logging(&config.log_filter);
-    let destination = match Destination::new(&config.export) {
+    let prepared = Destination::new(&config.export).and_then(|d| Ok((d, telemetry::Prepared::new(&config.telemetry)?)));
+    let (destination, own_telemetry) = match prepared {
         Ok(d) => d,
         Err(e) => {
             eprintln!("tracetap: configuration error: {e}");
@@ -74,7 +75,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match run(&config, policies, destination) {
+    match run(&config, policies, destination, own_telemetry) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("tracetap: {e:#}");
@@ -159,7 +160,12 @@ fn start_pod_watch(runtime: &tokio::runtime::Runtime, config: &Config, metrics: 
     Some(index)
 }
 
-fn run(config: &Config, policies: Option<Vec<NamedPolicy>>, destination: Destination) -> anyhow::Result<()> {
+fn run(
+    config: &Config,
+    policies: Option<Vec<NamedPolicy>>,
+    destination: Destination,
+    own_telemetry: Option<telemetry::Prepared>,
+) -> anyhow::Result<()> {
     let runtime =
         tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
     let metrics = Arc::new(Metrics::default());
@@ -211,8 +217,21 @@ fn run(config: &Config, policies: Option<Vec<NamedPolicy>>, destination: Destina
             .context("starting the export thread")?
     };
 
+    let own_telemetry = match own_telemetry {
+        None => None,
+        Some(prepared) => {
+            tracing::info!(endpoint = prepared.describe(), "exporting the agent's own metrics over OTLP");
+            Some(prepared.start(runtime.handle(), config.resource(), &metrics)?)
+        }
+    };
+
     runtime.block_on(async {
-        let admin = tokio::spawn(admin::serve(admin_listener, Arc::clone(&metrics), admin::Limits::default()));
+        let admin = tokio::spawn(admin::serve(
+            admin_listener,
+            Arc::clone(&metrics),
+            admin::Limits::default(),
+            config.telemetry.prometheus,
+        ));
         wait_for_signal().await;
         tracing::info!("shutting down: flushing queued spans");
         stop.store(true, Relaxed);
@@ -226,6 +245,10 @@ fn run(config: &Config, policies: Option<Vec<NamedPolicy>>, destination: Destina
             tracing::warn!("flush did not finish within OTEL_EXPORTER_OTLP_TIMEOUT; queued spans were dropped");
         } else {
             let _ = exporter.join();
+        }
+        if let Some(own_telemetry) = own_telemetry {
+            // Off the runtime: the last export's connection runs on it.
+            let _ = tokio::task::spawn_blocking(move || own_telemetry.shutdown()).await;
         }
         admin.abort();
     });

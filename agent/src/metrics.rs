@@ -6,6 +6,23 @@ use std::fmt::Write as _;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
+/// One counter or gauge: its Prometheus name, `counter` or `gauge`, its help text, and how to read it.
+#[derive(Debug, Clone, Copy)]
+pub struct Descriptor {
+    pub name: &'static str,
+    pub kind: &'static str,
+    pub help: &'static str,
+    pub read: fn(&Metrics) -> u64,
+}
+
+impl Metrics {
+    /// Tail decisions by (policy, outcome) so far.
+    #[must_use]
+    pub fn tail_decisions(&self) -> Vec<((String, &'static str), u64)> {
+        self.tail_decisions.lock().map(|d| d.iter().map(|(k, v)| (k.clone(), *v)).collect()).unwrap_or_default()
+    }
+}
+
 macro_rules! metrics {
     ($( $field:ident : $kind:literal, $name:literal, $help:literal; )*) => {
         /// All counters and gauges. Counters only grow; gauges are overwritten.
@@ -18,6 +35,18 @@ macro_rules! metrics {
             /// Tail decisions by (policy, outcome); the policy is `none` when no policy matched.
             pub tail_decisions: Mutex<BTreeMap<(String, &'static str), u64>>,
         }
+
+        /// Every plain counter and gauge, for exporters other than the Prometheus text (the
+        /// agent's own telemetry over OTLP).
+        pub const DESCRIPTORS: &[Descriptor] = &[
+            $( Descriptor { name: $name, kind: $kind, help: $help, read: |m: &Metrics| m.$field.load(Relaxed) }, )*
+            Descriptor {
+                name: "tracetap_ready",
+                kind: "gauge",
+                help: "1 once probes are attached to at least one target",
+                read: |m: &Metrics| u64::from(m.ready.load(Relaxed)),
+            },
+        ];
 
         impl Metrics {
             /// Prometheus text exposition format, version 0.0.4.

@@ -19,7 +19,7 @@ fn start(limits: Limits) -> std::net::SocketAddr {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async move {
             let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            admin::serve(listener, Arc::new(Metrics::default()), limits).await;
+            admin::serve(listener, Arc::new(Metrics::default()), limits, true).await;
         });
     });
     addr

@@ -11,7 +11,10 @@ use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::service::TowerToHyperService;
+use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{
+    MetricsService, MetricsServiceServer,
+};
+use opentelemetry_proto::tonic::collector::metrics::v1::{ExportMetricsServiceRequest, ExportMetricsServiceResponse};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
 use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
 use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value::Value};
@@ -107,6 +110,8 @@ pub struct Stats {
     /// TLS handshakes that failed (an untrusted certificate on the client's side, a missing client
     /// certificate on ours).
     pub handshake_failures: u64,
+    /// Metrics export requests accepted (`/v1/metrics` or the gRPC metrics service).
+    pub metric_requests: u64,
 }
 
 /// The receiver; spans accumulate until the receiver is dropped.
@@ -114,6 +119,9 @@ pub struct Stats {
 pub struct Receiver {
     pub addr: SocketAddr,
     spans: Arc<Mutex<Vec<Received>>>,
+    /// The last value of each integer metric point received, by name (and attributes, `name{k=v}`),
+    /// and the `service.name` of its resource.
+    metrics: Arc<Mutex<std::collections::BTreeMap<String, (i64, String)>>>,
     stats: Arc<Mutex<Stats>>,
     /// When each request arrived, and whether it was refused.
     arrivals_log: Arc<Mutex<Vec<(std::time::SystemTime, bool)>>>,
@@ -140,6 +148,7 @@ impl Receiver {
         let receiver = Self {
             addr,
             spans: Arc::default(),
+            metrics: Arc::default(),
             stats: Arc::default(),
             arrivals_log: Arc::default(),
             options: Arc::new(options),
@@ -170,10 +179,20 @@ impl Receiver {
         I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
     {
         if self.options.grpc {
-            let service = TraceServiceServer::new(self).accept_compressed(CompressionEncoding::Gzip);
-            let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                .serve_connection(io, TowerToHyperService::new(service))
-                .await;
+            let traces = TraceServiceServer::new(self.clone()).accept_compressed(CompressionEncoding::Gzip);
+            let metrics = MetricsServiceServer::new(self).accept_compressed(CompressionEncoding::Gzip);
+            // Routed by the method's path, as tonic's router (not built in: it needs axum) would.
+            let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                let (mut traces, mut metrics) = (traces.clone(), metrics.clone());
+                async move {
+                    if req.uri().path().starts_with("/opentelemetry.proto.collector.metrics.") {
+                        tower_service::Service::call(&mut metrics, req).await
+                    } else {
+                        tower_service::Service::call(&mut traces, req).await
+                    }
+                }
+            });
+            let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new()).serve_connection(io, service).await;
         } else {
             let service = hyper::service::service_fn(move |req| {
                 let r = self.clone();
@@ -216,9 +235,11 @@ impl Receiver {
         let bad = |msg: String| {
             Response::builder().status(StatusCode::BAD_REQUEST).body(Full::new(Bytes::from(msg))).expect("response")
         };
-        if req.uri().path() != "/v1/traces" {
-            return bad(format!("unexpected path {}", req.uri().path()));
-        }
+        let is_metrics = match req.uri().path() {
+            "/v1/traces" => false,
+            "/v1/metrics" => true,
+            other => return bad(format!("unexpected path {other}")),
+        };
         if req.headers().get("content-type").and_then(|v| v.to_str().ok()) != Some("application/x-protobuf") {
             return bad("content-type must be application/x-protobuf".into());
         }
@@ -253,12 +274,66 @@ impl Receiver {
             }
             bytes = plain;
         }
+        if is_metrics {
+            return match ExportMetricsServiceRequest::decode(&bytes[..]) {
+                Ok(decoded) => {
+                    self.record_metrics(decoded);
+                    Response::new(Full::new(Bytes::from(ExportMetricsServiceResponse::default().encode_to_vec())))
+                }
+                Err(e) => bad(format!("decode: {e}")),
+            };
+        }
         let decoded = match ExportTraceServiceRequest::decode(&bytes[..]) {
             Ok(d) => d,
             Err(e) => return bad(format!("decode: {e}")),
         };
         self.record(decoded, gzipped);
         Response::new(Full::new(Bytes::from(ExportTraceServiceResponse::default().encode_to_vec())))
+    }
+
+    /// The last value of an integer metric point named `name` (attributes written `name{k=v,...}`),
+    /// and the `service.name` of its resource.
+    #[must_use]
+    pub fn metric(&self, name: &str) -> Option<(i64, String)> {
+        self.metrics.lock().expect("lock").get(name).cloned()
+    }
+
+    fn record_metrics(&self, decoded: ExportMetricsServiceRequest) {
+        use opentelemetry_proto::tonic::metrics::v1::{metric::Data, number_data_point};
+        let mut latest = self.metrics.lock().expect("lock");
+        for rm in decoded.resource_metrics {
+            let attrs = rm.resource.map(|r| r.attributes).unwrap_or_default();
+            let service = match attr(&attrs, "service.name") {
+                Some(Value::StringValue(s)) => s.clone(),
+                _ => String::new(),
+            };
+            for sm in rm.scope_metrics {
+                for metric in sm.metrics {
+                    let points = match metric.data {
+                        Some(Data::Sum(sum)) => sum.data_points,
+                        Some(Data::Gauge(gauge)) => gauge.data_points,
+                        _ => continue,
+                    };
+                    for point in points {
+                        let Some(number_data_point::Value::AsInt(value)) = point.value else { continue };
+                        let mut key = metric.name.clone();
+                        if !point.attributes.is_empty() {
+                            let labels: Vec<String> = point
+                                .attributes
+                                .iter()
+                                .map(|kv| match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+                                    Some(Value::StringValue(s)) => format!("{}={s}", kv.key),
+                                    _ => kv.key.clone(),
+                                })
+                                .collect();
+                            key = format!("{key}{{{}}}", labels.join(","));
+                        }
+                        latest.insert(key, (value, service.clone()));
+                    }
+                }
+            }
+        }
+        self.stats.lock().expect("lock").metric_requests += 1;
     }
 
     fn record(&self, decoded: ExportTraceServiceRequest, gzipped: bool) {
@@ -310,6 +385,17 @@ impl TraceService for Receiver {
         let gzipped = request.metadata().get("grpc-encoding").is_some_and(|v| v == "gzip");
         self.record(request.into_inner(), gzipped);
         Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+    }
+}
+
+#[tonic::async_trait]
+impl MetricsService for Receiver {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportMetricsServiceRequest>,
+    ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
+        self.record_metrics(request.into_inner());
+        Ok(tonic::Response::new(ExportMetricsServiceResponse::default()))
     }
 }
 

@@ -155,6 +155,20 @@ fn bad_export_tls_and_grpc_values_exit_2_and_name_the_variable() {
             ],
         ),
         ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", vec![("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "0".into())]),
+        ("OTEL_METRICS_EXPORTER", vec![("OTEL_METRICS_EXPORTER", "statsd".into())]),
+        ("OTEL_METRIC_EXPORT_INTERVAL", vec![("OTEL_METRIC_EXPORT_INTERVAL", "soon".into())]),
+        (
+            "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
+            vec![("OTEL_METRICS_EXPORTER", "otlp".into()), ("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "udp".into())],
+        ),
+        (
+            "OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE",
+            vec![
+                ("OTEL_METRICS_EXPORTER", "otlp".into()),
+                ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "https://localhost:4318/v1/metrics".into()),
+                ("OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE", missing.clone()),
+            ],
+        ),
         ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", vec![("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "br".into())]),
         ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", vec![("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "a b=c".into())]),
         ("OTEL_EXPORTER_OTLP_CERTIFICATE", vec![https.clone(), ("OTEL_EXPORTER_OTLP_CERTIFICATE", missing.clone())]),

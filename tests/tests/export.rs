@@ -215,3 +215,58 @@ fn a_collector_asking_to_wait_gets_its_wait_and_nothing_is_lost() {
     assert_eq!(t.metric("tracetap_export_failures_total"), 0);
     let _ = &t.rig;
 }
+
+/// Waits until the receiver's last value of `name` is `value` (the periodic reader catches up).
+fn wait_for_metric(t: &Traced, name: &str, value: i64) -> String {
+    let found = wait_for(Duration::from_secs(20), || t.receiver.metric(name).filter(|(v, _)| *v == value));
+    let (_, service) = found.unwrap_or_else(|| {
+        panic!(
+            "{name} never reached {value} over OTLP (last {:?}); agent log:\n{}",
+            t.receiver.metric(name),
+            t.agent.log()
+        )
+    });
+    service
+}
+
+#[test]
+fn the_agents_own_metrics_arrive_over_otlp_http_beside_prometheus() {
+    if !require_root() {
+        return;
+    }
+    let t = Traced::start(
+        Options::default(),
+        &[("OTEL_METRICS_EXPORTER", "prometheus,otlp".into()), ("OTEL_METRIC_EXPORT_INTERVAL", "300".into())],
+    );
+    t.send(25);
+    t.expect_spans(50);
+    // The same counters as /metrics: once traffic stops, the OTLP values reach the text's.
+    assert_eq!(t.metric("tracetap_requests_total"), 25);
+    let service = wait_for_metric(&t, "tracetap_requests", 25);
+    assert_eq!(service, "haproxy", "the agent's resource");
+    let exported = i64::try_from(t.metric("tracetap_spans_exported_total")).unwrap();
+    wait_for_metric(&t, "tracetap_spans_exported", exported);
+    wait_for_metric(&t, "tracetap_ready", 1);
+    assert!(t.receiver.stats().metric_requests >= 2);
+}
+
+#[test]
+fn the_agents_own_metrics_over_grpc_with_the_prometheus_text_off() {
+    if !require_root() {
+        return;
+    }
+    let t = Traced::start(
+        Options { grpc: true, ..Options::default() },
+        &[
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc".into()),
+            ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip".into()),
+            ("OTEL_METRICS_EXPORTER", "otlp".into()),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "300".into()),
+        ],
+    );
+    t.send(25);
+    t.expect_spans(50);
+    wait_for_metric(&t, "tracetap_requests", 25);
+    wait_for_metric(&t, "tracetap_spans_exported", 50);
+    assert_eq!(t.agent.get("/metrics").map(|(s, _)| s), Some(404), "OTEL_METRICS_EXPORTER=otlp: no Prometheus text");
+}
