@@ -15,7 +15,8 @@ use tracetap::metrics::Metrics;
 use tracetap::pipeline::EncodedBatch;
 
 /// Serves one canned status per request, in order (the last one repeats), and keeps the bodies.
-async fn server(statuses: Vec<u16>) -> (String, Arc<Mutex<Vec<Vec<u8>>>>) {
+/// Its 200 answers carry `ok_body`.
+async fn server_answering(statuses: Vec<u16>, ok_body: Vec<u8>) -> (String, Arc<Mutex<Vec<Vec<u8>>>>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let bodies = Arc::new(Mutex::new(Vec::new()));
@@ -49,8 +50,13 @@ async fn server(statuses: Vec<u16>) -> (String, Arc<Mutex<Vec<Vec<u8>>>>) {
             }
             let status = statuses[n.min(statuses.len() - 1)];
             n += 1;
-            let resp = format!("HTTP/1.1 {status} X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+            let body: &[u8] = if status == 200 { &ok_body } else { &[] };
+            let resp = format!(
+                "HTTP/1.1 {status} X\r\nContent-Type: application/x-protobuf\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
             let _ = stream.write_all(resp.as_bytes()).await;
+            let _ = stream.write_all(body).await;
         }
     });
     (url, bodies)
@@ -84,7 +90,11 @@ fn batch(name: &str) -> EncodedBatch {
 }
 
 async fn export_batches(statuses: Vec<u16>, batches: usize) -> (Arc<Metrics>, Vec<Vec<u8>>) {
-    let (url, bodies) = server(statuses).await;
+    export_batches_answered(statuses, Vec::new(), batches).await
+}
+
+async fn export_batches_answered(statuses: Vec<u16>, ok_body: Vec<u8>, batches: usize) -> (Arc<Metrics>, Vec<Vec<u8>>) {
+    let (url, bodies) = server_answering(statuses, ok_body).await;
     let config = config(&url);
     let metrics = Arc::new(Metrics::default());
     let (queue, rx) = export::queue(config.max_queue_size, config.max_export_batch_size, Arc::clone(&metrics));
@@ -130,4 +140,17 @@ async fn full_queue_drops_and_counts_and_close_flushes_the_rest() {
         .map(|b| ExportTraceServiceRequest::decode(&b[..]).unwrap().resource_spans[0].scope_spans[0].spans.len())
         .sum();
     assert_eq!(exported, 4);
+}
+
+#[tokio::test]
+async fn a_partial_success_counts_the_rejected_spans() {
+    use opentelemetry_proto::tonic::collector::trace::v1::{ExportTracePartialSuccess, ExportTraceServiceResponse};
+    let answer = ExportTraceServiceResponse {
+        partial_success: Some(ExportTracePartialSuccess { rejected_spans: 1, error_message: "span too old".into() }),
+    };
+    let (metrics, bodies) = export_batches_answered(vec![200], answer.encode_to_vec(), 1).await;
+    assert_eq!(bodies.len(), 1, "a partial success is not retried");
+    assert_eq!(metrics.spans_rejected.load(Relaxed), 1);
+    assert_eq!(metrics.spans_exported.load(Relaxed), 1);
+    assert_eq!(metrics.export_failures.load(Relaxed), 0);
 }

@@ -82,7 +82,20 @@ impl Agent {
             .expect("CapEff of the agent")
     }
 
-    fn spawn_command(mut cmd: Command, env: &[(&str, String)]) -> Self {
+    /// Starts the agent with its stdout a pipe that nobody reads (a stuck log pipeline: once the
+    /// pipe's buffer is full, every write to stdout blocks); waits until ready.
+    #[must_use]
+    pub fn start_with_stdout_unread(env: &[(&str, String)]) -> Self {
+        let agent = Self::spawn_with_stdout(Command::new(binary()), env, Stdio::piped());
+        agent.wait_ready();
+        agent
+    }
+
+    fn spawn_command(cmd: Command, env: &[(&str, String)]) -> Self {
+        Self::spawn_with_stdout(cmd, env, Stdio::null())
+    }
+
+    fn spawn_with_stdout(mut cmd: Command, env: &[(&str, String)], stdout: Stdio) -> Self {
         let admin: SocketAddr = format!("127.0.0.1:{}", crate::free_port()).parse().expect("addr");
         let log = std::env::temp_dir().join(format!("tracetap-agent-{}.log", admin.port()));
         cmd.env_clear()
@@ -93,11 +106,8 @@ impl Agent {
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let child = cmd
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("agent log"))
-            .spawn()
-            .expect("start tracetap");
+        let child =
+            cmd.stdout(stdout).stderr(std::fs::File::create(&log).expect("agent log")).spawn().expect("start tracetap");
         Self { child: Some(child), admin, log }
     }
 

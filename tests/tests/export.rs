@@ -270,3 +270,35 @@ fn the_agents_own_metrics_over_grpc_with_the_prometheus_text_off() {
     wait_for_metric(&t, "tracetap_spans_exported", 50);
     assert_eq!(t.agent.get("/metrics").map(|(s, _)| s), Some(404), "OTEL_METRICS_EXPORTER=otlp: no Prometheus text");
 }
+
+#[test]
+fn a_stuck_stdout_does_not_stop_the_admin_endpoint() {
+    if !require_root() {
+        return;
+    }
+    // No endpoint: spans go to stdout as JSON lines, into a pipe nobody reads.
+    let rig = Rig::new();
+    let port = free_port();
+    let _haproxy = Haproxy::start(&rig.comm, &haproxy::config(port, &[rig.backend.addr], ""), port);
+    let agent = Agent::start_with_stdout_unread(&[
+        ("TRACETAP_TARGET_COMM", rig.comm.clone()),
+        ("OTEL_BSP_MAX_QUEUE_SIZE", "64".into()),
+        ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "16".into()),
+    ]);
+    let front = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    // Far more JSON than a pipe holds (64 KiB): the sink blocks, the queue fills and sheds.
+    let mut conn = Conn::connect(front).expect("connect");
+    let long = format!("/stuck/{}", "x".repeat(2000));
+    let shed = wait_for(Duration::from_secs(60), || {
+        for _ in 0..50 {
+            assert_eq!(conn.get(&long, &[]).expect("request").status, 200);
+        }
+        (agent.metric("tracetap_spans_dropped_queue_full_total") > 0).then_some(())
+    });
+    assert!(shed.is_some(), "the blocked sink must back up into the queue, whose overflow is counted");
+    // The liveness probe is answered all along.
+    for _ in 0..5 {
+        assert_eq!(agent.get("/healthz").map(|(s, _)| s), Some(200), "log:\n{}", agent.log());
+    }
+    assert!(agent.metric("tracetap_requests_total") >= 50);
+}
