@@ -65,7 +65,12 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, limits: Limits,
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_timeout)
                 .serve_connection(TokioIo::new(stream), service);
-            let _ = tokio::time::timeout(limits.connection_timeout, connection).await;
+            let mut connection = std::pin::pin!(connection);
+            if tokio::time::timeout(limits.connection_timeout, connection.as_mut()).await.is_err() {
+                // At the end of its life a connection finishes the answer in flight, then closes.
+                connection.as_mut().graceful_shutdown();
+                let _ = tokio::time::timeout(limits.header_timeout, connection).await;
+            }
             drop(slot);
         });
     }

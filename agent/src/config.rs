@@ -90,7 +90,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     (
         "OTEL_EXPORTER_OTLP_ENDPOINT",
         "(unset: JSON lines on stdout)",
-        "base URL, `http://` or `https://`; OTLP/HTTP spans go to `<url>/v1/traces`; a gRPC URL without a port means 4317",
+        "base URL, `http://` or `https://`; OTLP/HTTP spans go to `<url>/v1/traces`; an `http://` gRPC URL without a port means 4317",
     ),
     ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "(unset)", "full URL for traces; wins over the base URL"),
     ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf", "`http/protobuf` or `grpc` (`_TRACES_` variant wins)"),
@@ -112,6 +112,81 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
         "PEM client certificate chain for mutual TLS, with `OTEL_EXPORTER_OTLP_CLIENT_KEY` (`_TRACES_` variant wins)",
     ),
     ("OTEL_EXPORTER_OTLP_CLIENT_KEY", "(none)", "PEM private key of the client certificate (`_TRACES_` variant wins)"),
+    (
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+        "(`OTEL_EXPORTER_OTLP_PROTOCOL`)",
+        "the same for spans only; wins over the general variable",
+    ),
+    (
+        "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+        "(`OTEL_EXPORTER_OTLP_HEADERS`)",
+        "the same for spans only; wins over the general variable",
+    ),
+    (
+        "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+        "(`OTEL_EXPORTER_OTLP_TIMEOUT`)",
+        "the same for spans only; wins over the general variable",
+    ),
+    (
+        "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
+        "(`OTEL_EXPORTER_OTLP_COMPRESSION`)",
+        "the same for spans only; wins over the general variable",
+    ),
+    (
+        "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+        "(`OTEL_EXPORTER_OTLP_CERTIFICATE`)",
+        "the same for spans only; wins over the general variable",
+    ),
+    (
+        "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
+        "(`OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE`)",
+        "the same for spans only; wins over the general variable",
+    ),
+    (
+        "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
+        "(`OTEL_EXPORTER_OTLP_CLIENT_KEY`)",
+        "the same for spans only; wins over the general variable",
+    ),
+    (
+        "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+        "(`<base URL>/v1/metrics`, else `http://localhost:4318/v1/metrics`)",
+        "full URL for the agent's own metrics (with `OTEL_METRICS_EXPORTER=otlp`); without any endpoint they go to the OTLP default on this host, while spans go to stdout",
+    ),
+    (
+        "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
+        "(`OTEL_EXPORTER_OTLP_PROTOCOL`)",
+        "the same for the agent's own metrics only; wins over the general variable",
+    ),
+    (
+        "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
+        "(`OTEL_EXPORTER_OTLP_HEADERS`)",
+        "the same for the agent's own metrics only; wins over the general variable",
+    ),
+    (
+        "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT",
+        "(`OTEL_EXPORTER_OTLP_TIMEOUT`)",
+        "the same for the agent's own metrics only; wins over the general variable",
+    ),
+    (
+        "OTEL_EXPORTER_OTLP_METRICS_COMPRESSION",
+        "(`OTEL_EXPORTER_OTLP_COMPRESSION`)",
+        "the same for the agent's own metrics only; wins over the general variable",
+    ),
+    (
+        "OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE",
+        "(`OTEL_EXPORTER_OTLP_CERTIFICATE`)",
+        "the same for the agent's own metrics only; wins over the general variable",
+    ),
+    (
+        "OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE",
+        "(`OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE`)",
+        "the same for the agent's own metrics only; wins over the general variable",
+    ),
+    (
+        "OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY",
+        "(`OTEL_EXPORTER_OTLP_CLIENT_KEY`)",
+        "the same for the agent's own metrics only; wins over the general variable",
+    ),
     (
         "OTEL_METRICS_EXPORTER",
         "prometheus",
@@ -582,6 +657,9 @@ mod tests {
         ])
         .unwrap();
         assert_eq!((c.export.protocol, endpoint(&c)), (Protocol::Grpc, "https://c:9999/".to_owned()));
+        let c =
+            parse(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c"), ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")]).unwrap();
+        assert_eq!(endpoint(&c), "https://c:443/", "TLS without a port: 443, as every client reads it");
     }
 
     #[test]
@@ -627,6 +705,10 @@ mod tests {
             // both used to pass here and fail every export.
             ("OTEL_EXPORTER_OTLP_HEADERS", "api key=secret"),
             ("OTEL_EXPORTER_OTLP_HEADERS", "x-api-key=a%0Ab"),
+            // Valid headers the exporter sets itself: a second value would fail every export.
+            ("OTEL_EXPORTER_OTLP_HEADERS", "Content-Type=text/plain"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "api-key=1,content-length=5"),
+            ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "grpc-timeout=1S"),
             // A space in the path used to pass here and make the exporter task panic.
             ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/v1 traces"),
             ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://collector:4318/a b"),

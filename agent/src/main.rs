@@ -239,7 +239,14 @@ fn run(
         // any), whose end ends the exporter.
         let _ = tokio::task::spawn_blocking(move || capture_thread.join()).await;
         if let Some(tail_thread) = tail_thread {
-            let _ = tokio::task::spawn_blocking(move || tail_thread.join()).await;
+            // Its hand-over waits for room in the export queue: with the exporter stuck (a
+            // collector mid-retry, a stdout nobody reads) that wait is bounded here.
+            let joined = tokio::task::spawn_blocking(move || tail_thread.join());
+            if tokio::time::timeout(config.export.timeout, joined).await.is_err() {
+                tracing::warn!(
+                    "the tail thread did not hand over its last kept traces within OTEL_EXPORTER_OTLP_TIMEOUT; they stay in the store's outbox and are exported at the next start"
+                );
+            }
         }
         if tokio::time::timeout(config.export.timeout, exported_rx).await.is_err() {
             tracing::warn!("flush did not finish within OTEL_EXPORTER_OTLP_TIMEOUT; queued spans were dropped");

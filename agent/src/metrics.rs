@@ -117,6 +117,7 @@ metrics! {
     spans_rejected: "counter", "tracetap_spans_rejected_total", "Spans the collector accepted the request of but rejected (OTLP partial success; the log gives its message)";
     export_retries: "counter", "tracetap_export_retries_total", "Export requests retried";
     export_failures: "counter", "tracetap_export_failures_total", "Export requests that failed for good";
+    metrics_export_failures: "counter", "tracetap_metrics_export_failures_total", "Exports of the agent's own metrics over OTLP that failed (the log says why, at most every 10 s)";
     admin_accept_errors: "counter", "tracetap_admin_accept_errors_total", "Failed accepts on the admin endpoint (retried with backoff, 10 ms doubling to 1 s)";
     probe_runs: "counter", "tracetap_probe_runs_total", "Probe runs in the kernel (needs TRACETAP_PROBE_STATS=true)";
     probe_run_time_ns: "counter", "tracetap_probe_run_time_ns_total", "Time the probes ran in the kernel, in ns (needs TRACETAP_PROBE_STATS=true)";

@@ -25,12 +25,15 @@ use opentelemetry::KeyValue;
 use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _, WithTonicConfig as _};
 use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::metrics::data::ResourceMetrics;
+use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
+use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider, Temporality};
 
 use crate::config_error::ConfigError;
 use crate::export::settings::{self, Compression, Endpoint, ExportSettings, Protocol, Signal};
-use crate::export::tls;
-use crate::metrics::{DESCRIPTORS, Metrics};
+use crate::export::{RateLimitedLog, tls};
+use crate::metrics::{self, DESCRIPTORS, Metrics};
 
 /// `OTEL_METRICS_EXPORTER` and `OTEL_METRIC_EXPORT_INTERVAL`, with the OTLP settings of metrics.
 #[derive(Debug, Clone, PartialEq)]
@@ -99,8 +102,7 @@ impl Prepared {
             }
             Protocol::Grpc => Endpoint { tls: false, authority: "localhost:4317".into(), path: "/".into() },
         });
-        let files = if endpoint.tls { settings.tls.clone() } else { settings::TlsFiles::default() };
-        let tls_config = tls::client_config(&files)?;
+        let tls_config = if endpoint.tls { tls::client_config(&settings.tls)? } else { tls::plaintext_config() };
         Ok(Some(Self { endpoint, settings: settings.clone(), tls_config, interval: telemetry.interval }))
     }
 
@@ -161,6 +163,12 @@ impl Prepared {
             }
         }
         .context("building the OTLP metrics exporter")?;
+        let exporter = CountingExporter {
+            inner: exporter,
+            metrics: Arc::clone(metrics),
+            endpoint: self.endpoint.to_string(),
+            log: std::sync::Mutex::default(),
+        };
         let reader = PeriodicReader::builder(exporter).with_interval(self.interval).build();
         let resource =
             Resource::builder_empty().with_attributes(resource.into_iter().map(|(k, v)| KeyValue::new(k, v))).build();
@@ -218,6 +226,40 @@ impl OwnTelemetry {
     }
 }
 
+/// The OTLP exporter, with its failures counted and logged: the SDK's own error reports are not
+/// compiled in (its `internal-logs` feature would route every SDK message through `tracing`).
+struct CountingExporter {
+    inner: opentelemetry_otlp::MetricExporter,
+    metrics: Arc<Metrics>,
+    endpoint: String,
+    log: std::sync::Mutex<RateLimitedLog>,
+}
+
+impl PushMetricExporter for CountingExporter {
+    async fn export(&self, resource_metrics: &ResourceMetrics) -> OTelSdkResult {
+        let result = self.inner.export(resource_metrics).await;
+        if let Err(e) = &result {
+            metrics::add(&self.metrics.metrics_export_failures, 1);
+            if let Ok(mut log) = self.log.lock() {
+                log.warn(&format!("export of the agent's own metrics to {} failed: {e}", self.endpoint));
+            }
+        }
+        result
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn temporality(&self) -> Temporality {
+        self.inner.temporality()
+    }
+}
+
 /// `opentelemetry-otlp`'s HTTP client, made of the agent's: the SDK's reader thread hands each
 /// request to the agent's runtime and waits for the answer.
 #[derive(Debug)]
@@ -248,13 +290,16 @@ impl opentelemetry_http::HttpClient for RuntimeHttpClient {
         request: hyper::Request<Bytes>,
     ) -> Result<hyper::Response<Bytes>, opentelemetry_http::HttpError> {
         let (client, timeout) = (self.client.clone(), self.timeout);
-        let answer = self.runtime.spawn(async move {
-            let response = tokio::time::timeout(timeout, client.request(request.map(Full::new)))
-                .await
-                .map_err(|_| format!("no answer within {timeout:?}"))??;
+        let exchange = async move {
+            let response = client.request(request.map(Full::new)).await?;
             let (parts, body) = response.into_parts();
             let body = Limited::new(body, MAX_RESPONSE_BYTES).collect().await?.to_bytes();
             Ok::<_, opentelemetry_http::HttpError>(hyper::Response::from_parts(parts, body))
+        };
+        // The whole exchange, body included, within the timeout: a collector that stalls after
+        // its headers must not hold the SDK's reader thread.
+        let answer = self.runtime.spawn(async move {
+            tokio::time::timeout(timeout, exchange).await.map_err(|_| format!("no answer within {timeout:?}"))?
         });
         answer.await?
     }

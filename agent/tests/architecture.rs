@@ -35,14 +35,42 @@ fn dependencies() -> BTreeMap<String, BTreeSet<String>> {
         let code = text.split("#[cfg(test)]").next().unwrap_or_default();
         let deps = graph.entry(module.clone()).or_default();
         for (i, _) in code.match_indices("crate::") {
-            let rest = &code[i + "crate::".len()..];
-            let name: String = rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
-            if !name.is_empty() && name != module {
-                deps.insert(name);
+            for name in referenced_modules(&code[i + "crate::".len()..]) {
+                if name != module {
+                    deps.insert(name);
+                }
             }
         }
     }
     graph
+}
+
+/// The top-level modules named right after a `crate::`: one (`crate::a::b`), or each first segment
+/// of a group (`crate::{a::b, c}`).
+fn referenced_modules(after: &str) -> Vec<String> {
+    let ident =
+        |s: &str| -> String { s.trim_start().chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect() };
+    let Some(group) = after.strip_prefix('{') else {
+        return vec![ident(after)].into_iter().filter(|n| !n.is_empty()).collect();
+    };
+    // Split the group's top level at commas (nested groups belong to their first segment).
+    let (mut names, mut depth, mut start) = (Vec::new(), 0usize, 0usize);
+    for (i, c) in group.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => {
+                names.push(ident(&group[start..i]));
+                break;
+            }
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                names.push(ident(&group[start..i]));
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    names.into_iter().filter(|n| !n.is_empty()).collect()
 }
 
 /// A cycle through `from`, as the list of modules on it.
@@ -60,6 +88,12 @@ fn cycle(graph: &BTreeMap<String, BTreeSet<String>>, path: &mut Vec<String>, fro
     }
     path.pop();
     None
+}
+
+#[test]
+fn grouped_paths_name_each_module() {
+    assert_eq!(referenced_modules("config::Config;"), ["config"]);
+    assert_eq!(referenced_modules("{config::{A, B}, export, tail::x};"), ["config", "export", "tail"]);
 }
 
 #[test]

@@ -6,6 +6,7 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full};
@@ -85,9 +86,23 @@ pub struct Options {
     pub grpc: bool,
     /// TLS with this certificate; with `client_ca`, mutual TLS (a client certificate is required).
     pub tls: Option<ServerTls>,
+    /// With TLS, [`Receiver::endpoint`] names `127.0.0.1` (an IP literal) instead of `localhost`.
+    pub by_ip: bool,
     /// OTLP/HTTP: the first requests are answered 429 with these `Retry-After` values, in order,
     /// before any is accepted.
-    pub too_many: Vec<String>,
+    pub too_many: Vec<RetryAfter>,
+}
+
+/// When a request arrived, and for a refused one the earliest time its `Retry-After` allowed a retry.
+pub type Arrival = (SystemTime, Option<SystemTime>);
+
+/// A `Retry-After` answer.
+#[derive(Clone, Copy, Debug)]
+pub enum RetryAfter {
+    /// Delay-seconds.
+    Seconds(u64),
+    /// An HTTP date this far after the refusal (written in whole seconds, as HTTP dates are).
+    DateIn(Duration),
 }
 
 /// The receiver's side of TLS, as PEM.
@@ -123,8 +138,8 @@ pub struct Receiver {
     /// and the `service.name` of its resource.
     metrics: Arc<Mutex<std::collections::BTreeMap<String, (i64, String)>>>,
     stats: Arc<Mutex<Stats>>,
-    /// When each request arrived, and whether it was refused.
-    arrivals_log: Arc<Mutex<Vec<(std::time::SystemTime, bool)>>>,
+    /// When each request arrived, and for a refused one, the earliest time the refusal allowed a retry.
+    arrivals_log: Arc<Mutex<Vec<Arrival>>>,
     options: Arc<Options>,
     /// When set, two requests in three are answered 503 (and not recorded): a collector that
     /// keeps exports in flight through the agent's retries.
@@ -212,7 +227,9 @@ impl Receiver {
     /// the name the certificate carries is the one dialled).
     #[must_use]
     pub fn endpoint(&self) -> String {
-        if self.options.tls.is_some() {
+        if self.options.tls.is_some() && self.options.by_ip {
+            format!("https://{}", self.addr)
+        } else if self.options.tls.is_some() {
             format!("https://localhost:{}", self.addr.port())
         } else {
             format!("http://{}", self.addr)
@@ -225,9 +242,10 @@ impl Receiver {
         self.stats.lock().expect("lock").clone()
     }
 
-    /// When each request arrived, and whether it was refused (429), in order.
+    /// When each request arrived, and for a refused one (429) the earliest time its `Retry-After`
+    /// allowed a retry, in order.
     #[must_use]
-    pub fn arrivals(&self) -> Vec<(std::time::SystemTime, bool)> {
+    pub fn arrivals(&self) -> Vec<Arrival> {
         self.arrivals_log.lock().expect("lock").clone()
     }
 
@@ -252,10 +270,19 @@ impl Receiver {
         let refused = self.stats.lock().expect("lock").refused as usize;
         if let Some(retry_after) = self.options.too_many.get(refused) {
             self.stats.lock().expect("lock").refused += 1;
-            self.arrivals_log.lock().expect("lock").push((std::time::SystemTime::now(), true));
+            let now = SystemTime::now();
+            let (value, not_before) = match *retry_after {
+                RetryAfter::Seconds(s) => (s.to_string(), now + Duration::from_secs(s)),
+                RetryAfter::DateIn(after) => {
+                    let date = now + after;
+                    let whole = date.duration_since(SystemTime::UNIX_EPOCH).expect("after 1970").as_secs();
+                    (httpdate::fmt_http_date(date), SystemTime::UNIX_EPOCH + Duration::from_secs(whole))
+                }
+            };
+            self.arrivals_log.lock().expect("lock").push((now, Some(not_before)));
             return Response::builder()
                 .status(StatusCode::TOO_MANY_REQUESTS)
-                .header("retry-after", retry_after.as_str())
+                .header("retry-after", value)
                 .body(Full::new(Bytes::new()))
                 .expect("response");
         }
@@ -337,7 +364,7 @@ impl Receiver {
     }
 
     fn record(&self, decoded: ExportTraceServiceRequest, gzipped: bool) {
-        self.arrivals_log.lock().expect("lock").push((std::time::SystemTime::now(), false));
+        self.arrivals_log.lock().expect("lock").push((SystemTime::now(), None));
         let mut spans = self.spans.lock().expect("lock");
         for rs in decoded.resource_spans {
             let attrs = rs.resource.map(|r| r.attributes).unwrap_or_default();
@@ -369,9 +396,8 @@ impl Receiver {
     /// Waits until at least `n` spans arrived (at most 20 s) and returns them all.
     #[must_use]
     pub fn wait_for_spans(&self, n: usize) -> Vec<Received> {
-        let _ = crate::wait_for(std::time::Duration::from_secs(20), || {
-            (self.spans.lock().expect("lock").len() >= n).then_some(())
-        });
+        let _ =
+            crate::wait_for(Duration::from_secs(20), || (self.spans.lock().expect("lock").len() >= n).then_some(()));
         self.spans()
     }
 }

@@ -156,6 +156,53 @@ fn bad_export_tls_and_grpc_values_exit_2_and_name_the_variable() {
         ),
         ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", vec![("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "0".into())]),
         ("OTEL_METRICS_EXPORTER", vec![("OTEL_METRICS_EXPORTER", "statsd".into())]),
+        (
+            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+            vec![("OTEL_METRICS_EXPORTER", "otlp".into()), ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "ftp://c".into())],
+        ),
+        (
+            "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
+            vec![("OTEL_METRICS_EXPORTER", "otlp".into()), ("OTEL_EXPORTER_OTLP_METRICS_HEADERS", "a b=c".into())],
+        ),
+        (
+            "OTEL_EXPORTER_OTLP_METRICS_COMPRESSION",
+            vec![("OTEL_METRICS_EXPORTER", "otlp".into()), ("OTEL_EXPORTER_OTLP_METRICS_COMPRESSION", "zstd".into())],
+        ),
+        (
+            "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT",
+            vec![("OTEL_METRICS_EXPORTER", "otlp".into()), ("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", "-5".into())],
+        ),
+        (
+            "OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE",
+            vec![
+                ("OTEL_METRICS_EXPORTER", "otlp".into()),
+                ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "https://localhost:4318/v1/metrics".into()),
+                ("OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE", not_pem.display().to_string()),
+                ("OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY", key.clone()),
+            ],
+        ),
+        (
+            "OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY",
+            vec![
+                ("OTEL_METRICS_EXPORTER", "otlp".into()),
+                ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "https://localhost:4318/v1/metrics".into()),
+                ("OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE", cert.clone()),
+                ("OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY", missing.clone()),
+            ],
+        ),
+        (
+            "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
+            vec![
+                https.clone(),
+                ("OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE", missing.clone()),
+                ("OTEL_EXPORTER_OTLP_CLIENT_KEY", key.clone()),
+            ],
+        ),
+        (
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            vec![("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://c:0/v1/traces".into())],
+        ),
+        ("OTEL_EXPORTER_OTLP_HEADERS", vec![("OTEL_EXPORTER_OTLP_HEADERS", "content-type=text/plain".into())]),
         ("OTEL_METRIC_EXPORT_INTERVAL", vec![("OTEL_METRIC_EXPORT_INTERVAL", "soon".into())]),
         (
             "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",

@@ -3,12 +3,12 @@
 //! (trusted, then untrusted), mutual TLS, OTLP/gRPC plain and over TLS with gzip, and a collector
 //! that answers 429 with `Retry-After`. Every test here needs root (see `require_root`).
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use tracetap_tests::agent::Agent;
 use tracetap_tests::client::Conn;
 use tracetap_tests::haproxy::{self, Haproxy};
-use tracetap_tests::otlp::{Options, Receiver, ServerTls};
+use tracetap_tests::otlp::{Options, Receiver, RetryAfter, ServerTls};
 use tracetap_tests::pki::Pki;
 use tracetap_tests::{Rig, free_port, require_root, wait_for};
 
@@ -87,12 +87,25 @@ fn https_with_a_private_ca_named_by_the_certificate_variable() {
 
 #[test]
 fn an_untrusted_certificate_is_a_counted_failure_and_the_agent_keeps_running() {
+    untrusted_certificate(false);
+}
+
+#[test]
+fn an_untrusted_certificate_over_grpc_is_a_counted_failure_too() {
+    untrusted_certificate(true);
+}
+
+fn untrusted_certificate(grpc: bool) {
     if !require_root() {
         return;
     }
     let pki = Pki::new("tracetap-untrusted-ca");
     // No OTEL_EXPORTER_OTLP_CERTIFICATE: the system's roots do not know this CA.
-    let mut t = Traced::start(Options { tls: Some(server_tls(&pki, false)), ..Options::default() }, &[]);
+    let protocol = if grpc { "grpc" } else { "http/protobuf" };
+    let mut t = Traced::start(
+        Options { grpc, tls: Some(server_tls(&pki, false)), ..Options::default() },
+        &[("OTEL_EXPORTER_OTLP_PROTOCOL", protocol.into())],
+    );
     t.send(10);
     let failed = wait_for(Duration::from_secs(20), || {
         (t.metric("tracetap_spans_dropped_export_failed_total") >= 20).then_some(())
@@ -174,21 +187,27 @@ fn grpc_over_mutual_tls_with_gzip() {
     }
     let pki = Pki::new("tracetap-grpc-ca");
     let (cert, key) = pki.client_files();
+    // Dialled by IP literal: the certificate's IP SAN is checked (no SNI is sent).
     let t = Traced::start(
-        Options { grpc: true, tls: Some(server_tls(&pki, true)), ..Options::default() },
+        Options { grpc: true, tls: Some(server_tls(&pki, true)), by_ip: true, ..Options::default() },
         &[
-            ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc".into()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc".into()),
+            ("OTEL_METRICS_EXPORTER", "prometheus,otlp".into()),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "300".into()),
             ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip".into()),
-            ("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", path(&pki.ca_file())),
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", path(&pki.ca_file())),
             ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", path(&cert)),
             ("OTEL_EXPORTER_OTLP_CLIENT_KEY", path(&key)),
         ],
     );
+    assert!(t.receiver.endpoint().starts_with("https://127.0.0.1:"));
     t.send(30);
     t.expect_spans(60);
     let stats = t.receiver.stats();
     assert_eq!(stats.handshake_failures, 0);
     assert_eq!(stats.gzipped, stats.accepted);
+    // The agent's own metrics take the same mutual TLS.
+    wait_for_metric(&t, "tracetap_requests", 30);
 }
 
 #[test]
@@ -197,19 +216,25 @@ fn a_collector_asking_to_wait_gets_its_wait_and_nothing_is_lost() {
         return;
     }
     // The first answer asks for a date about 3 s ahead, the second for 1 s; then 200.
-    let date = SystemTime::now() + Duration::from_secs(3);
-    let t =
-        Traced::start(Options { too_many: vec![httpdate::fmt_http_date(date), "1".into()], ..Options::default() }, &[]);
+    // The date is written when the request is refused, in whole seconds: 3 s on, less a fraction.
+    let t = Traced::start(
+        Options {
+            too_many: vec![RetryAfter::DateIn(Duration::from_secs(3)), RetryAfter::Seconds(1)],
+            ..Options::default()
+        },
+        &[],
+    );
     t.send(10);
     t.expect_spans(20);
     let arrivals = t.receiver.arrivals();
     assert!(arrivals.len() >= 3, "{arrivals:?}");
-    assert!(arrivals[0].1 && arrivals[1].1 && !arrivals[2].1, "two refusals then an acceptance: {arrivals:?}");
-    // An HTTP date has whole seconds: the retry comes no earlier than the second it names.
-    let whole_second =
-        date - Duration::from_nanos(u64::from(date.duration_since(SystemTime::UNIX_EPOCH).unwrap().subsec_nanos()));
-    assert!(arrivals[1].0 >= whole_second, "retried before the date it was given");
-    assert!(arrivals[2].0.duration_since(arrivals[1].0).unwrap() >= Duration::from_secs(1), "retried before 1 s");
+    let (Some(date), Some(second)) = (arrivals[0].1, arrivals[1].1) else {
+        panic!("two refusals first: {arrivals:?}");
+    };
+    assert!(arrivals[2].1.is_none(), "then an acceptance: {arrivals:?}");
+    assert!(date > arrivals[0].0 + Duration::from_secs(2), "the date lies ahead: the wait is real");
+    assert!(arrivals[1].0 >= date, "retried before the date it was given: {arrivals:?}");
+    assert!(arrivals[2].0 >= second, "retried before the 1 s it was given: {arrivals:?}");
     assert_eq!(t.metric("tracetap_export_retries_total"), 2);
     assert_eq!(t.metric("tracetap_spans_dropped_export_failed_total"), 0);
     assert_eq!(t.metric("tracetap_export_failures_total"), 0);
@@ -301,4 +326,29 @@ fn a_stuck_stdout_does_not_stop_the_admin_endpoint() {
         assert_eq!(agent.get("/healthz").map(|(s, _)| s), Some(200), "log:\n{}", agent.log());
     }
     assert!(agent.metric("tracetap_requests_total") >= 50);
+}
+
+#[test]
+fn a_failed_export_of_the_agents_own_metrics_is_counted_and_logged() {
+    if !require_root() {
+        return;
+    }
+    // Nothing listens there.
+    let nowhere = format!("http://127.0.0.1:{}/v1/metrics", free_port());
+    let t = Traced::start(
+        Options::default(),
+        &[
+            ("OTEL_METRICS_EXPORTER", "prometheus,otlp".into()),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "200".into()),
+            ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", nowhere.clone()),
+        ],
+    );
+    let failed =
+        wait_for(Duration::from_secs(20), || (t.metric("tracetap_metrics_export_failures_total") >= 2).then_some(()));
+    assert!(failed.is_some(), "log:\n{}", t.agent.log());
+    let log = t.agent.log();
+    assert!(log.contains("export of the agent's own metrics") && log.contains(&nowhere), "{log}");
+    // Spans are not affected.
+    t.send(5);
+    t.expect_spans(10);
 }

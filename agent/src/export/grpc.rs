@@ -23,6 +23,7 @@ use tonic::metadata::MetadataMap;
 use tonic::{Code, Status};
 
 use super::retry::Attempt;
+use super::rpc;
 use super::settings::{Compression, Endpoint, ExportSettings, Signal};
 use super::tls;
 
@@ -123,40 +124,6 @@ fn connection_failed(status: &Status) -> bool {
     false
 }
 
-/// `google.rpc.Status`, `google.protobuf.Any`, `google.rpc.RetryInfo` and
-/// `google.protobuf.Duration`: just the fields that carry a retry delay, decoded with prost.
-mod rpc {
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Status {
-        #[prost(message, repeated, tag = "3")]
-        pub details: Vec<Any>,
-    }
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Any {
-        #[prost(string, tag = "1")]
-        pub type_url: String,
-        #[prost(bytes = "vec", tag = "2")]
-        pub value: Vec<u8>,
-    }
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct RetryInfo {
-        #[prost(message, optional, tag = "1")]
-        pub retry_delay: Option<Duration>,
-    }
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Duration {
-        #[prost(int64, tag = "1")]
-        pub seconds: i64,
-        #[prost(int32, tag = "2")]
-        pub nanos: i32,
-    }
-
-    pub const RETRY_INFO_TYPE: &str = "type.googleapis.com/google.rpc.RetryInfo";
-}
-
 /// The delay of a `RetryInfo` in a status's details (`grpc-status-details-bin`), if any.
 fn retry_delay(details: &[u8]) -> Option<Duration> {
     let status = rpc::Status::decode(details).ok()?;
@@ -213,8 +180,11 @@ mod tests {
 
     fn details(type_url: &str, seconds: i64, nanos: i32) -> Vec<u8> {
         let info = rpc::RetryInfo { retry_delay: Some(rpc::Duration { seconds, nanos }) };
-        rpc::Status { details: vec![rpc::Any { type_url: type_url.into(), value: info.encode_to_vec() }] }
-            .encode_to_vec()
+        rpc::Status {
+            details: vec![rpc::Any { type_url: type_url.into(), value: info.encode_to_vec() }],
+            ..Default::default()
+        }
+        .encode_to_vec()
     }
 
     #[test]

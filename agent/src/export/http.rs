@@ -14,6 +14,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse
 use prost::Message as _;
 
 use super::retry::{self, Attempt};
+use super::rpc;
 use super::settings::{Compression, Endpoint, ExportSettings};
 use super::tls;
 
@@ -83,10 +84,16 @@ impl HttpTransport {
             let (rejected, message) =
                 answer.partial_success.map(|p| (p.rejected_spans.max(0) as u64, p.error_message)).unwrap_or_default();
             Attempt::Accepted { rejected, message }
-        } else if retry::http_status_retryable(status.as_u16()) {
-            Attempt::Retryable { reason: format!("HTTP {status}"), after }
         } else {
-            Attempt::Permanent { reason: format!("HTTP {status}") }
+            let reason = match body.as_deref().and_then(rpc::error_message) {
+                Some(message) => format!("HTTP {status}: {message}"),
+                None => format!("HTTP {status}"),
+            };
+            if retry::http_status_retryable(status.as_u16()) {
+                Attempt::Retryable { reason, after }
+            } else {
+                Attempt::Permanent { reason }
+            }
         }
     }
 }

@@ -16,6 +16,7 @@ pub mod tls;
 mod grpc;
 mod http;
 mod retry;
+mod rpc;
 
 use std::io::Write as _;
 use std::sync::Arc;
@@ -68,8 +69,8 @@ pub fn queue(
 }
 
 /// Logs at most once per interval, counting what it held back.
-#[derive(Debug)]
-struct RateLimitedLog {
+#[derive(Debug, Default)]
+pub struct RateLimitedLog {
     last: Option<Instant>,
     suppressed: u64,
 }
@@ -77,7 +78,7 @@ struct RateLimitedLog {
 impl RateLimitedLog {
     const INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
 
-    fn warn(&mut self, msg: &str) {
+    pub fn warn(&mut self, msg: &str) {
         let now = Instant::now();
         if self.last.is_some_and(|t| now.duration_since(t) < Self::INTERVAL) {
             self.suppressed += 1;
@@ -129,12 +130,8 @@ impl Destination {
     /// a file that is missing or not what its variable should name is an error here, at start.
     pub fn new(settings: &ExportSettings) -> Result<Self, ConfigError> {
         let Some(endpoint) = &settings.endpoint else { return Ok(Self(Inner::Stdout)) };
-        let tls_config = if endpoint.tls {
-            tls::client_config(&settings.tls)?
-        } else {
-            // Never used for an `http` endpoint; the connector still wants one.
-            tls::client_config(&settings::TlsFiles::default())?
-        };
+        // The connector wants one even for an `http` endpoint, where it is never used.
+        let tls_config = if endpoint.tls { tls::client_config(&settings.tls)? } else { tls::plaintext_config() };
         let transport = match settings.protocol {
             Protocol::HttpProtobuf => Transport::Http(http::HttpTransport::new(endpoint, settings, tls_config)),
             Protocol::Grpc => Transport::Grpc(grpc::GrpcTransport::new(endpoint, settings, tls_config)),
@@ -179,6 +176,9 @@ pub async fn run(destination: Destination, mut rx: mpsc::Receiver<EncodedBatch>,
                         if rejected > 0 {
                             metrics::add(&metrics.spans_rejected, rejected);
                             rejections.warn(&format!("{endpoint} rejected {rejected} of {spans} spans: {message}"));
+                        } else if !message.is_empty() {
+                            // A partial success with nothing rejected carries a warning.
+                            rejections.warn(&format!("{endpoint} accepted {spans} spans with a warning: {message}"));
                         }
                     }
                     Err(reason) => {

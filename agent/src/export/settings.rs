@@ -160,8 +160,9 @@ pub struct ExportSettings {
     pub tls: TlsFiles,
 }
 
-/// The conventional port of OTLP/gRPC, for a gRPC URL that gives none (an OTLP/HTTP URL without a
-/// port means its scheme's, as any HTTP client reads it).
+/// The conventional port of OTLP/gRPC, for an `http://` gRPC URL that gives none (a collector's
+/// plaintext gRPC listener). An `https://` URL without a port means 443, as any client reads it: a
+/// vendor's gRPC endpoint behind TLS.
 const GRPC_PORT: u16 = 4317;
 
 /// Parses one signal's export settings.
@@ -260,8 +261,8 @@ fn parse_endpoint(
             Ok(port) if port > 0 => port,
             _ => return Err(ConfigError::new(var, url, format!("{expected}: a port from 1 to 65535"))),
         },
-        None if protocol == Protocol::Grpc => GRPC_PORT,
         None if tls => 443,
+        None if protocol == Protocol::Grpc => GRPC_PORT,
         None => 80,
     };
     let path = uri.path_and_query().map_or("", |p| p.as_str());
@@ -280,13 +281,26 @@ fn parse_endpoint(
     Ok(endpoint)
 }
 
+/// Headers the exporter writes itself or that belong to the connection: one set by the operator
+/// too would contradict them and fail every export.
+const RESERVED_HEADERS: &[&str] =
+    &["content-type", "content-length", "content-encoding", "transfer-encoding", "host", "connection", "te", "upgrade"];
+
 /// Export headers: `key=value` pairs, each a valid HTTP header name and value (checked with the
-/// `http` types the exporter uses, so a header that passes here is sent).
+/// `http` types the exporter uses, so a header that passes here is sent), none of them one the
+/// exporter or the connection owns.
 fn parse_headers(var: &'static str, text: &str) -> Result<Vec<(String, String)>, ConfigError> {
     let pairs = parse_pairs(var, text)?;
     for (name, value) in &pairs {
-        if hyper::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
+        let Ok(header) = hyper::header::HeaderName::from_bytes(name.as_bytes()) else {
             return Err(ConfigError::new(var, text, format!("HTTP header names; `{name}` is not one")));
+        };
+        if RESERVED_HEADERS.contains(&header.as_str()) || header.as_str().starts_with("grpc-") {
+            return Err(ConfigError::new(
+                var,
+                text,
+                format!("headers other than those the exporter sets itself; `{name}` is one of them"),
+            ));
         }
         if hyper::header::HeaderValue::from_str(value).is_err() {
             return Err(ConfigError::new(

@@ -18,6 +18,17 @@ use crate::config_error::ConfigError;
 /// Certificate and key files are small; a larger one is not what the variable should name.
 const MAX_PEM_BYTES: u64 = 1 << 20;
 
+/// A configuration for a connector that never makes TLS connections (an `http://` endpoint): no
+/// roots to load.
+#[must_use]
+pub fn plaintext_config() -> ClientConfig {
+    ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default protocol versions")
+        .with_root_certificates(RootCertStore::empty())
+        .with_no_client_auth()
+}
+
 /// Builds the client TLS configuration.
 pub fn client_config(files: &TlsFiles) -> Result<ClientConfig, ConfigError> {
     let roots = match &files.certificate {
@@ -56,6 +67,10 @@ pub fn client_config(files: &TlsFiles) -> Result<ClientConfig, ConfigError> {
 fn system_roots() -> RootCertStore {
     let mut roots = RootCertStore::empty();
     let native = rustls_native_certs::load_native_certs();
+    for error in &native.errors {
+        // A wrong SSL_CERT_FILE or SSL_CERT_DIR, most likely: say so before the first handshake fails.
+        tracing::warn!(%error, "reading the system's CA certificates");
+    }
     let (added, _ignored) = roots.add_parsable_certificates(native.certs);
     if added == 0 {
         tracing::info!("no system CA certificates found: trusting the webpki roots built into tracetap");
@@ -103,7 +118,9 @@ pub fn certificate_error(error: &(dyn StdError + 'static)) -> Option<String> {
         rustls::Error::AlertReceived(alert) => format!(
             "the collector refused the TLS handshake ({alert:?}); check OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE and _KEY"
         ),
-        other => format!("TLS failed: {other}"),
+        other => {
+            format!("TLS failed ({other}); check the endpoint's scheme and port, and OTEL_EXPORTER_OTLP_CERTIFICATE")
+        }
     })
 }
 
