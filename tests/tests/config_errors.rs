@@ -132,6 +132,7 @@ fn the_snippet_exits_2_naming_what_it_cannot_express() {
 /// Every export variable added for TLS and gRPC: a bad value (or a file that is missing or not
 /// what the variable names) exits 2 at start, naming the variable that was read.
 #[test]
+#[expect(clippy::too_many_lines, reason = "a table of cases, one variable each")]
 fn bad_export_tls_and_grpc_values_exit_2_and_name_the_variable() {
     let pki = tracetap_tests::pki::Pki::new("config-errors-ca");
     let dir = pki.dir();
