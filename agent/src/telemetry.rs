@@ -145,12 +145,7 @@ impl Prepared {
                 let channel = tonic::transport::Endpoint::from(self.endpoint.uri())
                     .timeout(self.settings.timeout)
                     .connect_with_connector_lazy(connector);
-                let mut headers = hyper::HeaderMap::new();
-                for (name, value) in &self.settings.headers {
-                    // Checked when the settings were parsed.
-                    let name = hyper::header::HeaderName::from_bytes(name.as_bytes()).expect("checked header name");
-                    headers.append(name, hyper::header::HeaderValue::from_str(value).expect("checked header value"));
-                }
+                let headers = self.settings.header_map();
                 let mut builder = opentelemetry_otlp::MetricExporter::builder()
                     .with_tonic()
                     .with_channel(channel)

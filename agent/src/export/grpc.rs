@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use bytes::{BufMut as _, Bytes};
-use hyper::header::{HeaderMap, HeaderName, HeaderValue};
+use hyper::header::HeaderMap;
 use hyper::http::uri::PathAndQuery;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
@@ -54,12 +54,7 @@ impl GrpcTransport {
         if settings.compression == Compression::Gzip {
             grpc = grpc.send_compressed(CompressionEncoding::Gzip);
         }
-        let mut headers = HeaderMap::new();
-        for (name, value) in &settings.headers {
-            // Checked when the settings were parsed.
-            let name = HeaderName::from_bytes(name.as_bytes()).expect("checked header name");
-            headers.append(name, HeaderValue::from_str(value).expect("checked header value"));
-        }
+        let headers = settings.header_map();
         Self { grpc, path: PathAndQuery::from_static(Signal::Traces.grpc_path()), headers, timeout: settings.timeout }
     }
 

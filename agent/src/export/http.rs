@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full, Limited};
-use hyper::header::{CONTENT_ENCODING, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
+use hyper::header::{CONTENT_ENCODING, CONTENT_TYPE, HeaderMap, HeaderValue, RETRY_AFTER};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -38,15 +38,10 @@ impl HttpTransport {
             .enable_http1()
             .build();
         let client = Client::builder(TokioExecutor::new()).build(connector);
-        let mut headers = HeaderMap::new();
+        let mut headers = settings.header_map();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/x-protobuf"));
         if settings.compression == Compression::Gzip {
             headers.insert(CONTENT_ENCODING, HeaderValue::from_static("gzip"));
-        }
-        for (name, value) in &settings.headers {
-            // Checked when the settings were parsed.
-            let name = HeaderName::from_bytes(name.as_bytes()).expect("checked header name");
-            headers.append(name, HeaderValue::from_str(value).expect("checked header value"));
         }
         Self { client, uri: endpoint.uri(), headers, timeout: settings.timeout }
     }

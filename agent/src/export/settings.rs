@@ -160,6 +160,19 @@ pub struct ExportSettings {
     pub tls: TlsFiles,
 }
 
+impl ExportSettings {
+    /// The configured headers as HTTP headers (checked when the settings were parsed).
+    #[must_use]
+    pub fn header_map(&self) -> hyper::HeaderMap {
+        let mut headers = hyper::HeaderMap::new();
+        for (name, value) in &self.headers {
+            let name = hyper::header::HeaderName::from_bytes(name.as_bytes()).expect("checked header name");
+            headers.append(name, hyper::header::HeaderValue::from_str(value).expect("checked header value"));
+        }
+        headers
+    }
+}
+
 /// The conventional port of OTLP/gRPC, for an `http://` gRPC URL that gives none (a collector's
 /// plaintext gRPC listener). An `https://` URL without a port means 443, as any client reads it: a
 /// vendor's gRPC endpoint behind TLS.
