@@ -14,11 +14,11 @@ use tracetap::config::Config;
 use tracetap::export::{self, BatchQueue, Destination};
 use tracetap::k8s::{self, PodIndex};
 use tracetap::metrics::Metrics;
-use tracetap::tail::engine::{Engine, Limits};
+use tracetap::tail::engine::Limits;
 use tracetap::tail::policy::{NamedPolicy, PolicySet};
 use tracetap::tail::{self, PolicySource, TailConfig, policy_file};
 use tracetap::{admin, config, snippet, telemetry};
-use tracetap_storage::{SledOptions, SledStore};
+use tracetap_storage::SledOptions;
 
 fn main() -> ExitCode {
     match cli::parse(std::env::args_os().skip(1)) {
@@ -121,8 +121,6 @@ fn start_tail(
 ) -> anyhow::Result<(Output, std::thread::JoinHandle<()>)> {
     std::fs::create_dir_all(&tail.state_dir)
         .with_context(|| format!("creating TRACETAP_STATE_DIR={}", tail.state_dir.display()))?;
-    let store = SledStore::open(&tail.state_dir, SledOptions::default())
-        .with_context(|| format!("opening the tail store in TRACETAP_STATE_DIR={}", tail.state_dir.display()))?;
     let limits = Limits {
         grace_ns: tail.grace.as_nanos() as u64,
         decision_wait_ns: tail.decision_wait.as_nanos() as u64,
@@ -130,15 +128,25 @@ fn start_tail(
         decision_cache: tail.decision_cache,
         export_batch_spans: config.max_export_batch_size,
     };
-    let engine = Engine::open(store, PolicySet::new(policies), limits, config.resource(), tail::unix_now_ns())
-        .context("recovering the tail store")?;
-    tracing::info!(pending = engine.pending_traces(), dir = %tail.state_dir.display(), "tail store open");
     let (queue, input) =
         tail::queue((config.max_queue_size / config.max_export_batch_size).max(2), Arc::clone(metrics));
     let (metrics, ack_wait) = (Arc::clone(metrics), config.export.timeout);
+    let (state_dir, resource, policies) = (tail.state_dir.clone(), config.resource(), PolicySet::new(policies));
     let thread = std::thread::Builder::new()
         .name("tail".into())
-        .spawn(move || tail::run(engine, &input, &export_queue, &metrics, ack_wait))
+        .spawn(move || {
+            // Recovery reads the whole store: it runs here, while the admin endpoint already
+            // answers, and the capture thread's batches wait in (or are shed from) the tail queue.
+            let opened =
+                tail::store::open_engine(&state_dir, SledOptions::default(), &policies, limits, &resource, &metrics);
+            match opened {
+                Some(engine) => {
+                    tracing::info!(pending = engine.pending_traces(), dir = %state_dir.display(), "tail store open");
+                    tail::run(engine, &input, &export_queue, &metrics, ack_wait);
+                }
+                None => tail::run_without_store(&input, &metrics),
+            }
+        })
         .context("starting the tail thread")?;
     Ok((Output::Tail(queue), thread))
 }

@@ -126,6 +126,7 @@ metrics! {
     tail_late_spans_dropped: "counter", "tracetap_tail_late_spans_dropped_total", "Spans that arrived after their trace was dropped; not exported";
     tail_early_decisions: "counter", "tracetap_tail_early_decisions_total", "Traces decided before their time because the buffer reached TRACETAP_TAIL_MAX_DISK_BYTES";
     tail_store_errors: "counter", "tracetap_tail_store_errors_total", "Tail store operations that failed";
+    tail_store_quarantined: "counter", "tracetap_tail_store_quarantined_total", "Tail stores that could not be opened or read (another format, a record that does not decode) and were set aside in TRACETAP_STATE_DIR/quarantine for a fresh one; what they held is lost";
     tail_spans_lost: "counter", "tracetap_tail_spans_lost_total", "Spans lost because the tail store failed to take them";
     tail_traces_pending: "gauge", "tracetap_tail_traces_pending", "Traces waiting for a tail decision";
     tail_outbox_traces: "gauge", "tracetap_tail_outbox_traces", "Kept traces whose export is not yet reported done (exported again after a crash)";

@@ -42,6 +42,9 @@
 //!
 //! # Layout on sled
 //!
+//! - tree `meta`: `format` -> the layout's version (4 bytes, big endian), [`sled_store::FORMAT`].
+//!   A store without it was written before versions were recorded, in version 1's layout; one with
+//!   another version is refused ([`StoreError::Version`]) rather than misread.
 //! - tree `decisions`: batch sequence (8 bytes, big endian) -> the decisions of one commit, each
 //!   partition, trace id, sequence, outcome, threshold and span range (57 bytes).
 //! - tree `state`: partition (8 bytes, big endian) + trace id -> exported marker of a kept trace
@@ -167,6 +170,8 @@ pub enum StoreError {
     Sled(#[from] sled::Error),
     #[error("store record {what} is corrupt ({len} bytes)")]
     Corrupt { what: &'static str, len: usize },
+    #[error("store format {found} is not the one this agent reads ({expected})")]
+    Version { found: u32, expected: u32 },
 }
 
 /// Spans of one trace to append, with what the store must remember about the trace.

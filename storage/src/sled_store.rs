@@ -13,6 +13,10 @@ use crate::{
     TailStore, TraceId,
 };
 
+/// The version of the layout below (the crate note): bump it with any change to a key or value.
+pub const FORMAT: u32 = 1;
+const META_TREE: &str = "meta";
+const FORMAT_KEY: &[u8] = b"format";
 const STATE_TREE: &str = "state";
 const SPANS_TREE_PREFIX: &str = "spans/";
 const DECISIONS_TREE: &str = "decisions";
@@ -95,6 +99,7 @@ impl SledStore {
             .cache_capacity(options.cache_bytes)
             .flush_every_ms(Some(options.flush_every_ms))
             .open()?;
+        check_format(&db)?;
         let state = db.open_tree(STATE_TREE)?;
         let decision_log = db.open_tree(DECISIONS_TREE)?;
         let appends = Sequence::new(&db)?;
@@ -119,6 +124,24 @@ impl SledStore {
             self.partitions.insert(partition, tree);
         }
         Ok(&self.partitions[&partition])
+    }
+}
+
+/// Checks the store's recorded layout version, recording it on a store that has none (a new one,
+/// or one written before versions were recorded, which used version 1's layout).
+fn check_format(db: &sled::Db) -> Result<(), StoreError> {
+    let meta = db.open_tree(META_TREE)?;
+    match meta.get(FORMAT_KEY)? {
+        None => {
+            meta.insert(FORMAT_KEY, &FORMAT.to_be_bytes())?;
+            Ok(())
+        }
+        Some(v) => {
+            let found = <[u8; 4]>::try_from(v.as_ref())
+                .map(u32::from_be_bytes)
+                .map_err(|_| StoreError::Corrupt { what: "format version", len: v.len() })?;
+            if found == FORMAT { Ok(()) } else { Err(StoreError::Version { found, expected: FORMAT }) }
+        }
     }
 }
 
@@ -481,6 +504,26 @@ mod tests {
 
     fn fragment<'a>(trace: u8, first_seen: u64, root_ended: Option<u64>, spans: &'a [&'a [u8]]) -> Fragment<'a> {
         Fragment { trace: [trace; 16], first_seen_unix_ns: first_seen, root_ended_unix_ns: root_ended, spans }
+    }
+
+    #[test]
+    fn a_store_of_another_format_is_refused_and_a_bad_record_is_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = open(dir.path());
+            s.db.open_tree(META_TREE).unwrap().insert(FORMAT_KEY, &2u32.to_be_bytes()).unwrap();
+            s.db.flush().unwrap();
+        }
+        match SledStore::open(dir.path(), SledOptions::default()) {
+            Err(StoreError::Version { found: 2, expected: FORMAT }) => {}
+            other => panic!("a store of format 2 must be refused: {other:?}"),
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = open(dir.path());
+        s.append(3, &[fragment(1, 5, None, &[b"a"])]).unwrap();
+        // A value that does not decode as fragments, as a torn or foreign write would leave it.
+        s.partition_tree(3).unwrap().insert(u64::MAX.to_be_bytes(), &b"\xff\xff garbage"[..]).unwrap();
+        assert!(matches!(s.recover(), Err(StoreError::Corrupt { .. })), "recovery must report it, not skip it");
     }
 
     #[test]

@@ -208,7 +208,7 @@ fn survives_kill_9_twenty_times_under_load() {
     for _ in 0..kills {
         std::thread::sleep(Duration::from_millis(rng.u64(300..1500)));
         s.agent.kill();
-        let d = dump(dir.path());
+        let d = dump(&tracetap::tail::store::store_dir(dir.path()));
         for (trace, n) in d.waiting {
             let seen = must_export.entry(trace).or_default();
             *seen = (*seen).max(n);
@@ -260,4 +260,40 @@ fn survives_kill_9_twenty_times_under_load() {
         );
     }
     assert!(!must_export.is_empty(), "no crash caught a trace in the store: the test proved nothing");
+}
+
+#[test]
+fn a_corrupt_store_is_set_aside_and_tail_sampling_goes_on() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("state dir");
+    // Garbage where sled keeps its files: what a torn disk or a foreign writer leaves.
+    let store = tracetap::tail::store::store_dir(dir.path());
+    std::fs::create_dir_all(&store).expect("store dir");
+    let mut rng = fastrand::Rng::with_seed(7);
+    for name in ["conf", "db", "snap.0000000000001000"] {
+        let garbage: Vec<u8> = (0..8192).map(|_| rng.u8(..)).collect();
+        std::fs::write(store.join(name), garbage).expect("garbage");
+    }
+    let env = tail_env(dir.path(), &[("TRACETAP_TAIL_KEEP_ERRORS", "false"), ("TRACETAP_TAIL_RATIO", "1.0")]);
+    let s = Stack::start("", &env);
+    assert_eq!(s.agent.get("/healthz").map(|(st, _)| st), Some(200));
+    let mut conn = Conn::connect(s.front).expect("connect");
+    let traces: Vec<String> =
+        (0..10).map(|i| traced_get(&mut conn, &format!("/after-corruption/{i}"), &mut rng)).collect();
+    let spans = s.receiver.wait_for_spans(20);
+    let got = by_trace(&spans);
+    for trace in &traces {
+        assert_eq!(
+            got.get(trace).map(Vec::len),
+            Some(2),
+            "trace {trace} kept through a fresh store; log:\n{}",
+            s.agent.log()
+        );
+    }
+    assert_eq!(s.agent.metric("tracetap_tail_store_quarantined_total"), 1);
+    let aside: Vec<_> = std::fs::read_dir(dir.path().join("quarantine")).expect("quarantine dir").collect();
+    assert_eq!(aside.len(), 1, "the damaged store is kept aside");
+    assert!(s.agent.log().contains("set aside"), "{}", s.agent.log());
 }

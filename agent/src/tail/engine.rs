@@ -28,6 +28,8 @@ use crate::sampling::randomness;
 
 /// Width of a partition: traces first seen within the same 5 s share one.
 const PARTITION_NS: u64 = 5_000_000_000;
+/// A trace whose decision the store failed to take is tried again this much later.
+const DECIDE_RETRY_NS: u64 = 1_000_000_000;
 
 /// An incoming fragment: trace, stored spans (pid + `Span`), root span end if it holds the root.
 type Incoming = (TraceId, Vec<Vec<u8>>, Option<u64>);
@@ -339,7 +341,10 @@ impl<S: TailStore> Engine<S> {
             let Some(Reverse((_, trace))) = self.deadlines.pop() else { break };
             let Some(partition) = self.pending.get(&trace).map(|p| p.spans().partition) else { continue };
             self.counts.early += 1;
-            self.decide_logged(trace, now);
+            if !self.decide_logged(trace, now) {
+                // The store fails: deciding more now would fail the same way.
+                break;
+            }
             // A partition frees its bytes once its last trace is decided.
             if self.partitions.get(&partition).is_some_and(|s| s.pending == 0) {
                 excess = excess.saturating_sub(self.partitions[&partition].bytes);
@@ -354,19 +359,28 @@ impl<S: TailStore> Engine<S> {
         self.flush_export();
     }
 
-    fn decide_logged(&mut self, trace: TraceId, now: u64) {
-        if let Err(e) = self.decide(trace, now) {
-            self.store_error(&e);
+    /// Decides a trace; on a store failure the trace stays pending and is tried again a second
+    /// later. Returns whether it was decided.
+    fn decide_logged(&mut self, trace: TraceId, now: u64) -> bool {
+        match self.decide(trace, now) {
+            Ok(()) => true,
+            Err(e) => {
+                self.store_error(&e);
+                if self.pending.contains_key(&trace) {
+                    self.deadlines.push(Reverse((now.saturating_add(DECIDE_RETRY_NS), trace)));
+                }
+                false
+            }
         }
     }
 
+    /// Reads the trace's spans, evaluates the policies and records the decision in the store; only
+    /// then does the engine's memory change (pending set, partitions, cache, export batch), so a
+    /// failed store call leaves the trace pending as it was. (The policies' rate-limiting budget is
+    /// the one thing spent before: evaluation needs it, and the store call needs the outcome.)
     fn decide(&mut self, trace: TraceId, now: u64) -> Result<(), StoreError> {
-        let Some(p) = self.pending.remove(&trace) else { return Ok(()) };
-        self.spans_pending -= u64::from(p.span_count);
+        let Some(p) = self.pending.get(&trace).copied() else { return Ok(()) };
         let range = p.spans();
-        if let Some(state) = self.partitions.get_mut(&range.partition) {
-            state.pending -= 1;
-        }
         let stored = self.store.spans(&trace, &range)?;
         let fields: Vec<wire::SpanFields<'_>> =
             stored.iter().filter_map(|b| b.get(4..)).filter_map(|b| wire::span(b).ok()).collect();
@@ -392,6 +406,12 @@ impl<S: TailStore> Engine<S> {
         let verdict = self.policies.evaluate(&TraceData { spans: &facts, randomness, now_second: now / 1_000_000_000 });
         let (keep, threshold) = (verdict.keep, verdict.min_threshold);
         let (outcome, label) = if keep { (Outcome::Kept { threshold }, "kept") } else { (Outcome::Dropped, "dropped") };
+        let seq = self.store.decide(&trace, &range, outcome)?;
+        self.pending.remove(&trace);
+        self.spans_pending -= u64::from(p.span_count);
+        if let Some(state) = self.partitions.get_mut(&range.partition) {
+            state.pending -= 1;
+        }
         let policy = verdict.policy.unwrap_or("none");
         // Found by a scan of a few entries (policies x outcomes), so a decision allocates no key.
         match self.counts.decisions.iter_mut().find(|((p, o), _)| p == policy && *o == label) {
@@ -400,7 +420,6 @@ impl<S: TailStore> Engine<S> {
                 self.counts.decisions.insert((policy.to_owned(), label), 1);
             }
         }
-        let seq = self.store.decide(&trace, &range, outcome)?;
         self.unflushed_decisions = true;
         self.remember(trace, Cached { partition: range.partition, seq, kept: keep, threshold });
         if keep {
@@ -720,6 +739,65 @@ mod tests {
         let decisions = &e.counts.decisions;
         assert_eq!(decisions[&("errors".to_owned(), "kept")], 1);
         assert_eq!(decisions[&("none".to_owned(), "dropped")], 1);
+    }
+
+    /// A memory store whose `decide` fails while `fail` is set.
+    struct FailingDecisions {
+        inner: MemoryStore,
+        fail: std::rc::Rc<std::cell::Cell<bool>>,
+    }
+
+    impl TailStore for FailingDecisions {
+        fn append(&mut self, partition: Partition, fragments: &[Fragment<'_>]) -> Result<Vec<u64>, StoreError> {
+            self.inner.append(partition, fragments)
+        }
+        fn spans(&self, trace: &TraceId, range: &SpanRange) -> Result<Vec<Vec<u8>>, StoreError> {
+            self.inner.spans(trace, range)
+        }
+        fn decide(&mut self, trace: &TraceId, spans: &SpanRange, outcome: Outcome) -> Result<u64, StoreError> {
+            if self.fail.get() {
+                return Err(StoreError::Corrupt { what: "test: decide refused", len: 0 });
+            }
+            self.inner.decide(trace, spans, outcome)
+        }
+        fn commit(&mut self) -> Result<(), StoreError> {
+            self.inner.commit()
+        }
+        fn exported(&mut self, trace: &TraceId, partition: Partition, seq: u64) -> Result<(), StoreError> {
+            self.inner.exported(trace, partition, seq)
+        }
+        fn forget_decisions(&mut self, up_to: u64) -> Result<(), StoreError> {
+            self.inner.forget_decisions(up_to)
+        }
+        fn drop_partition(&mut self, partition: Partition) -> Result<(), StoreError> {
+            self.inner.drop_partition(partition)
+        }
+        fn recover(&self) -> Result<Recovered, StoreError> {
+            self.inner.recover()
+        }
+        fn flush(&mut self) -> Result<(), StoreError> {
+            self.inner.flush()
+        }
+        fn disk_bytes(&self) -> u64 {
+            self.inner.disk_bytes()
+        }
+    }
+
+    #[test]
+    fn a_decision_the_store_refuses_leaves_the_trace_pending_and_is_tried_again() {
+        let fail = std::rc::Rc::new(std::cell::Cell::new(true));
+        let store = FailingDecisions { inner: MemoryStore::new(), fail: std::rc::Rc::clone(&fail) };
+        let mut e = Engine::open(store, policies(), limits(), Vec::new(), T0).unwrap();
+        e.ingest(&exchange(trace(1, false), T0, true).encode_to_vec(), T0).unwrap();
+        e.tick(T0 + 3 * S);
+        assert_eq!(e.pending_traces(), 1, "still pending: nothing in memory changed");
+        assert_eq!(e.spans_pending, 2);
+        assert!(e.counts.decisions.is_empty() && e.counts.store_errors == 1);
+        assert!(e.take_export().is_none());
+        fail.set(false);
+        e.tick(T0 + 3 * S + DECIDE_RETRY_NS);
+        assert_eq!(e.pending_traces(), 0, "decided at the retry");
+        assert_eq!(e.take_export().map(|x| x.spans), Some(2));
     }
 
     #[test]

@@ -25,6 +25,7 @@
 pub mod engine;
 pub mod policy;
 pub mod policy_file;
+pub mod store;
 pub mod wire;
 
 use std::path::PathBuf;
@@ -117,6 +118,15 @@ impl TailQueue {
             self.depth.fetch_sub(1, Relaxed);
             self.shed(traces);
         }
+    }
+}
+
+/// Without a store (not even a fresh one could be opened): takes the capture thread's batches and
+/// counts their spans as lost, until the capture thread drops its queue end.
+pub fn run_without_store(input: &TailReceiver, metrics: &Metrics) {
+    while let Ok(batch) = input.rx.recv() {
+        input.depth.fetch_sub(1, Relaxed);
+        metrics::add(&metrics.tail_spans_lost, batch.spans);
     }
 }
 
