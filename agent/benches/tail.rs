@@ -1,6 +1,8 @@
 //! Tail engine benchmark (`cargo bench -p tracetap --bench tail`): the agent's tail stage as the tail
-//! thread runs it (decode a batch from the capture thread, append its traces, decide, re-encode the
-//! kept ones), over the sled store and over the in-memory store, each in a fresh child process.
+//! thread runs it (decode a batch from the capture thread, hold or append its traces, decide,
+//! re-encode the kept ones), each in a fresh child process: `memory` (every trace in the in-memory
+//! store), `sled` (every trace written to the sled store: `TRACETAP_TAIL_MAX_MEMORY_BYTES=0`) and
+//! `first` (the agent's default: memory first, the sled store for what must wait).
 //!
 //! - `cpu`: `TRACETAP_BENCH_SPANS` (default 1 000 000) spans in batches of 256 SERVER+CLIENT
 //!   exchanges, encoded beforehand by the agent's own encoder, arriving at 100 000 exchanges per
@@ -43,15 +45,16 @@ fn main() {
     let rss_spans = env_or("TRACETAP_BENCH_RSS_SPANS", 5_000_000);
     let rounds = env_or("TRACETAP_BENCH_ROUNDS", 3);
     println!("tail engine, cpu: {spans} spans (SERVER+CLIENT exchanges), {rounds} rounds, alternating");
-    let mut cpu = [0.0f64; 2];
+    let mut cpu = [0.0f64; 3];
     for _ in 0..rounds {
-        for (i, store) in ["memory", "sled"].into_iter().enumerate() {
+        for (i, store) in ["memory", "sled", "first"].into_iter().enumerate() {
             let line = run_child(&format!("cpu:{store}:{spans}"));
             print!("{line}");
             cpu[i] += line.split_whitespace().nth(2).and_then(|c| c.parse::<f64>().ok()).expect("cpu column");
         }
     }
     println!("CPU ratio sled / memory: {:.2}", cpu[1] / cpu[0]);
+    println!("CPU ratio first (memory first, sled for what waits) / memory: {:.2}", cpu[2] / cpu[0]);
     println!("tail engine, rss: {rss_spans} spans buffered");
     print!("{}", run_child(&format!("rss:sled:{rss_spans}")));
 }
@@ -142,17 +145,28 @@ fn limits() -> Limits {
         max_disk_bytes: u64::MAX,
         decision_cache: 100_000,
         export_batch_spans: 512,
+        spill_after_ns: 0,
+        max_memory_bytes: 1 << 30,
     }
 }
 
 fn child(mode: &str, store: &str, spans: u64) {
     let dir = tempfile::tempdir_in(std::env::var_os("TMPDIR").unwrap_or_else(|| "/var/tmp".into())).expect("temp dir");
     match store {
-        "memory" => run(mode, store, MemoryStore::new(), spans, None),
+        "memory" => run(mode, store, MemoryStore::new(), limits(), spans, None),
         "sled" => run(
             mode,
             store,
             SledStore::open(dir.path(), SledOptions::default()).expect("open"),
+            limits(),
+            spans,
+            Some(dir.path()),
+        ),
+        "first" => run(
+            mode,
+            store,
+            SledStore::open(dir.path(), SledOptions::default()).expect("open"),
+            Limits { spill_after_ns: 5 * S, max_memory_bytes: 64 << 20, ..limits() },
             spans,
             Some(dir.path()),
         ),
@@ -160,9 +174,9 @@ fn child(mode: &str, store: &str, spans: u64) {
     }
 }
 
-fn run<S: TailStore>(mode: &str, name: &str, store: S, spans: u64, dir: Option<&Path>) {
+fn run<S: TailStore>(mode: &str, name: &str, store: S, limits: Limits, spans: u64, dir: Option<&Path>) {
     let mut encoder = BatchEncoder::new(vec![("service.name".into(), "haproxy".into())]);
-    let mut engine = Engine::open(store, policies(), limits(), Vec::new(), T0).expect("engine");
+    let mut engine = Engine::open(store, policies(), limits, Vec::new(), T0).expect("engine");
     let batches = spans / (2 * EXCHANGES_PER_BATCH);
     match mode {
         "cpu" => {

@@ -288,9 +288,19 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
         "YAML or JSON policy file in the Collector's `tail_sampling` shape; replaces the four variables above",
     ),
     (
+        "TRACETAP_TAIL_SPILL_AFTER",
+        "5s",
+        "a trace still undecided this long after its first span leaves memory for the store (`ms`, `s` or `m`)",
+    ),
+    (
+        "TRACETAP_TAIL_MAX_MEMORY_BYTES",
+        "67108864",
+        "bytes of spans of traces waiting in memory; past it the oldest go to the store (0: every trace waits in the store)",
+    ),
+    (
         "TRACETAP_TAIL_MAX_DISK_BYTES",
         "1073741824",
-        "bytes of buffered spans; past it the oldest traces are decided early",
+        "bytes of buffered spans in the store; past it the oldest traces are decided early",
     ),
     ("TRACETAP_TAIL_DECISION_CACHE", "100000", "decisions remembered (on disk too) so that late spans follow them"),
 ];
@@ -399,6 +409,12 @@ fn parse_tail(src: &Source<impl Fn(&str) -> Option<String>>) -> Result<TailConfi
     if max_disk_bytes < 1 << 20 {
         return Err(err("TRACETAP_TAIL_MAX_DISK_BYTES", &max_disk_bytes.to_string(), "at least 1048576 bytes"));
     }
+    let spill_after = src.duration("TRACETAP_TAIL_SPILL_AFTER", Duration::from_secs(5))?;
+    let max_memory_bytes: u64 = src.parse(
+        "TRACETAP_TAIL_MAX_MEMORY_BYTES",
+        64 << 20,
+        "a whole number of bytes (0: every trace waits in the store)",
+    )?;
     let decision_cache: usize = src.parse("TRACETAP_TAIL_DECISION_CACHE", 100_000, "a positive whole number")?;
     if decision_cache == 0 {
         return Err(err("TRACETAP_TAIL_DECISION_CACHE", "0", "a positive whole number"));
@@ -415,7 +431,16 @@ fn parse_tail(src: &Source<impl Fn(&str) -> Option<String>>) -> Result<TailConfi
     } else {
         PolicySource::Env(env_policies(src)?)
     };
-    Ok(TailConfig { state_dir, grace, decision_wait, max_disk_bytes, decision_cache, policies })
+    Ok(TailConfig {
+        state_dir,
+        grace,
+        decision_wait,
+        spill_after,
+        max_memory_bytes,
+        max_disk_bytes,
+        decision_cache,
+        policies,
+    })
 }
 
 fn env_policies(src: &Source<impl Fn(&str) -> Option<String>>) -> Result<Vec<NamedPolicy>, ConfigError> {

@@ -127,6 +127,8 @@ fn start_tail(
         max_disk_bytes: tail.max_disk_bytes,
         decision_cache: tail.decision_cache,
         export_batch_spans: config.max_export_batch_size,
+        spill_after_ns: tail.spill_after.as_nanos() as u64,
+        max_memory_bytes: tail.max_memory_bytes,
     };
     let (queue, input) =
         tail::queue((config.max_queue_size / config.max_export_batch_size).max(2), Arc::clone(metrics));

@@ -130,6 +130,10 @@ metrics! {
     tail_spans_lost: "counter", "tracetap_tail_spans_lost_total", "Spans lost because the tail store failed to take them";
     tail_traces_pending: "gauge", "tracetap_tail_traces_pending", "Traces waiting for a tail decision";
     tail_outbox_traces: "gauge", "tracetap_tail_outbox_traces", "Kept traces whose export is not yet reported done (exported again after a crash)";
+    tail_traces_in_memory: "gauge", "tracetap_tail_traces_in_memory", "Traces waiting for a tail decision in memory (never written to the store unless they spill)";
+    tail_memory_bytes: "gauge", "tracetap_tail_memory_bytes", "Bytes of spans of traces waiting in memory (what TRACETAP_TAIL_MAX_MEMORY_BYTES bounds)";
+    tail_decided_in_memory: "counter", "tracetap_tail_traces_decided_in_memory_total", "Traces decided from memory, never written to the tail store";
+    tail_spilled_traces: "counter", "tracetap_tail_traces_spilled_total", "Traces written to the tail store to wait: undecided TRACETAP_TAIL_SPILL_AFTER after their first span, or the oldest while memory was over TRACETAP_TAIL_MAX_MEMORY_BYTES";
     tail_spans_buffered: "gauge", "tracetap_tail_spans_buffered", "Spans of traces waiting for a tail decision";
     tail_buffered_bytes: "gauge", "tracetap_tail_buffered_bytes", "Bytes of spans held in live partitions of the tail store (what TRACETAP_TAIL_MAX_DISK_BYTES bounds)";
     tail_disk_bytes: "gauge", "tracetap_tail_disk_bytes", "Bytes the tail store occupies on disk (sled's own figure, space amplification included)";

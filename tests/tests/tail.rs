@@ -297,3 +297,48 @@ fn a_corrupt_store_is_set_aside_and_tail_sampling_goes_on() {
     assert_eq!(aside.len(), 1, "the damaged store is kept aside");
     assert!(s.agent.log().contains("set aside"), "{}", s.agent.log());
 }
+
+#[test]
+fn traces_that_must_wait_spill_to_the_store_and_are_decided_once_after_a_restart() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("state dir");
+    let keep_all = [("TRACETAP_TAIL_KEEP_ERRORS", "false"), ("TRACETAP_TAIL_RATIO", "1.0")];
+    // A grace longer than the test: no trace can be decided before the restart. A memory budget of
+    // one byte: every trace goes to the store at the next tick.
+    let waiting = [
+        keep_all.as_slice(),
+        &[
+            ("TRACETAP_TAIL_GRACE", "60s"),
+            ("TRACETAP_TAIL_DECISION_WAIT", "60s"),
+            ("TRACETAP_TAIL_MAX_MEMORY_BYTES", "1"),
+        ],
+    ]
+    .concat();
+    let s = Stack::start("", &tail_env(dir.path(), &waiting));
+    let mut conn = Conn::connect(s.front).expect("connect");
+    let mut rng = fastrand::Rng::with_seed(11);
+    let traces: Vec<String> = (0..20).map(|i| traced_get(&mut conn, &format!("/spill/{i}"), &mut rng)).collect();
+    let spilled = wait_for(Duration::from_secs(20), || {
+        (s.agent.metric("tracetap_tail_traces_spilled_total") >= 20).then_some(())
+    });
+    assert!(spilled.is_some(), "every trace spills; log:\n{}", s.agent.log());
+    assert_eq!(s.agent.metric("tracetap_tail_traces_decided_in_memory_total"), 0);
+    assert!(s.receiver.spans().is_empty(), "nothing decided yet");
+    let mut agent_env =
+        vec![("OTEL_EXPORTER_OTLP_ENDPOINT", s.receiver.endpoint()), ("TRACETAP_TARGET_COMM", s.haproxy.comm.clone())];
+    let Stack { agent, receiver, haproxy, rt, backend, .. } = s;
+    assert!(agent.stop().success());
+    // After the restart the traces are due at once (a short grace): decided from the store.
+    agent_env.extend(tail_env(dir.path(), &[keep_all.as_slice(), &[("TRACETAP_TAIL_GRACE", "300ms")]].concat()));
+    let agent = Agent::start(&agent_env);
+    let spans = receiver.wait_for_spans(40);
+    let got = by_trace(&spans);
+    for trace in &traces {
+        assert_eq!(got.get(trace).map(Vec::len), Some(2), "trace {trace} exported once, whole; log:\n{}", agent.log());
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(receiver.spans().len(), 40, "nothing exported twice");
+    drop((haproxy, backend, rt));
+}

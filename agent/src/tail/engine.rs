@@ -3,8 +3,16 @@
 //! drive it with a fake clock and a [`tracetap_storage::MemoryStore`]. See the module note of
 //! `tail` for the invariants.
 //!
-//! Stored span format: the process id (4 bytes, big endian: the `process.pid` of its resource),
-//! then the OTLP `Span` message.
+//! Memory first: a trace's spans stay in memory ([`Hot`]) and a trace whose local fragment completes
+//! (its root SERVER span ended `grace` ago) is decided there, never written to the store. The store
+//! takes only what must wait: a trace still undecided `spill_after` after its first span, or the
+//! oldest hot traces while memory is over `max_memory_bytes`. A spilled trace is *pending* in the
+//! store's sense and follows the store's rules (decided once, at least once across crashes). A trace
+//! decided in memory and not yet exported is lost at a crash, like the export queue; its decision is
+//! remembered in memory only (the store's decision cache holds those of spilled traces).
+//!
+//! Span format, in memory and in the store: the process id (4 bytes, big endian: the `process.pid`
+//! of its resource), then the OTLP `Span` message.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
@@ -28,6 +36,27 @@ use crate::sampling::randomness;
 
 /// Width of a partition: traces first seen within the same 5 s share one.
 const PARTITION_NS: u64 = 5_000_000_000;
+/// A trace in memory: its spans as they would be stored, and what decides when it is due.
+#[derive(Debug)]
+struct Hot {
+    first_seen: u64,
+    /// 0: the root span has not ended (here).
+    root_ended: u64,
+    spans: Vec<Vec<u8>>,
+    bytes: u64,
+}
+
+impl Hot {
+    fn decision_due(&self, limits: &Limits) -> u64 {
+        let by_wait = self.first_seen.saturating_add(limits.decision_wait_ns);
+        if self.root_ended == 0 { by_wait } else { by_wait.min(self.root_ended.saturating_add(limits.grace_ns)) }
+    }
+
+    fn spill_due(&self, limits: &Limits) -> u64 {
+        self.first_seen.saturating_add(limits.spill_after_ns)
+    }
+}
+
 /// A trace whose decision the store failed to take is tried again this much later.
 const DECIDE_RETRY_NS: u64 = 1_000_000_000;
 
@@ -46,6 +75,10 @@ pub struct Limits {
     pub max_disk_bytes: u64,
     pub decision_cache: usize,
     pub export_batch_spans: usize,
+    /// A trace still undecided this long after its first span goes to the store (0: at once).
+    pub spill_after_ns: u64,
+    /// Bytes of spans held in memory; past it the oldest traces go to the store.
+    pub max_memory_bytes: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -129,6 +162,22 @@ struct Counts {
     /// Spans lost because the store failed to take them.
     spans_lost: u64,
     decisions: BTreeMap<(String, &'static str), u64>,
+    /// Traces decided from memory, never written to the store.
+    decided_in_memory: u64,
+    /// Traces written to the store to wait (too long undecided, or memory over its budget).
+    spilled: u64,
+}
+
+/// Counts a decision by deciding policy (`none` when none matched) and outcome. Found by a scan of
+/// a few entries (policies x outcomes), so a decision allocates no key.
+fn count_decision(counts: &mut Counts, policy: Option<&str>, keep: bool) {
+    let (policy, label) = (policy.unwrap_or("none"), if keep { "kept" } else { "dropped" });
+    match counts.decisions.iter_mut().find(|((p, o), _)| p == policy && *o == label) {
+        Some((_, n)) => *n += 1,
+        None => {
+            counts.decisions.insert((policy.to_owned(), label), 1);
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -137,6 +186,13 @@ pub struct Engine<S> {
     policies: PolicySet,
     limits: Limits,
     pending: FxHashMap<TraceId, Pending>,
+    /// Traces in memory (never written to the store).
+    hot: FxHashMap<TraceId, Hot>,
+    /// Their span bytes.
+    hot_bytes: u64,
+    /// Hot traces in arrival order, for spilling the oldest (entries of traces that left are skipped).
+    hot_order: VecDeque<TraceId>,
+    /// Due times of pending and hot traces (stale entries are skipped when popped).
     deadlines: BinaryHeap<Reverse<(u64, TraceId)>>,
     partitions: BTreeMap<Partition, PartitionState>,
     cache: FxHashMap<TraceId, Cached>,
@@ -178,6 +234,9 @@ impl<S: TailStore> Engine<S> {
             policies,
             limits,
             pending: FxHashMap::default(),
+            hot: FxHashMap::default(),
+            hot_bytes: 0,
+            hot_order: VecDeque::new(),
             deadlines: BinaryHeap::new(),
             partitions: BTreeMap::new(),
             cache: FxHashMap::default(),
@@ -273,8 +332,15 @@ impl<S: TailStore> Engine<S> {
                 }
                 continue;
             }
-            let partition = self.pending.get(&trace).map_or(now / PARTITION_NS, |p| p.spans().partition);
-            by_partition.entry(partition).or_default().push((trace, spans, root_ended));
+            if let Some(p) = self.pending.get(&trace) {
+                // Spilled already: the rest of it goes to the store too.
+                by_partition.entry(p.spans().partition).or_default().push((trace, spans, root_ended));
+            } else if self.limits.spill_after_ns == 0 && !self.hot.contains_key(&trace) {
+                // Memory off: every trace waits in the store.
+                by_partition.entry(now / PARTITION_NS).or_default().push((trace, spans, root_ended));
+            } else {
+                self.hold(trace, spans, root_ended, now);
+            }
         }
         for (partition, items) in by_partition {
             if let Err(e) = self.append(partition, &items, now) {
@@ -288,8 +354,100 @@ impl<S: TailStore> Engine<S> {
         Ok(())
     }
 
+    /// Keeps a fragment in memory, arming its trace's due times.
+    fn hold(&mut self, trace: TraceId, spans: Vec<Vec<u8>>, root_ended: Option<u64>, now: u64) {
+        let bytes: u64 = spans.iter().map(|s| s.len() as u64).sum();
+        self.hot_bytes += bytes;
+        let limits = self.limits;
+        let hot = match self.hot.entry(trace) {
+            std::collections::hash_map::Entry::Occupied(e) => {
+                let hot = e.into_mut();
+                hot.spans.extend(spans);
+                hot.bytes += bytes;
+                hot
+            }
+            std::collections::hash_map::Entry::Vacant(e) => {
+                self.hot_order.push_back(trace);
+                let hot = e.insert(Hot { first_seen: now, root_ended: 0, spans, bytes });
+                self.deadlines.push(Reverse((hot.decision_due(&limits).min(hot.spill_due(&limits)), trace)));
+                hot
+            }
+        };
+        if let Some(ended) = root_ended {
+            hot.root_ended = hot.root_ended.max(ended);
+            self.deadlines.push(Reverse((hot.decision_due(&limits), trace)));
+        }
+    }
+
+    /// Writes a hot trace to the store, where it waits as a pending trace.
+    fn spill(&mut self, trace: TraceId) {
+        let Some(hot) = self.hot.remove(&trace) else { return };
+        self.hot_bytes -= hot.bytes;
+        let root_ended = (hot.root_ended != 0).then_some(hot.root_ended);
+        let partition = hot.first_seen / PARTITION_NS;
+        let spans = hot.spans.len() as u64;
+        let item = [(trace, hot.spans, root_ended)];
+        match self.append(partition, &item, hot.first_seen) {
+            Ok(()) => self.counts.spilled += 1,
+            Err(e) => {
+                self.counts.spans_lost += spans;
+                self.store_error(&e);
+            }
+        }
+    }
+
+    /// Decides a trace held in memory: nothing is written to the store.
+    fn decide_hot(&mut self, trace: TraceId, now: u64) {
+        let Some(hot) = self.hot.remove(&trace) else { return };
+        self.hot_bytes -= hot.bytes;
+        let facts = self.facts(&trace, &hot.spans);
+        let verdict = self.policies.evaluate(&TraceData {
+            spans: &facts.1,
+            randomness: facts.0,
+            now_second: now / 1_000_000_000,
+        });
+        let (keep, threshold) = (verdict.keep, verdict.min_threshold);
+        count_decision(&mut self.counts, verdict.policy, keep);
+        self.counts.decided_in_memory += 1;
+        self.remember(trace, Cached { partition: now / PARTITION_NS, seq: 0, kept: keep, threshold });
+        if keep {
+            self.queue_kept(&hot.spans, threshold);
+            self.out_traces += 1;
+            if self.out_spans as usize >= self.limits.export_batch_spans {
+                self.flush_export();
+            }
+        }
+    }
+
+    /// The randomness and the policies' view of a trace's spans.
+    fn facts(&self, trace: &TraceId, stored: &[Vec<u8>]) -> (u64, Vec<SpanFacts>) {
+        let fields: Vec<wire::SpanFields<'_>> =
+            stored.iter().filter_map(|b| b.get(4..)).filter_map(|b| wire::span(b).ok()).collect();
+        let randomness = fields
+            .iter()
+            .find_map(|s| parse_ot_tracestate(s.trace_state).randomness)
+            .unwrap_or_else(|| randomness(trace));
+        let with_attributes = self.policies.needs_attributes();
+        let facts = fields
+            .iter()
+            .map(|f| SpanFacts {
+                start_unix_ns: f.start_unix_ns,
+                end_unix_ns: f.end_unix_ns,
+                status: f.status,
+                attributes: if with_attributes {
+                    Span::decode(f.bytes).map(|s| s.attributes).unwrap_or_default()
+                } else {
+                    Vec::new()
+                },
+            })
+            .collect();
+        (randomness, facts)
+    }
+
     /// Appends fragments of one partition and tracks their traces as pending.
-    fn append(&mut self, partition: Partition, items: &[Incoming], now: u64) -> Result<(), StoreError> {
+    /// `first_seen` is the first-seen time of traces new to the store.
+    fn append(&mut self, partition: Partition, items: &[Incoming], first_seen: u64) -> Result<(), StoreError> {
+        let now = first_seen;
         let views: Vec<Vec<&[u8]>> =
             items.iter().map(|(_, spans, _)| spans.iter().map(Vec::as_slice).collect()).collect();
         let fragments: Vec<Fragment<'_>> = items
@@ -331,14 +489,36 @@ impl<S: TailStore> Engine<S> {
             }
             self.deadlines.pop();
             // Stale entries (an earlier deadline already decided the trace) are skipped.
-            if self.pending.get(&trace).is_some_and(|p| p.deadline(&self.limits) <= now) {
+            if let Some(hot) = self.hot.get(&trace) {
+                if hot.decision_due(&self.limits) <= now {
+                    self.decide_hot(trace, now);
+                } else if hot.spill_due(&self.limits) <= now {
+                    self.spill(trace);
+                }
+            } else if self.pending.get(&trace).is_some_and(|p| p.deadline(&self.limits) <= now) {
                 self.decide_logged(trace, now);
             }
         }
+        // Over the memory budget: the oldest hot traces go to the store.
+        while self.hot_bytes > self.limits.max_memory_bytes {
+            let Some(trace) = self.hot_order.pop_front() else { break };
+            self.spill(trace);
+        }
+        if self.hot_order.len() > 2 * self.hot.len() + 64 {
+            // Entries of traces that left memory: dropped in one pass once they outnumber the rest.
+            let hot = &self.hot;
+            self.hot_order.retain(|t| hot.contains_key(t));
+        }
         let mut excess = self.buffered_bytes().saturating_sub(self.limits.max_disk_bytes);
-        // Over the bound: the traces due soonest (the oldest, mostly) are decided now.
+        // Over the bound: the stored traces due soonest (the oldest, mostly) are decided now. Due
+        // times of traces in memory met on the way are put back.
+        let mut hot_due = Vec::new();
         while excess > 0 {
-            let Some(Reverse((_, trace))) = self.deadlines.pop() else { break };
+            let Some(Reverse((due, trace))) = self.deadlines.pop() else { break };
+            if self.hot.contains_key(&trace) {
+                hot_due.push(Reverse((due, trace)));
+                continue;
+            }
             let Some(partition) = self.pending.get(&trace).map(|p| p.spans().partition) else { continue };
             self.counts.early += 1;
             if !self.decide_logged(trace, now) {
@@ -350,6 +530,7 @@ impl<S: TailStore> Engine<S> {
                 excess = excess.saturating_sub(self.partitions[&partition].bytes);
             }
         }
+        self.deadlines.extend(hot_due);
         self.drop_finished_partitions(now);
         self.forget_evicted();
         // The tick's decisions as one write; durable at the next flush (before any export).
@@ -382,44 +563,17 @@ impl<S: TailStore> Engine<S> {
         let Some(p) = self.pending.get(&trace).copied() else { return Ok(()) };
         let range = p.spans();
         let stored = self.store.spans(&trace, &range)?;
-        let fields: Vec<wire::SpanFields<'_>> =
-            stored.iter().filter_map(|b| b.get(4..)).filter_map(|b| wire::span(b).ok()).collect();
-        let randomness = fields
-            .iter()
-            .find_map(|s| parse_ot_tracestate(s.trace_state).randomness)
-            .unwrap_or_else(|| randomness(&trace));
-        let with_attributes = self.policies.needs_attributes();
-        let facts: Vec<SpanFacts> = fields
-            .iter()
-            .map(|f| SpanFacts {
-                start_unix_ns: f.start_unix_ns,
-                end_unix_ns: f.end_unix_ns,
-                status: f.status,
-                attributes: if with_attributes {
-                    Span::decode(f.bytes).map(|s| s.attributes).unwrap_or_default()
-                } else {
-                    Vec::new()
-                },
-            })
-            .collect();
-        drop(fields);
+        let (randomness, facts) = self.facts(&trace, &stored);
         let verdict = self.policies.evaluate(&TraceData { spans: &facts, randomness, now_second: now / 1_000_000_000 });
         let (keep, threshold) = (verdict.keep, verdict.min_threshold);
-        let (outcome, label) = if keep { (Outcome::Kept { threshold }, "kept") } else { (Outcome::Dropped, "dropped") };
+        let outcome = if keep { Outcome::Kept { threshold } } else { Outcome::Dropped };
         let seq = self.store.decide(&trace, &range, outcome)?;
         self.pending.remove(&trace);
         self.spans_pending -= u64::from(p.span_count);
         if let Some(state) = self.partitions.get_mut(&range.partition) {
             state.pending -= 1;
         }
-        let policy = verdict.policy.unwrap_or("none");
-        // Found by a scan of a few entries (policies x outcomes), so a decision allocates no key.
-        match self.counts.decisions.iter_mut().find(|((p, o), _)| p == policy && *o == label) {
-            Some((_, n)) => *n += 1,
-            None => {
-                self.counts.decisions.insert((policy.to_owned(), label), 1);
-            }
-        }
+        count_decision(&mut self.counts, verdict.policy, keep);
         self.unflushed_decisions = true;
         self.remember(trace, Cached { partition: range.partition, seq, kept: keep, threshold });
         if keep {
@@ -442,7 +596,10 @@ impl<S: TailStore> Engine<S> {
             if self.cache.get(&old).is_some_and(|e| e.seq == seq) {
                 self.cache.remove(&old);
             }
-            self.evicted.push_back((seq, partition));
+            // A decision made in memory (seq 0) has no record in the store to forget.
+            if seq != 0 {
+                self.evicted.push_back((seq, partition));
+            }
         }
     }
 
@@ -580,6 +737,16 @@ impl<S: TailStore> Engine<S> {
         }
     }
 
+    /// Writes every trace in memory to the store (at a clean stop: they are decided after the next
+    /// start, as if the agent had never stopped).
+    pub fn spill_all(&mut self) {
+        let traces: Vec<TraceId> = self.hot.keys().copied().collect();
+        for trace in traces {
+            self.spill(trace);
+        }
+        self.hot_order.clear();
+    }
+
     /// Makes the store durable (at a clean stop).
     pub fn close(&mut self) {
         if let Err(e) = self.store.flush() {
@@ -589,9 +756,16 @@ impl<S: TailStore> Engine<S> {
 
     /// Publishes gauges and counters.
     pub fn publish(&self, m: &Metrics) {
-        metrics::set(&m.tail_traces_pending, self.pending.len() as u64);
+        metrics::set(&m.tail_traces_pending, (self.pending.len() + self.hot.len()) as u64);
+        metrics::set(&m.tail_traces_in_memory, self.hot.len() as u64);
+        metrics::set(&m.tail_memory_bytes, self.hot_bytes);
+        metrics::set(&m.tail_decided_in_memory, self.counts.decided_in_memory);
+        metrics::set(&m.tail_spilled_traces, self.counts.spilled);
         metrics::set(&m.tail_outbox_traces, self.partitions.values().map(|s| s.outbox as u64).sum());
-        metrics::set(&m.tail_spans_buffered, self.spans_pending);
+        metrics::set(
+            &m.tail_spans_buffered,
+            self.spans_pending + self.hot.values().map(|h| h.spans.len() as u64).sum::<u64>(),
+        );
         metrics::set(&m.tail_buffered_bytes, self.buffered_bytes());
         metrics::set(&m.tail_disk_bytes, self.store.disk_bytes());
         metrics::set(&m.tail_late_spans_kept, self.counts.late_kept);
@@ -607,9 +781,15 @@ impl<S: TailStore> Engine<S> {
         self.counts.spans_lost += spans;
     }
 
-    /// Traces waiting for a decision.
+    /// Traces waiting for a decision, in memory or in the store.
     #[must_use]
     pub fn pending_traces(&self) -> usize {
+        self.pending.len() + self.hot.len()
+    }
+
+    /// Traces waiting for a decision in the store (spilled, or recovered after a restart).
+    #[must_use]
+    pub fn stored_pending_traces(&self) -> usize {
         self.pending.len()
     }
 
@@ -650,6 +830,8 @@ mod tests {
             max_disk_bytes: 1 << 30,
             decision_cache: 1000,
             export_batch_spans: 512,
+            spill_after_ns: 0,
+            max_memory_bytes: 1 << 30,
         }
     }
 
@@ -739,6 +921,71 @@ mod tests {
         let decisions = &e.counts.decisions;
         assert_eq!(decisions[&("errors".to_owned(), "kept")], 1);
         assert_eq!(decisions[&("none".to_owned(), "dropped")], 1);
+    }
+
+    /// Memory first: spill after 5 s, a memory budget of `memory` bytes.
+    fn memory_first(memory: u64) -> Limits {
+        Limits { spill_after_ns: 5 * S, max_memory_bytes: memory, ..limits() }
+    }
+
+    #[test]
+    fn a_complete_trace_is_decided_from_memory_and_never_stored() {
+        let mut e = Engine::open(MemoryStore::new(), policies(), memory_first(1 << 30), Vec::new(), T0).unwrap();
+        e.ingest(&exchange(trace(1, false), T0, true).encode_to_vec(), T0).unwrap();
+        e.ingest(&exchange(trace(2, false), T0, false).encode_to_vec(), T0).unwrap();
+        e.tick(T0 + S);
+        assert_eq!((e.pending_traces(), e.stored_pending_traces()), (2, 0), "in memory, grace not over");
+        e.tick(T0 + 2 * S);
+        assert_eq!(e.pending_traces(), 0);
+        assert_eq!(exported(&mut e).len(), 2, "the error trace, both spans");
+        assert_eq!((e.counts.decided_in_memory, e.counts.spilled), (2, 0));
+        // A late span follows the decision remembered in memory.
+        e.ingest(&request(vec![span(trace(1, false), 3, SpanKind::Client, T0, false)]).encode_to_vec(), T0 + 3 * S)
+            .unwrap();
+        e.tick(T0 + 3 * S);
+        assert_eq!(exported(&mut e).len(), 1);
+        let store = e.into_store();
+        assert_eq!(store.disk_bytes(), 0, "nothing was written to the store");
+        assert_eq!(store.recover().unwrap(), Recovered::default());
+    }
+
+    #[test]
+    fn a_trace_undecided_past_spill_after_waits_in_the_store_and_is_decided_once_after_a_restart() {
+        let mut e = Engine::open(MemoryStore::new(), policies(), memory_first(1 << 30), Vec::new(), T0).unwrap();
+        // A CLIENT span only: no root, so the decision waits for the decision wait (30 s).
+        let client = |id, at| request(vec![span(trace(1, false), id, SpanKind::Client, at, true)]).encode_to_vec();
+        e.ingest(&client(2, T0), T0).unwrap();
+        e.tick(T0 + 4 * S);
+        assert_eq!(e.stored_pending_traces(), 0, "not yet");
+        e.tick(T0 + 5 * S);
+        assert_eq!((e.pending_traces(), e.stored_pending_traces(), e.counts.spilled), (1, 1, 1), "spilled");
+        // The rest of a spilled trace goes to the store too.
+        e.ingest(&client(3, T0 + 6 * S), T0 + 6 * S).unwrap();
+        assert_eq!(e.hot.len(), 0);
+        e.flush_export();
+        let mut e = Engine::open(e.into_store(), policies(), memory_first(1 << 30), Vec::new(), T0 + 7 * S).unwrap();
+        assert_eq!(e.stored_pending_traces(), 1, "recovered from the store");
+        e.tick(T0 + 29 * S);
+        assert!(exported(&mut e).is_empty());
+        e.tick(T0 + 30 * S);
+        assert_eq!(exported(&mut e).len(), 2, "decided once, with both fragments");
+        e.tick(T0 + 40 * S);
+        assert!(exported(&mut e).is_empty());
+    }
+
+    #[test]
+    fn past_the_memory_budget_the_oldest_traces_spill() {
+        let one = u64::try_from(exchange(trace(1, false), T0, false).encode_to_vec().len()).unwrap();
+        let mut e = Engine::open(MemoryStore::new(), policies(), memory_first(one), Vec::new(), T0).unwrap();
+        for n in 1..=3 {
+            let root_less = request(vec![span(trace(n, false), 2, SpanKind::Client, T0, false)]);
+            e.ingest(&root_less.encode_to_vec(), T0 + u64::from(n)).unwrap();
+        }
+        e.tick(T0 + 10);
+        assert!(e.hot_bytes <= one, "under the budget after the tick");
+        assert!(e.stored_pending_traces() >= 1);
+        assert!(!e.hot.contains_key(&trace(1, false)), "the oldest went first");
+        assert_eq!(e.pending_traces(), 3, "nothing lost");
     }
 
     /// A memory store whose `decide` fails while `fail` is set.

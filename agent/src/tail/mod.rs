@@ -1,15 +1,18 @@
-//! Tail sampling: kept spans wait in the store (`tracetap-storage`, sled) until their trace is
-//! decided by the policies, and only kept traces are exported.
+//! Tail sampling: kept spans wait, in memory first and in the store (`tracetap-storage`, sled) when
+//! they must wait long, until their trace is decided by the policies; only kept traces are exported.
 //!
 //! Flow: the capture thread batches and encodes spans as without tail sampling, but hands the
-//! batches to the [`TailQueue`] instead of the exporter; the tail thread ([`run`]) decodes them,
-//! appends each trace's spans to the store and arms its decision time; on every tick it decides the
-//! traces that are due and queues the kept ones for export.
+//! batches to the [`TailQueue`] instead of the exporter; the tail thread ([`run`]) reads them,
+//! holds each trace's spans in memory and arms its decision time; on every tick it decides the
+//! traces that are due (from memory, or from the store for those that spilled there, see
+//! `engine`) and queues the kept ones for export.
 //!
 //! Invariants:
 //! - A trace is decided when its root span here (a SERVER span: its parent is remote or absent)
 //!   ended `grace` ago, or `decision_wait` after its first span, whichever comes first. Times are
 //!   wall-clock, persisted with the trace, so a restarted agent decides as if it had never stopped.
+//! - A trace decided in memory never touches the store; it is lost at a crash until exported, like
+//!   the export queue. What follows is about traces in the store.
 //! - A tick's decisions are committed to the store as one write, and made durable before any kept
 //!   span of them is queued for export; a kept trace stays in the store's outbox until the exporter
 //!   reports its batch done (sent, or failed for good and counted), so a crash in between
@@ -20,7 +23,8 @@
 //!   decision: exported at once or dropped, and counted.
 //! - The capture thread never blocks on this stage: when the queue backs up, whole traces are shed
 //!   by their randomness, as a lower sampling ratio would (see [`TailQueue::shed_threshold`]).
-//! - Disk is bounded: past `max_disk_bytes` of buffered spans the oldest traces are decided early.
+//! - Memory is bounded: past `max_memory_bytes` the oldest traces in memory go to the store. Disk is
+//!   bounded: past `max_disk_bytes` of spans in the store the oldest traces there are decided early.
 
 pub mod engine;
 pub mod policy;
@@ -61,6 +65,10 @@ pub struct TailConfig {
     pub state_dir: PathBuf,
     pub grace: Duration,
     pub decision_wait: Duration,
+    /// `TRACETAP_TAIL_SPILL_AFTER`.
+    pub spill_after: Duration,
+    /// `TRACETAP_TAIL_MAX_MEMORY_BYTES`.
+    pub max_memory_bytes: u64,
     pub max_disk_bytes: u64,
     pub decision_cache: usize,
     pub policies: PolicySource,
@@ -182,6 +190,8 @@ pub fn run<S: TailStore>(
         }
         send(&mut engine, &mut outstanding);
     }
+    // Traces still in memory wait in the store for the next start, like any pending trace.
+    engine.spill_all();
     engine.flush_export();
     send(&mut engine, &mut outstanding);
     let deadline = Instant::now() + ack_wait;

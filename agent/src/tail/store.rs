@@ -150,6 +150,8 @@ mod tests {
             max_disk_bytes: 1 << 30,
             decision_cache: 100,
             export_batch_spans: 10,
+            spill_after_ns: 0,
+            max_memory_bytes: 1 << 30,
         }
     }
 
