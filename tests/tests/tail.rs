@@ -174,8 +174,16 @@ fn survives_kill_9_twenty_times_under_load() {
         return;
     }
     let dir = tempfile::tempdir().expect("state dir");
-    // Keep everything, so that every trace that reached the store must come out.
-    let env = tail_env(dir.path(), &[("TRACETAP_TAIL_KEEP_ERRORS", "false"), ("TRACETAP_TAIL_RATIO", "1.0")]);
+    // Keep everything, so that every trace that reached the store must come out. Every trace waits
+    // in the store (no memory): this test is about the store's crash semantics.
+    let env = tail_env(
+        dir.path(),
+        &[
+            ("TRACETAP_TAIL_KEEP_ERRORS", "false"),
+            ("TRACETAP_TAIL_RATIO", "1.0"),
+            ("TRACETAP_TAIL_MAX_MEMORY_BYTES", "0"),
+        ],
+    );
     let mut s = Stack::start("", &env);
     // A collector that refuses two exports in three keeps kept traces in flight (in the outbox)
     // for a few hundred ms each, so that kills land between decision and delivery.

@@ -335,7 +335,9 @@ impl<S: TailStore> Engine<S> {
             if let Some(p) = self.pending.get(&trace) {
                 // Spilled already: the rest of it goes to the store too.
                 by_partition.entry(p.spans().partition).or_default().push((trace, spans, root_ended));
-            } else if self.limits.spill_after_ns == 0 && !self.hot.contains_key(&trace) {
+            } else if (self.limits.spill_after_ns == 0 || self.limits.max_memory_bytes == 0)
+                && !self.hot.contains_key(&trace)
+            {
                 // Memory off: every trace waits in the store.
                 by_partition.entry(now / PARTITION_NS).or_default().push((trace, spans, root_ended));
             } else {
