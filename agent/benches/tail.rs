@@ -9,6 +9,9 @@
 //!   simulated second, with a tick (decisions, partition drops) every simulated 100 ms as the tail
 //!   thread does; every trace is decided (keep errors + 1%, none are errors). Reports CPU per span of the whole process (sled's threads
 //!   included), and the ratio sled / memory.
+//!   At 100 000 exchanges per second a trace waits its grace (`TRACETAP_BENCH_GRACE_MS`, default
+//!   2000 as in the agent) in memory: 200 000 traces, more than the default 64 MiB holds, so with
+//!   the default grace most traces spill in `first`; a shorter grace shows the memory path alone.
 //! - `rss`: `TRACETAP_BENCH_RSS_SPANS` (default 5 000 000) spans buffered and not yet decided;
 //!   reports the process RSS and the bytes on disk (the sled store only).
 
@@ -138,9 +141,10 @@ fn policies() -> PolicySet {
     ])
 }
 
+/// `TRACETAP_BENCH_GRACE_MS` (default 2000, the agent's default grace).
 fn limits() -> Limits {
     Limits {
-        grace_ns: 2 * S,
+        grace_ns: env_or("TRACETAP_BENCH_GRACE_MS", 2000) * 1_000_000,
         decision_wait_ns: 30 * S,
         max_disk_bytes: u64::MAX,
         decision_cache: 100_000,
@@ -209,8 +213,9 @@ fn run<S: TailStore>(mode: &str, name: &str, store: S, limits: Limits, spans: u6
             engine.close();
             let cpu = cpu_seconds() - before;
             let total = batches * 2 * EXCHANGES_PER_BATCH;
+            let (in_memory, spilled) = engine.memory_counts();
             println!(
-                "cpu {name:<7} {cpu:>7.2} s  {:>7.0} ns/span  {:>9.0} spans/s/core  exported {exported}",
+                "cpu {name:<7} {cpu:>7.2} s  {:>7.0} ns/span  {:>9.0} spans/s/core  exported {exported}  decided in memory {in_memory}, spilled {spilled}",
                 cpu * 1e9 / total as f64,
                 total as f64 / cpu
             );

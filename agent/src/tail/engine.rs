@@ -61,7 +61,9 @@ impl Hot {
 const DECIDE_RETRY_NS: u64 = 1_000_000_000;
 
 /// An incoming fragment: trace, stored spans (pid + `Span`), root span end if it holds the root.
-type Incoming = (TraceId, Vec<Vec<u8>>, Option<u64>);
+/// An incoming fragment: trace, stored spans (pid + `Span`), root span end if it holds the root,
+/// and when the trace was first seen (for a trace new to the store).
+type Incoming = (TraceId, Vec<Vec<u8>>, Option<u64>, u64);
 
 /// A kept trace handed to the exporter (trace, partition, decision); reported back through
 /// [`Engine::delivered`].
@@ -334,19 +336,19 @@ impl<S: TailStore> Engine<S> {
             }
             if let Some(p) = self.pending.get(&trace) {
                 // Spilled already: the rest of it goes to the store too.
-                by_partition.entry(p.spans().partition).or_default().push((trace, spans, root_ended));
+                by_partition.entry(p.spans().partition).or_default().push((trace, spans, root_ended, now));
             } else if (self.limits.spill_after_ns == 0 || self.limits.max_memory_bytes == 0)
                 && !self.hot.contains_key(&trace)
             {
                 // Memory off: every trace waits in the store.
-                by_partition.entry(now / PARTITION_NS).or_default().push((trace, spans, root_ended));
+                by_partition.entry(now / PARTITION_NS).or_default().push((trace, spans, root_ended, now));
             } else {
                 self.hold(trace, spans, root_ended, now);
             }
         }
         for (partition, items) in by_partition {
-            if let Err(e) = self.append(partition, &items, now) {
-                self.counts.spans_lost += items.iter().map(|(_, spans, _)| spans.len() as u64).sum::<u64>();
+            if let Err(e) = self.append(partition, &items) {
+                self.counts.spans_lost += items.iter().map(|(_, spans, _, _)| spans.len() as u64).sum::<u64>();
                 self.store_error(&e);
             }
         }
@@ -381,19 +383,28 @@ impl<S: TailStore> Engine<S> {
         }
     }
 
-    /// Writes a hot trace to the store, where it waits as a pending trace.
-    fn spill(&mut self, trace: TraceId) {
-        let Some(hot) = self.hot.remove(&trace) else { return };
-        self.hot_bytes -= hot.bytes;
-        let root_ended = (hot.root_ended != 0).then_some(hot.root_ended);
-        let partition = hot.first_seen / PARTITION_NS;
-        let spans = hot.spans.len() as u64;
-        let item = [(trace, hot.spans, root_ended)];
-        match self.append(partition, &item, hot.first_seen) {
-            Ok(()) => self.counts.spilled += 1,
-            Err(e) => {
-                self.counts.spans_lost += spans;
-                self.store_error(&e);
+    /// Writes hot traces to the store, where they wait as pending traces: grouped by partition, as
+    /// appends from the capture thread are (sled's cost is per insert).
+    fn spill(&mut self, traces: &[TraceId]) {
+        let mut by_partition: BTreeMap<Partition, Vec<Incoming>> = BTreeMap::new();
+        for trace in traces {
+            let Some(hot) = self.hot.remove(trace) else { continue };
+            self.hot_bytes -= hot.bytes;
+            let root_ended = (hot.root_ended != 0).then_some(hot.root_ended);
+            by_partition.entry(hot.first_seen / PARTITION_NS).or_default().push((
+                *trace,
+                hot.spans,
+                root_ended,
+                hot.first_seen,
+            ));
+        }
+        for (partition, items) in by_partition {
+            match self.append(partition, &items) {
+                Ok(()) => self.counts.spilled += items.len() as u64,
+                Err(e) => {
+                    self.counts.spans_lost += items.iter().map(|(_, spans, _, _)| spans.len() as u64).sum::<u64>();
+                    self.store_error(&e);
+                }
             }
         }
     }
@@ -447,23 +458,21 @@ impl<S: TailStore> Engine<S> {
     }
 
     /// Appends fragments of one partition and tracks their traces as pending.
-    /// `first_seen` is the first-seen time of traces new to the store.
-    fn append(&mut self, partition: Partition, items: &[Incoming], first_seen: u64) -> Result<(), StoreError> {
-        let now = first_seen;
+    fn append(&mut self, partition: Partition, items: &[Incoming]) -> Result<(), StoreError> {
         let views: Vec<Vec<&[u8]>> =
-            items.iter().map(|(_, spans, _)| spans.iter().map(Vec::as_slice).collect()).collect();
+            items.iter().map(|(_, spans, _, _)| spans.iter().map(Vec::as_slice).collect()).collect();
         let fragments: Vec<Fragment<'_>> = items
             .iter()
             .zip(&views)
-            .map(|((trace, _, root_ended), spans)| Fragment {
+            .map(|((trace, _, root_ended, first_seen), spans)| Fragment {
                 trace: *trace,
-                first_seen_unix_ns: self.pending.get(trace).map_or(now, |p| p.first_seen),
+                first_seen_unix_ns: self.pending.get(trace).map_or(*first_seen, |p| p.first_seen),
                 root_ended_unix_ns: *root_ended,
                 spans,
             })
             .collect();
         let seqs = self.store.append(partition, &fragments)?;
-        for ((trace, spans, root_ended), seq) in items.iter().zip(seqs) {
+        for ((trace, spans, root_ended, first_seen), seq) in items.iter().zip(seqs) {
             let bytes: u64 = spans.iter().map(|s| s.len() as u64).sum();
             self.partitions.entry(partition).or_default().bytes += bytes;
             self.spans_pending += spans.len() as u64;
@@ -474,7 +483,7 @@ impl<S: TailStore> Engine<S> {
                 }
                 self.pending.insert(*trace, p);
             } else {
-                let p = Pending::new(now, *root_ended, SpanRange::one(partition, seq), spans.len());
+                let p = Pending::new(*first_seen, *root_ended, SpanRange::one(partition, seq), spans.len());
                 self.partitions.entry(partition).or_default().pending += 1;
                 self.track(*trace, p);
             }
@@ -485,6 +494,7 @@ impl<S: TailStore> Engine<S> {
     /// Decides the traces that are due, decides the soonest due early when the buffer is over its
     /// bound, and drops partitions with nothing left to decide or export.
     pub fn tick(&mut self, now: u64) {
+        let mut to_spill = Vec::new();
         while let Some(Reverse((deadline, trace))) = self.deadlines.peek().copied() {
             if deadline > now {
                 break;
@@ -495,17 +505,22 @@ impl<S: TailStore> Engine<S> {
                 if hot.decision_due(&self.limits) <= now {
                     self.decide_hot(trace, now);
                 } else if hot.spill_due(&self.limits) <= now {
-                    self.spill(trace);
+                    to_spill.push(trace);
                 }
             } else if self.pending.get(&trace).is_some_and(|p| p.deadline(&self.limits) <= now) {
                 self.decide_logged(trace, now);
             }
         }
         // Over the memory budget: the oldest hot traces go to the store.
-        while self.hot_bytes > self.limits.max_memory_bytes {
+        let mut over = self.hot_bytes.saturating_sub(self.limits.max_memory_bytes);
+        while over > 0 {
             let Some(trace) = self.hot_order.pop_front() else { break };
-            self.spill(trace);
+            if let Some(hot) = self.hot.get(&trace) {
+                over = over.saturating_sub(hot.bytes);
+                to_spill.push(trace);
+            }
         }
+        self.spill(&to_spill);
         if self.hot_order.len() > 2 * self.hot.len() + 64 {
             // Entries of traces that left memory: dropped in one pass once they outnumber the rest.
             let hot = &self.hot;
@@ -743,9 +758,7 @@ impl<S: TailStore> Engine<S> {
     /// start, as if the agent had never stopped).
     pub fn spill_all(&mut self) {
         let traces: Vec<TraceId> = self.hot.keys().copied().collect();
-        for trace in traces {
-            self.spill(trace);
-        }
+        self.spill(&traces);
         self.hot_order.clear();
     }
 
@@ -787,6 +800,12 @@ impl<S: TailStore> Engine<S> {
     #[must_use]
     pub fn pending_traces(&self) -> usize {
         self.pending.len() + self.hot.len()
+    }
+
+    /// Traces decided from memory, and traces written to the store to wait, so far.
+    #[must_use]
+    pub fn memory_counts(&self) -> (u64, u64) {
+        (self.counts.decided_in_memory, self.counts.spilled)
     }
 
     /// Traces waiting for a decision in the store (spilled, or recovered after a restart).
