@@ -55,6 +55,11 @@ impl Hot {
     fn spill_due(&self, limits: &Limits) -> u64 {
         self.first_seen.saturating_add(limits.spill_after_ns)
     }
+
+    /// When something is next to be done with it: decided, or spilled.
+    fn next_due(&self, limits: &Limits) -> u64 {
+        self.decision_due(limits).min(self.spill_due(limits))
+    }
 }
 
 /// A trace whose decision the store failed to take is tried again this much later.
@@ -190,8 +195,9 @@ pub struct Engine<S> {
     pending: FxHashMap<TraceId, Pending>,
     /// Traces in memory (never written to the store).
     hot: FxHashMap<TraceId, Hot>,
-    /// Their span bytes.
+    /// Their span bytes, and spans.
     hot_bytes: u64,
+    hot_spans: u64,
     /// Hot traces in arrival order, for spilling the oldest (entries of traces that left are skipped).
     hot_order: VecDeque<TraceId>,
     /// Due times of pending and hot traces (stale entries are skipped when popped).
@@ -238,6 +244,7 @@ impl<S: TailStore> Engine<S> {
             pending: FxHashMap::default(),
             hot: FxHashMap::default(),
             hot_bytes: 0,
+            hot_spans: 0,
             hot_order: VecDeque::new(),
             deadlines: BinaryHeap::new(),
             partitions: BTreeMap::new(),
@@ -362,24 +369,27 @@ impl<S: TailStore> Engine<S> {
     fn hold(&mut self, trace: TraceId, spans: Vec<Vec<u8>>, root_ended: Option<u64>, now: u64) {
         let bytes: u64 = spans.iter().map(|s| s.len() as u64).sum();
         self.hot_bytes += bytes;
+        self.hot_spans += spans.len() as u64;
         let limits = self.limits;
-        let hot = match self.hot.entry(trace) {
+        // One due time in the heap per change of it: usually one push and one pop per trace (the
+        // heap holds every waiting trace, so its size is what each of them costs).
+        match self.hot.entry(trace) {
             std::collections::hash_map::Entry::Occupied(e) => {
                 let hot = e.into_mut();
+                let before = hot.next_due(&limits);
                 hot.spans.extend(spans);
                 hot.bytes += bytes;
-                hot
+                hot.root_ended = hot.root_ended.max(root_ended.unwrap_or(0));
+                let due = hot.next_due(&limits);
+                if due != before {
+                    self.deadlines.push(Reverse((due, trace)));
+                }
             }
             std::collections::hash_map::Entry::Vacant(e) => {
                 self.hot_order.push_back(trace);
-                let hot = e.insert(Hot { first_seen: now, root_ended: 0, spans, bytes });
-                self.deadlines.push(Reverse((hot.decision_due(&limits).min(hot.spill_due(&limits)), trace)));
-                hot
+                let hot = e.insert(Hot { first_seen: now, root_ended: root_ended.unwrap_or(0), spans, bytes });
+                self.deadlines.push(Reverse((hot.next_due(&limits), trace)));
             }
-        };
-        if let Some(ended) = root_ended {
-            hot.root_ended = hot.root_ended.max(ended);
-            self.deadlines.push(Reverse((hot.decision_due(&limits), trace)));
         }
     }
 
@@ -390,6 +400,7 @@ impl<S: TailStore> Engine<S> {
         for trace in traces {
             let Some(hot) = self.hot.remove(trace) else { continue };
             self.hot_bytes -= hot.bytes;
+            self.hot_spans -= hot.spans.len() as u64;
             let root_ended = (hot.root_ended != 0).then_some(hot.root_ended);
             by_partition.entry(hot.first_seen / PARTITION_NS).or_default().push((
                 *trace,
@@ -413,6 +424,7 @@ impl<S: TailStore> Engine<S> {
     fn decide_hot(&mut self, trace: TraceId, now: u64) {
         let Some(hot) = self.hot.remove(&trace) else { return };
         self.hot_bytes -= hot.bytes;
+        self.hot_spans -= hot.spans.len() as u64;
         let facts = self.facts(&trace, &hot.spans);
         let verdict = self.policies.evaluate(&TraceData {
             spans: &facts.1,
