@@ -174,6 +174,16 @@ pub enum StoreError {
     Version { found: u32, expected: u32 },
 }
 
+impl StoreError {
+    /// Whether the error says the store's contents are damaged (a record that does not decode,
+    /// another format, sled's own corruption report), as opposed to the system refusing the store
+    /// (another process holding its lock, permissions, descriptors: plain I/O errors).
+    #[must_use]
+    pub fn is_damage(&self) -> bool {
+        !matches!(self, Self::Sled(sled::Error::Io(_)))
+    }
+}
+
 /// Spans of one trace to append, with what the store must remember about the trace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fragment<'a> {

@@ -62,8 +62,10 @@ impl Hot {
     }
 }
 
-/// A trace whose decision the store failed to take is tried again this much later.
+/// A trace whose decision the store failed to take is tried again this much later...
 const DECIDE_RETRY_NS: u64 = 1_000_000_000;
+/// ...at most this many times in all.
+const MAX_DECIDE_FAILURES: u8 = 5;
 
 /// An incoming fragment: trace, stored spans (pid + `Span`), root span end if it holds the root.
 /// An incoming fragment: trace, stored spans (pid + `Span`), root span end if it holds the root,
@@ -200,8 +202,13 @@ pub struct Engine<S> {
     hot_spans: u64,
     /// Hot traces in arrival order, for spilling the oldest (entries of traces that left are skipped).
     hot_order: VecDeque<TraceId>,
-    /// Due times of pending and hot traces (stale entries are skipped when popped).
+    /// Due times of traces in the store (stale entries are skipped when popped).
     deadlines: BinaryHeap<Reverse<(u64, TraceId)>>,
+    /// Due times of traces in memory, apart: the disk bound's early decisions walk the store's
+    /// traces only.
+    hot_deadlines: BinaryHeap<Reverse<(u64, TraceId)>>,
+    /// Failed decisions per stored trace whose spans the store could not give back.
+    decide_failures: FxHashMap<TraceId, u8>,
     partitions: BTreeMap<Partition, PartitionState>,
     cache: FxHashMap<TraceId, Cached>,
     cache_order: VecDeque<(TraceId, u64, Partition)>,
@@ -249,6 +256,8 @@ impl<S: TailStore> Engine<S> {
             hot_spans: 0,
             hot_order: VecDeque::new(),
             deadlines: BinaryHeap::new(),
+            hot_deadlines: BinaryHeap::new(),
+            decide_failures: FxHashMap::default(),
             partitions: BTreeMap::new(),
             cache: FxHashMap::default(),
             cache_order: VecDeque::new(),
@@ -385,13 +394,13 @@ impl<S: TailStore> Engine<S> {
                 hot.root_ended = hot.root_ended.max(root_ended.unwrap_or(0));
                 let due = hot.next_due(&limits);
                 if due != before {
-                    self.deadlines.push(Reverse((due, trace)));
+                    self.hot_deadlines.push(Reverse((due, trace)));
                 }
             }
             std::collections::hash_map::Entry::Vacant(e) => {
                 self.hot_order.push_back(trace);
                 let hot = e.insert(Hot { first_seen: now, root_ended: root_ended.unwrap_or(0), spans, bytes });
-                self.deadlines.push(Reverse((hot.next_due(&limits), trace)));
+                self.hot_deadlines.push(Reverse((hot.next_due(&limits), trace)));
             }
         }
     }
@@ -416,8 +425,17 @@ impl<S: TailStore> Engine<S> {
             match self.append(partition, &items) {
                 Ok(()) => self.counts.spilled += items.len() as u64,
                 Err(e) => {
-                    self.counts.spans_lost += items.iter().map(|(_, spans, _, _)| spans.len() as u64).sum::<u64>();
+                    // The store did not take them: they stay in memory (over its budget, if that is
+                    // why they were leaving) and are decided there when due.
                     self.store_error(&e);
+                    for (trace, spans, root_ended, first_seen) in items {
+                        let bytes: u64 = spans.iter().map(|s| s.len() as u64).sum();
+                        self.hot_bytes += bytes;
+                        self.hot_spans += spans.len() as u64;
+                        let hot = Hot { first_seen, root_ended: root_ended.unwrap_or(0), spans, bytes };
+                        self.hot_deadlines.push(Reverse((hot.decision_due(&self.limits), trace)));
+                        self.hot.insert(trace, hot);
+                    }
                 }
             }
         }
@@ -510,20 +528,30 @@ impl<S: TailStore> Engine<S> {
     /// bound, and drops partitions with nothing left to decide or export.
     pub fn tick(&mut self, now: u64) {
         let mut to_spill = Vec::new();
+        while let Some(Reverse((deadline, trace))) = self.hot_deadlines.peek().copied() {
+            if deadline > now {
+                break;
+            }
+            self.hot_deadlines.pop();
+            // Stale entries (the trace left memory, or its due time changed) are skipped.
+            let Some(hot) = self.hot.get(&trace) else { continue };
+            if hot.decision_due(&self.limits) <= now {
+                self.decide_hot(trace, now);
+            } else if hot.spill_due(&self.limits) <= now {
+                to_spill.push(trace);
+            }
+        }
+        let mut retry = Vec::new();
         while let Some(Reverse((deadline, trace))) = self.deadlines.peek().copied() {
             if deadline > now {
                 break;
             }
             self.deadlines.pop();
             // Stale entries (an earlier deadline already decided the trace) are skipped.
-            if let Some(hot) = self.hot.get(&trace) {
-                if hot.decision_due(&self.limits) <= now {
-                    self.decide_hot(trace, now);
-                } else if hot.spill_due(&self.limits) <= now {
-                    to_spill.push(trace);
-                }
-            } else if self.pending.get(&trace).is_some_and(|p| p.deadline(&self.limits) <= now) {
-                self.decide_logged(trace, now);
+            if self.pending.get(&trace).is_some_and(|p| p.deadline(&self.limits) <= now)
+                && !self.decide_logged(trace, now)
+            {
+                retry.push(trace);
             }
         }
         // Over the memory budget: the oldest hot traces go to the store.
@@ -542,27 +570,27 @@ impl<S: TailStore> Engine<S> {
             self.hot_order.retain(|t| hot.contains_key(t));
         }
         let mut excess = self.buffered_bytes().saturating_sub(self.limits.max_disk_bytes);
-        // Over the bound: the stored traces due soonest (the oldest, mostly) are decided now. Due
-        // times of traces in memory met on the way are put back.
-        let mut hot_due = Vec::new();
+        // Over the bound: the stored traces due soonest (the oldest, mostly) are decided now.
         while excess > 0 {
-            let Some(Reverse((due, trace))) = self.deadlines.pop() else { break };
-            if self.hot.contains_key(&trace) {
-                hot_due.push(Reverse((due, trace)));
-                continue;
-            }
+            let Some(Reverse((_, trace))) = self.deadlines.pop() else { break };
             let Some(partition) = self.pending.get(&trace).map(|p| p.spans().partition) else { continue };
             self.counts.early += 1;
             if !self.decide_logged(trace, now) {
-                // The store fails: deciding more now would fail the same way.
-                break;
+                retry.push(trace);
+                continue;
             }
             // A partition frees its bytes once its last trace is decided.
             if self.partitions.get(&partition).is_some_and(|s| s.pending == 0) {
                 excess = excess.saturating_sub(self.partitions[&partition].bytes);
             }
         }
-        self.deadlines.extend(hot_due);
+        // Traces the store failed to decide are tried again a second later (put back only now, so
+        // that no loop above meets them twice).
+        for trace in retry {
+            if self.pending.contains_key(&trace) {
+                self.deadlines.push(Reverse((now.saturating_add(DECIDE_RETRY_NS), trace)));
+            }
+        }
         self.drop_finished_partitions(now);
         self.forget_evicted();
         // The tick's decisions as one write; durable at the next flush (before any export).
@@ -572,17 +600,33 @@ impl<S: TailStore> Engine<S> {
         self.flush_export();
     }
 
-    /// Decides a trace; on a store failure the trace stays pending and is tried again a second
-    /// later. Returns whether it was decided.
+    /// Decides a trace; on a store failure the trace stays pending (the caller tries it again a
+    /// second later) and `false` is returned. After [`MAX_DECIDE_FAILURES`] failures the trace is
+    /// given up: its spans are counted lost and it leaves the pending set (its records stay in the
+    /// store, where the next start's recovery meets them).
     fn decide_logged(&mut self, trace: TraceId, now: u64) -> bool {
         match self.decide(trace, now) {
-            Ok(()) => true,
+            Ok(()) => {
+                self.decide_failures.remove(&trace);
+                true
+            }
             Err(e) => {
                 self.store_error(&e);
-                if self.pending.contains_key(&trace) {
-                    self.deadlines.push(Reverse((now.saturating_add(DECIDE_RETRY_NS), trace)));
+                let failures = self.decide_failures.entry(trace).or_default();
+                *failures += 1;
+                if *failures < MAX_DECIDE_FAILURES {
+                    return false;
                 }
-                false
+                self.decide_failures.remove(&trace);
+                if let Some(p) = self.pending.remove(&trace) {
+                    self.spans_pending -= u64::from(p.span_count);
+                    self.counts.spans_lost += u64::from(p.span_count);
+                    if let Some(state) = self.partitions.get_mut(&p.spans().partition) {
+                        state.pending -= 1;
+                    }
+                }
+                // Given up: nothing to retry.
+                true
             }
         }
     }
@@ -680,7 +724,12 @@ impl<S: TailStore> Engine<S> {
         if self.unflushed_decisions {
             match self.store.flush() {
                 Ok(()) => self.unflushed_decisions = false,
-                Err(e) => self.store_error(&e),
+                Err(e) => {
+                    // Not durable: the batch waits (a crash would decide its traces again, and they
+                    // must not have been exported then). Tried again at the next flush.
+                    self.store_error(&e);
+                    return;
+                }
             }
         }
         let resource_spans = std::mem::take(&mut self.out)
@@ -792,10 +841,7 @@ impl<S: TailStore> Engine<S> {
         metrics::set(&m.tail_decided_in_memory, self.counts.decided_in_memory);
         metrics::set(&m.tail_spilled_traces, self.counts.spilled);
         metrics::set(&m.tail_outbox_traces, self.partitions.values().map(|s| s.outbox as u64).sum());
-        metrics::set(
-            &m.tail_spans_buffered,
-            self.spans_pending + self.hot.values().map(|h| h.spans.len() as u64).sum::<u64>(),
-        );
+        metrics::set(&m.tail_spans_buffered, self.spans_pending + self.hot_spans);
         metrics::set(&m.tail_buffered_bytes, self.buffered_bytes());
         // sled's figure walks its files (a stat per blob file): once every ten publications.
         if self.publications.is_multiple_of(10) {
@@ -923,7 +969,7 @@ mod tests {
         request(vec![span(trace, 1, SpanKind::Server, end, error), span(trace, 2, SpanKind::Client, end, false)])
     }
 
-    fn exported(engine: &mut Engine<MemoryStore>) -> Vec<Span> {
+    fn exported<S: TailStore>(engine: &mut Engine<S>) -> Vec<Span> {
         let mut spans = Vec::new();
         while let Some(out) = engine.take_export() {
             engine.delivered(&out.deliveries);
@@ -1028,14 +1074,18 @@ mod tests {
         assert_eq!(e.pending_traces(), 3, "nothing lost");
     }
 
-    /// A memory store whose `decide` fails while `fail` is set.
+    /// A memory store whose `decide` fails while `fail` is set (and `append` too with `appends`).
     struct FailingDecisions {
         inner: MemoryStore,
         fail: std::rc::Rc<std::cell::Cell<bool>>,
+        appends: bool,
     }
 
     impl TailStore for FailingDecisions {
         fn append(&mut self, partition: Partition, fragments: &[Fragment<'_>]) -> Result<Vec<u64>, StoreError> {
+            if self.appends && self.fail.get() {
+                return Err(StoreError::Corrupt { what: "test: append refused", len: 0 });
+            }
             self.inner.append(partition, fragments)
         }
         fn spans(&self, trace: &TraceId, range: &SpanRange) -> Result<Vec<Vec<u8>>, StoreError> {
@@ -1073,7 +1123,7 @@ mod tests {
     #[test]
     fn a_decision_the_store_refuses_leaves_the_trace_pending_and_is_tried_again() {
         let fail = std::rc::Rc::new(std::cell::Cell::new(true));
-        let store = FailingDecisions { inner: MemoryStore::new(), fail: std::rc::Rc::clone(&fail) };
+        let store = FailingDecisions { inner: MemoryStore::new(), fail: std::rc::Rc::clone(&fail), appends: false };
         let mut e = Engine::open(store, policies(), limits(), Vec::new(), T0).unwrap();
         e.ingest(&exchange(trace(1, false), T0, true).encode_to_vec(), T0).unwrap();
         e.tick(T0 + 3 * S);
@@ -1085,6 +1135,20 @@ mod tests {
         e.tick(T0 + 3 * S + DECIDE_RETRY_NS);
         assert_eq!(e.pending_traces(), 0, "decided at the retry");
         assert_eq!(e.take_export().map(|x| x.spans), Some(2));
+    }
+
+    #[test]
+    fn a_spill_the_store_refuses_leaves_the_traces_in_memory() {
+        let fail = std::rc::Rc::new(std::cell::Cell::new(true));
+        let store = FailingDecisions { inner: MemoryStore::new(), fail: std::rc::Rc::clone(&fail), appends: true };
+        let mut e = Engine::open(store, policies(), memory_first(1 << 30), Vec::new(), T0).unwrap();
+        let root_less = request(vec![span(trace(1, false), 2, SpanKind::Client, T0, true)]);
+        e.ingest(&root_less.encode_to_vec(), T0).unwrap();
+        e.tick(T0 + 5 * S);
+        assert_eq!((e.hot.len(), e.stored_pending_traces(), e.counts.spans_lost), (1, 0, 0), "kept in memory");
+        assert_eq!((e.hot_bytes > 0, e.hot_spans), (true, 1));
+        e.tick(T0 + 30 * S);
+        assert_eq!(exported(&mut e).len(), 1, "decided from memory at its decision wait");
     }
 
     #[test]

@@ -15,7 +15,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use tracetap_storage::{SledOptions, SledStore, StoreError};
+use tracetap_storage::{SledOptions, SledStore};
 
 use super::engine::{Engine, Limits};
 use super::policy::PolicySet;
@@ -49,20 +49,30 @@ pub fn open_engine(
         tracing::warn!(error = %e, dir = %state_dir.display(), "moving an older tail store into tail/");
     }
     let dir = store_dir(state_dir);
-    let attempt = || -> Result<Engine<SledStore>, String> {
+    // Err((why, damaged)): `damaged` when the store's contents are at fault (quarantine them), not
+    // the system (another process holding its lock, permissions, descriptors: leave it alone).
+    let attempt = || -> Result<Engine<SledStore>, (String, bool)> {
         let opened = catch_unwind(AssertUnwindSafe(|| {
             let store = SledStore::open(&dir, options)?;
             Engine::open(store, policies.clone(), limits, resource.to_vec(), super::unix_now_ns())
         }));
         match opened {
             Ok(Ok(engine)) => Ok(engine),
-            Ok(Err(e)) => Err(describe(&e)),
-            Err(panic) => Err(format!("the store library panicked: {}", panic_message(&*panic))),
+            Ok(Err(e)) => Err((e.to_string(), e.is_damage())),
+            Err(panic) => Err((format!("the store library panicked: {}", panic_message(&*panic)), true)),
         }
     };
     let why = match attempt() {
         Ok(engine) => return Some(engine),
-        Err(why) => why,
+        Err((why, true)) => why,
+        Err((why, false)) => {
+            tracing::error!(
+                reason = %why,
+                dir = %dir.display(),
+                "the tail store cannot be opened (another agent using it? permissions?): tail sampling is off, every span is counted as lost"
+            );
+            return None;
+        }
     };
     metrics::add(&metrics.tail_store_quarantined, 1);
     match quarantine(state_dir) {
@@ -78,15 +88,11 @@ pub fn open_engine(
     }
     match attempt() {
         Ok(engine) => Some(engine),
-        Err(e) => {
+        Err((e, _)) => {
             tracing::error!(reason = %e, dir = %dir.display(), "a fresh tail store cannot be opened: tail sampling is off, every span is counted as lost");
             None
         }
     }
-}
-
-fn describe(e: &StoreError) -> String {
-    e.to_string()
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
@@ -120,20 +126,24 @@ pub fn quarantine(state_dir: &Path) -> std::io::Result<PathBuf> {
 /// Stores written before the `tail/` subdirectory have sled's files at the state directory's root
 /// (`conf`, `db`, `blobs/`, `snap.*`): they move into `tail/`, so that their traces are recovered
 /// and the state directory (often a mount point, which cannot be renamed) never has to be.
+///
+/// `conf` moves last: a move cut short by a crash leaves `conf` at the root, and the next start
+/// finishes it (a `tail/` holding a `conf` of its own is never overwritten).
 fn move_root_layout(state_dir: &Path) -> std::io::Result<()> {
-    if !state_dir.join("conf").is_file() || store_dir(state_dir).exists() {
+    let dir = store_dir(state_dir);
+    if !state_dir.join("conf").is_file() || dir.join("conf").exists() {
         return Ok(());
     }
-    let dir = store_dir(state_dir);
     std::fs::create_dir_all(&dir)?;
     for entry in std::fs::read_dir(state_dir)? {
         let entry = entry?;
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
-        if matches!(name, "conf" | "db" | "blobs") || name.starts_with("snap.") {
+        if matches!(name, "db" | "blobs") || name.starts_with("snap.") {
             std::fs::rename(entry.path(), dir.join(name))?;
         }
     }
+    std::fs::rename(state_dir.join("conf"), dir.join("conf"))?;
     tracing::info!(dir = %dir.display(), "moved the tail store into its own directory");
     Ok(())
 }
@@ -178,6 +188,20 @@ mod tests {
         assert_eq!(metrics.tail_store_quarantined.load(std::sync::atomic::Ordering::Relaxed), 1);
         let aside: Vec<_> = std::fs::read_dir(quarantine_root(state.path())).unwrap().collect();
         assert_eq!(aside.len(), 1, "the damaged store is kept aside for a post-mortem");
+    }
+
+    #[test]
+    fn a_store_another_process_holds_is_not_quarantined() {
+        let state = tempfile::tempdir().unwrap();
+        let metrics = Metrics::default();
+        drop(open(state.path(), &metrics).expect("a new store opens"));
+        // Held open elsewhere (sled locks its directory): an I/O error, not damage.
+        let held = SledStore::open(&store_dir(state.path()), SledOptions::default()).unwrap();
+        assert!(open(state.path(), &metrics).is_none());
+        assert_eq!(metrics.tail_store_quarantined.load(std::sync::atomic::Ordering::Relaxed), 0);
+        assert!(!quarantine_root(state.path()).exists(), "a store in use is never set aside");
+        drop(held);
+        assert!(open(state.path(), &metrics).is_some());
     }
 
     #[test]
