@@ -302,7 +302,11 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
         "1073741824",
         "bytes of buffered spans in the store; past it the oldest traces are decided early",
     ),
-    ("TRACETAP_TAIL_DECISION_CACHE", "100000", "decisions remembered (on disk too, for traces that went to the store) so that late spans follow them"),
+    (
+        "TRACETAP_TAIL_DECISION_CACHE",
+        "100000",
+        "decisions remembered (on disk too, for traces that went to the store) so that late spans follow them",
+    ),
 ];
 
 fn err(var: &'static str, value: &str, expected: impl Into<String>) -> ConfigError {
