@@ -135,11 +135,7 @@ impl Prepared {
                 builder.build()
             }
             Protocol::Grpc => {
-                let connector = hyper_rustls::HttpsConnectorBuilder::new()
-                    .with_tls_config(self.tls_config)
-                    .https_or_http()
-                    .enable_http2()
-                    .build();
+                let connector = tls::http2_connector(self.tls_config);
                 // The channel's worker runs on the agent's runtime.
                 let _entered = runtime.enter();
                 let channel = tonic::transport::Endpoint::from(self.endpoint.uri())
@@ -266,12 +262,7 @@ struct RuntimeHttpClient {
 
 impl RuntimeHttpClient {
     fn new(tls_config: rustls::ClientConfig, runtime: tokio::runtime::Handle, timeout: Duration) -> Self {
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls_config)
-            .https_or_http()
-            .enable_http1()
-            .build();
-        Self { client: Client::builder(TokioExecutor::new()).build(connector), runtime, timeout }
+        Self { client: Client::builder(TokioExecutor::new()).build(tls::http1_connector(tls_config)), runtime, timeout }
     }
 }
 

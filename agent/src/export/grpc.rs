@@ -43,12 +43,8 @@ pub struct GrpcTransport {
 impl GrpcTransport {
     #[must_use]
     pub fn new(endpoint: &Endpoint, settings: &ExportSettings, tls_config: rustls::ClientConfig) -> Self {
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls_config)
-            .https_or_http()
-            .enable_http2()
-            .build();
-        let client: HyperClient = Client::builder(TokioExecutor::new()).http2_only(true).build(connector);
+        let client: HyperClient =
+            Client::builder(TokioExecutor::new()).http2_only(true).build(tls::http2_connector(tls_config));
         let mut grpc =
             tonic::client::Grpc::with_origin(client, endpoint.uri()).max_decoding_message_size(MAX_RESPONSE_BYTES);
         if settings.compression == Compression::Gzip {

@@ -32,12 +32,7 @@ pub struct HttpTransport {
 impl HttpTransport {
     #[must_use]
     pub fn new(endpoint: &Endpoint, settings: &ExportSettings, tls_config: rustls::ClientConfig) -> Self {
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls_config)
-            .https_or_http()
-            .enable_http1()
-            .build();
-        let client = Client::builder(TokioExecutor::new()).build(connector);
+        let client = Client::builder(TokioExecutor::new()).build(tls::http1_connector(tls_config));
         let mut headers = settings.header_map();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/x-protobuf"));
         if settings.compression == Compression::Gzip {

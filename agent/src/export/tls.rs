@@ -8,6 +8,8 @@
 use std::error::Error as StdError;
 use std::sync::Arc;
 
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::{ClientConfig, RootCertStore};
@@ -17,6 +19,18 @@ use crate::config_error::ConfigError;
 
 /// Certificate and key files are small; a larger one is not what the variable should name.
 const MAX_PEM_BYTES: u64 = 1 << 20;
+
+/// The connector of the agent's HTTP/1.1 clients (OTLP/HTTP): TLS for `https` URIs with `config`.
+#[must_use]
+pub fn http1_connector(config: ClientConfig) -> HttpsConnector<HttpConnector> {
+    hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(config).https_or_http().enable_http1().build()
+}
+
+/// The connector of the agent's HTTP/2 clients (OTLP/gRPC); ALPN `h2` for `https` URIs.
+#[must_use]
+pub fn http2_connector(config: ClientConfig) -> HttpsConnector<HttpConnector> {
+    hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(config).https_or_http().enable_http2().build()
+}
 
 /// A configuration for a connector that never makes TLS connections (an `http://` endpoint): no
 /// roots to load.

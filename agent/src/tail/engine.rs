@@ -48,8 +48,7 @@ struct Hot {
 
 impl Hot {
     fn decision_due(&self, limits: &Limits) -> u64 {
-        let by_wait = self.first_seen.saturating_add(limits.decision_wait_ns);
-        if self.root_ended == 0 { by_wait } else { by_wait.min(self.root_ended.saturating_add(limits.grace_ns)) }
+        limits.decision_due(self.first_seen, self.root_ended)
     }
 
     fn spill_due(&self, limits: &Limits) -> u64 {
@@ -90,6 +89,15 @@ pub struct Limits {
     pub max_memory_bytes: u64,
 }
 
+impl Limits {
+    /// When a trace is decided, in memory or in the store: `grace` after its root span here ended
+    /// (`root_ended` 0: not yet), or `decision_wait` after its first span, whichever comes first.
+    fn decision_due(&self, first_seen: u64, root_ended: u64) -> u64 {
+        let by_wait = first_seen.saturating_add(self.decision_wait_ns);
+        if root_ended == 0 { by_wait } else { by_wait.min(root_ended.saturating_add(self.grace_ns)) }
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 /// A pending trace. The engine holds one per pending trace (millions at the buffer's bound), so it
 /// is packed into 40 bytes: `root_ended` 0 means not yet, the partition fits 32 bits (5 s
@@ -119,10 +127,6 @@ impl Pending {
         SpanRange { partition: Partition::from(self.partition), first: self.first, last: self.last }
     }
 
-    fn root_ended(&self) -> Option<u64> {
-        (self.root_ended != 0).then_some(self.root_ended)
-    }
-
     fn add(&mut self, seq: u64, spans: usize, root_ended: Option<u64>) {
         self.first = self.first.min(seq);
         self.last = self.last.max(seq);
@@ -131,8 +135,7 @@ impl Pending {
     }
 
     fn deadline(&self, limits: &Limits) -> u64 {
-        let by_wait = self.first_seen.saturating_add(limits.decision_wait_ns);
-        self.root_ended().map_or(by_wait, |ended| by_wait.min(ended.saturating_add(limits.grace_ns)))
+        limits.decision_due(self.first_seen, self.root_ended)
     }
 }
 
