@@ -24,7 +24,6 @@ use proc_stats::{cpu_seconds, dir_bytes, status_kib};
 use std::process::Command;
 
 use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
-use prost::Message as _;
 use tracetap::encode::{Attr, BatchEncoder, SpanView, Value};
 use tracetap::sampling::threshold_for;
 use tracetap::tail::engine::{Engine, Limits};
@@ -200,14 +199,14 @@ fn run<S: TailStore>(mode: &str, name: &str, store: S, limits: Limits, spans: u6
                 engine.tick(now);
                 while let Some(out) = engine.take_export() {
                     exported += out.spans;
-                    let _ = out.request.encode_to_vec();
+                    std::hint::black_box(&out.request);
                     engine.delivered(&out.deliveries);
                 }
             }
             engine.tick(T0 + 3600 * S);
             while let Some(out) = engine.take_export() {
                 exported += out.spans;
-                let _ = out.request.encode_to_vec();
+                std::hint::black_box(&out.request);
                 engine.delivered(&out.deliveries);
             }
             engine.close();

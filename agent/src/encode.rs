@@ -115,6 +115,10 @@ mod field {
 
 const STATUS_ERROR: u64 = 2;
 
+/// The instrumentation scope of every span tracetap writes.
+const SCOPE_NAME: &str = "tracetap";
+const SCOPE_VERSION: &str = env!("CARGO_PKG_VERSION");
+
 fn len_delimited_len(field: u32, len: usize) -> usize {
     key_len(field) + encoded_len_varint(len as u64) + len
 }
@@ -245,8 +249,8 @@ impl BatchEncoder {
             buf: Vec::with_capacity(64 * 1024),
             resource,
             processes: rustc_hash::FxHashMap::default(),
-            scope_name: "tracetap",
-            scope_version: env!("CARGO_PKG_VERSION"),
+            scope_name: SCOPE_NAME,
+            scope_version: SCOPE_VERSION,
         }
     }
 
@@ -310,6 +314,54 @@ impl BatchEncoder {
         }
         self.buf = buf;
         &self.buf
+    }
+}
+
+/// Appends an encoded `Span` message as a `ScopeSpans.spans` field, for [`write_request`].
+pub fn push_span(buf: &mut Vec<u8>, span: &[u8]) {
+    write_len_delimited(buf, field::SCOPE_SPANS_SPANS, span.len());
+    buf.extend_from_slice(span);
+}
+
+/// Appends a `Span` message given as its fields other than `trace_state` (in order) and a new
+/// `trace_state`, written last (protobuf reads fields in any order), as a `ScopeSpans.spans` field.
+pub fn push_span_with_trace_state(buf: &mut Vec<u8>, rest: &[&[u8]], trace_state: &str) {
+    let len = rest.iter().map(|r| r.len()).sum::<usize>() + bytes_len(field::SPAN_TRACE_STATE, trace_state.as_bytes());
+    write_len_delimited(buf, field::SCOPE_SPANS_SPANS, len);
+    for r in rest {
+        buf.extend_from_slice(r);
+    }
+    write_bytes(buf, field::SPAN_TRACE_STATE, trace_state.as_bytes());
+}
+
+/// An encoded `Resource` message with these attributes.
+#[must_use]
+pub fn resource<'a>(attrs: impl IntoIterator<Item = Attr<'a>>) -> Vec<u8> {
+    let mut buf = Vec::new();
+    for attr in attrs {
+        write_key_value(&mut buf, field::RESOURCE_ATTRIBUTES, &attr);
+    }
+    buf
+}
+
+/// Writes an `ExportTraceServiceRequest` into `buf` from parts already encoded: per group, a
+/// `Resource` message and its spans as [`push_span`] framed them, under tracetap's scope. Tail
+/// sampling assembles its exports this way from the bytes it buffered, never decoding a span.
+pub fn write_request<'a>(buf: &mut Vec<u8>, groups: impl IntoIterator<Item = (&'a [u8], &'a [u8])>) {
+    let (name, version) = (SCOPE_NAME.as_bytes(), SCOPE_VERSION.as_bytes());
+    let scope_len = bytes_len(field::SCOPE_NAME, name) + bytes_len(field::SCOPE_VERSION, version);
+    for (resource, spans) in groups {
+        let scope_spans_len = len_delimited_len(field::SCOPE_SPANS_SCOPE, scope_len) + spans.len();
+        let resource_spans_len = len_delimited_len(field::RESOURCE_SPANS_RESOURCE, resource.len())
+            + len_delimited_len(field::RESOURCE_SPANS_SCOPE_SPANS, scope_spans_len);
+        write_len_delimited(buf, field::REQUEST_RESOURCE_SPANS, resource_spans_len);
+        write_len_delimited(buf, field::RESOURCE_SPANS_RESOURCE, resource.len());
+        buf.extend_from_slice(resource);
+        write_len_delimited(buf, field::RESOURCE_SPANS_SCOPE_SPANS, scope_spans_len);
+        write_len_delimited(buf, field::SCOPE_SPANS_SCOPE, scope_len);
+        write_bytes(buf, field::SCOPE_NAME, name);
+        write_bytes(buf, field::SCOPE_VERSION, version);
+        buf.extend_from_slice(spans);
     }
 }
 
@@ -377,6 +429,34 @@ mod tests {
             "the pod's service.name replaces the default"
         );
         assert_eq!(decoded.resource_spans[0].scope_spans[0].scope.as_ref().unwrap().name, "tracetap");
+    }
+
+    #[test]
+    fn request_from_parts_decodes_to_its_resources_scope_and_spans() {
+        use opentelemetry_proto::tonic::resource::v1::Resource;
+        let attrs = [Attr { key: "service.name", value: Value::Str("haproxy") }];
+        let resource_bytes = resource(attrs);
+        let spans: Vec<Span> = (0..3).map(|i| view(&attrs, &"n".repeat(i * 100), "").to_prost()).collect();
+        let mut framed = Vec::new();
+        for span in &spans {
+            push_span(&mut framed, &span.encode_to_vec());
+        }
+        let mut buf = Vec::new();
+        write_request(&mut buf, [(resource_bytes.as_slice(), framed.as_slice()), (&[][..], &[][..])]);
+        let request = decode(&buf);
+        assert_eq!(request.resource_spans.len(), 2);
+        let first = &request.resource_spans[0];
+        assert_eq!(
+            first.resource,
+            Some(Resource { attributes: attrs.iter().map(Attr::to_prost).collect(), ..Resource::default() })
+        );
+        let scope = &first.scope_spans[0];
+        assert_eq!(
+            scope.scope.as_ref().map(|s| (s.name.as_str(), s.version.as_str())),
+            Some((SCOPE_NAME, SCOPE_VERSION))
+        );
+        assert_eq!(scope.spans, spans);
+        assert!(request.resource_spans[1].scope_spans[0].spans.is_empty());
     }
 
     #[test]

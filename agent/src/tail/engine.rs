@@ -12,38 +12,101 @@
 //! remembered in memory only (the store's decision cache holds those of spilled traces).
 //!
 //! Span format, in memory and in the store: the process id (4 bytes, big endian: the `process.pid`
-//! of its resource), then the OTLP `Span` message.
+//! of its resource), then the OTLP `Span` message, as the capture thread encoded it.
+//!
+//! One encoding: a span's bytes are copied once, from the capture thread's batch into its trace's
+//! buffer ([`SpanBuf`], one allocation per trace, not per span), and from there into an export
+//! request (or into the store, and from the store into an export request). What the policies read
+//! (times, status) is taken when the batch is parsed, so a decision in memory parses nothing; a
+//! kept span whose threshold must rise has its `trace_state` field replaced at the byte level; the
+//! export request is assembled around the span bytes ([`crate::encode::write_request`]). Nothing
+//! on this path builds a prost message.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::sync::Mutex;
 
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-use opentelemetry_proto::tonic::common::v1::InstrumentationScope;
-use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
-use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
-use prost::Message as _;
 use rustc_hash::FxHashMap;
 use tracetap_proxy::trace_context::{parse_ot_tracestate, with_threshold};
 use tracetap_storage::{Fragment, Outcome, Partition, Recovered, SpanRange, StoreError, TailStore, TraceId};
 
 use super::policy::{PolicySet, SpanFacts, TraceData};
 use super::wire::{self, WireError};
-use crate::encode::{Attr, Value};
+use crate::encode::{self, Attr, Value};
 use crate::metrics::{self, Metrics};
 use crate::sampling::randomness;
 
 /// Width of a partition: traces first seen within the same 5 s share one.
 const PARTITION_NS: u64 = 5_000_000_000;
-/// A trace in memory: its spans as they would be stored, and what decides when it is due.
+/// What the policies read of a span, taken when it arrives.
+#[derive(Debug, Clone, Copy)]
+struct SpanTimes {
+    start_unix_ns: u64,
+    end_unix_ns: u64,
+    status: i32,
+}
+
+/// Spans of one trace in their stored form (pid + `Span`), laid end to end in one buffer, each
+/// behind its length (4 bytes, little endian); and what the policies read of each, in the same order.
+#[derive(Debug, Default)]
+struct SpanBuf {
+    bytes: Vec<u8>,
+    times: Vec<SpanTimes>,
+}
+
+impl SpanBuf {
+    fn push(&mut self, pid: u32, span: &wire::SpanFields<'_>) {
+        let len = u32::try_from(4 + span.bytes.len()).expect("a span in a batch is far below 4 GiB");
+        self.bytes.extend_from_slice(&len.to_le_bytes());
+        self.bytes.extend_from_slice(&pid.to_be_bytes());
+        self.bytes.extend_from_slice(span.bytes);
+        self.times.push(SpanTimes {
+            start_unix_ns: span.start_unix_ns,
+            end_unix_ns: span.end_unix_ns,
+            status: span.status,
+        });
+    }
+
+    fn append(&mut self, mut other: SpanBuf) {
+        if self.bytes.is_empty() {
+            *self = other;
+            return;
+        }
+        self.bytes.append(&mut other.bytes);
+        self.times.append(&mut other.times);
+    }
+
+    /// The stored spans (pid + `Span`), in order.
+    fn records(&self) -> impl Iterator<Item = &[u8]> {
+        let mut rest = self.bytes.as_slice();
+        std::iter::from_fn(move || {
+            let (len, tail) = rest.split_first_chunk::<4>()?;
+            let (record, tail) = tail.split_at(u32::from_le_bytes(*len) as usize);
+            rest = tail;
+            Some(record)
+        })
+    }
+
+    fn len(&self) -> usize {
+        self.times.len()
+    }
+
+    /// Bytes held, as the memory budget counts them.
+    fn byte_len(&self) -> u64 {
+        self.bytes.len() as u64
+    }
+}
+
+/// A trace in memory: its spans, and what decides when it is due.
 #[derive(Debug)]
 struct Hot {
     first_seen: u64,
     /// 0: the root span has not ended (here).
     root_ended: u64,
-    spans: Vec<Vec<u8>>,
-    bytes: u64,
+    /// The `rv` of the first span's `tracestate` that has one.
+    randomness: Option<u64>,
+    spans: SpanBuf,
 }
 
 impl Hot {
@@ -65,11 +128,6 @@ impl Hot {
 const DECIDE_RETRY_NS: u64 = 1_000_000_000;
 /// ...at most this many times in all.
 const MAX_DECIDE_FAILURES: u8 = 5;
-
-/// An incoming fragment: trace, stored spans (pid + `Span`), root span end if it holds the root.
-/// An incoming fragment: trace, stored spans (pid + `Span`), root span end if it holds the root,
-/// and when the trace was first seen (for a trace new to the store).
-type Incoming = (TraceId, Vec<Vec<u8>>, Option<u64>, u64);
 
 /// A kept trace handed to the exporter (trace, partition, decision); reported back through
 /// [`Engine::delivered`].
@@ -157,7 +215,8 @@ struct PartitionState {
 /// Kept spans on their way to the exporter.
 #[derive(Debug)]
 pub struct Export {
-    pub request: ExportTraceServiceRequest,
+    /// An encoded `ExportTraceServiceRequest`.
+    pub request: Vec<u8>,
     pub spans: u64,
     pub traces: u64,
     /// The decided traces in it (late spans are not listed: they have no outbox entry).
@@ -219,7 +278,8 @@ pub struct Engine<S> {
     /// The encoded resource each process's spans came with (its container and pod included), for
     /// their export; a process not seen since a restart gets `resource` and its pid.
     resources: FxHashMap<u32, Vec<u8>>,
-    out: BTreeMap<u32, Vec<Span>>,
+    /// Kept spans per process, each framed as a `ScopeSpans.spans` field ([`encode::push_span`]).
+    out: BTreeMap<u32, Vec<u8>>,
     out_spans: u64,
     out_deliveries: Vec<Delivery>,
     out_traces: u64,
@@ -306,7 +366,7 @@ impl<S: TailStore> Engine<S> {
         for entry in &recovered.outbox {
             let spans = self.store.spans(&entry.trace, &entry.spans)?;
             self.partitions.entry(entry.spans.partition).or_default().outbox += 1;
-            self.queue_kept(&spans, entry.threshold);
+            self.queue_kept(spans.iter().map(Vec::as_slice), entry.threshold);
             self.out_deliveries.push((entry.trace, entry.spans.partition, entry.seq));
             self.out_traces += 1;
         }
@@ -321,7 +381,7 @@ impl<S: TailStore> Engine<S> {
 
     /// Takes in a batch of kept spans from the capture thread.
     pub fn ingest(&mut self, request: &[u8], now: u64) -> Result<(), WireError> {
-        let mut fragments: FxHashMap<TraceId, (Vec<Vec<u8>>, Option<u64>)> = FxHashMap::default();
+        let mut fragments: FxHashMap<TraceId, Hot> = FxHashMap::default();
         let resources = &mut self.resources;
         let mut last_resource: *const u8 = std::ptr::null();
         wire::request_spans(request, |origin, span| {
@@ -334,43 +394,48 @@ impl<S: TailStore> Engine<S> {
                 }
             }
             let Ok(trace) = TraceId::try_from(span.trace_id) else { return };
-            let entry = fragments.entry(trace).or_default();
+            let hot = fragments.entry(trace).or_insert_with(|| Hot {
+                first_seen: now,
+                root_ended: 0,
+                randomness: None,
+                spans: SpanBuf::default(),
+            });
             if span.kind == SpanKind::Server as i32 {
-                entry.1 = Some(entry.1.unwrap_or(0).max(span.end_unix_ns));
+                hot.root_ended = hot.root_ended.max(span.end_unix_ns);
             }
-            let mut bytes = Vec::with_capacity(4 + span.bytes.len());
-            bytes.extend_from_slice(&pid.to_be_bytes());
-            bytes.extend_from_slice(span.bytes);
-            entry.0.push(bytes);
+            if hot.randomness.is_none() && !span.trace_state.is_empty() {
+                hot.randomness = parse_ot_tracestate(span.trace_state).randomness;
+            }
+            hot.spans.push(pid, &span);
         })?;
         // Late fragments follow their cached decision; the others are appended, grouped by the
         // partition of their trace (new traces: the current one).
-        let mut by_partition: BTreeMap<Partition, Vec<Incoming>> = BTreeMap::new();
-        for (trace, (spans, root_ended)) in fragments {
+        let mut by_partition: BTreeMap<Partition, Vec<(TraceId, Hot)>> = BTreeMap::new();
+        for (trace, fragment) in fragments {
             if let Some(cached) = self.cache.get(&trace).copied() {
                 if cached.kept {
-                    self.counts.late_kept += spans.len() as u64;
-                    self.queue_kept(&spans, cached.threshold);
+                    self.counts.late_kept += fragment.spans.len() as u64;
+                    self.queue_kept(fragment.spans.records(), cached.threshold);
                 } else {
-                    self.counts.late_dropped += spans.len() as u64;
+                    self.counts.late_dropped += fragment.spans.len() as u64;
                 }
                 continue;
             }
             if let Some(p) = self.pending.get(&trace) {
                 // Spilled already: the rest of it goes to the store too.
-                by_partition.entry(p.spans().partition).or_default().push((trace, spans, root_ended, now));
+                by_partition.entry(p.spans().partition).or_default().push((trace, fragment));
             } else if (self.limits.spill_after_ns == 0 || self.limits.max_memory_bytes == 0)
                 && !self.hot.contains_key(&trace)
             {
                 // Memory off: every trace waits in the store.
-                by_partition.entry(now / PARTITION_NS).or_default().push((trace, spans, root_ended, now));
+                by_partition.entry(now / PARTITION_NS).or_default().push((trace, fragment));
             } else {
-                self.hold(trace, spans, root_ended, now);
+                self.hold(trace, fragment);
             }
         }
         for (partition, items) in by_partition {
             if let Err(e) = self.append(partition, &items) {
-                self.counts.spans_lost += items.iter().map(|(_, spans, _, _)| spans.len() as u64).sum::<u64>();
+                self.counts.spans_lost += items.iter().map(|(_, f)| f.spans.len() as u64).sum::<u64>();
                 self.store_error(&e);
             }
         }
@@ -381,10 +446,9 @@ impl<S: TailStore> Engine<S> {
     }
 
     /// Keeps a fragment in memory, arming its trace's due times.
-    fn hold(&mut self, trace: TraceId, spans: Vec<Vec<u8>>, root_ended: Option<u64>, now: u64) {
-        let bytes: u64 = spans.iter().map(|s| s.len() as u64).sum();
-        self.hot_bytes += bytes;
-        self.hot_spans += spans.len() as u64;
+    fn hold(&mut self, trace: TraceId, fragment: Hot) {
+        self.hot_bytes += fragment.spans.byte_len();
+        self.hot_spans += fragment.spans.len() as u64;
         let limits = self.limits;
         // One due time in the heap per change of it: usually one push and one pop per trace (the
         // heap holds every waiting trace, so its size is what each of them costs).
@@ -392,9 +456,9 @@ impl<S: TailStore> Engine<S> {
             std::collections::hash_map::Entry::Occupied(e) => {
                 let hot = e.into_mut();
                 let before = hot.next_due(&limits);
-                hot.spans.extend(spans);
-                hot.bytes += bytes;
-                hot.root_ended = hot.root_ended.max(root_ended.unwrap_or(0));
+                hot.spans.append(fragment.spans);
+                hot.root_ended = hot.root_ended.max(fragment.root_ended);
+                hot.randomness = hot.randomness.or(fragment.randomness);
                 let due = hot.next_due(&limits);
                 if due != before {
                     self.hot_deadlines.push(Reverse((due, trace)));
@@ -402,7 +466,7 @@ impl<S: TailStore> Engine<S> {
             }
             std::collections::hash_map::Entry::Vacant(e) => {
                 self.hot_order.push_back(trace);
-                let hot = e.insert(Hot { first_seen: now, root_ended: root_ended.unwrap_or(0), spans, bytes });
+                let hot = e.insert(fragment);
                 self.hot_deadlines.push(Reverse((hot.next_due(&limits), trace)));
             }
         }
@@ -411,18 +475,12 @@ impl<S: TailStore> Engine<S> {
     /// Writes hot traces to the store, where they wait as pending traces: grouped by partition, as
     /// appends from the capture thread are (sled's cost is per insert).
     fn spill(&mut self, traces: &[TraceId]) {
-        let mut by_partition: BTreeMap<Partition, Vec<Incoming>> = BTreeMap::new();
+        let mut by_partition: BTreeMap<Partition, Vec<(TraceId, Hot)>> = BTreeMap::new();
         for trace in traces {
             let Some(hot) = self.hot.remove(trace) else { continue };
-            self.hot_bytes -= hot.bytes;
+            self.hot_bytes -= hot.spans.byte_len();
             self.hot_spans -= hot.spans.len() as u64;
-            let root_ended = (hot.root_ended != 0).then_some(hot.root_ended);
-            by_partition.entry(hot.first_seen / PARTITION_NS).or_default().push((
-                *trace,
-                hot.spans,
-                root_ended,
-                hot.first_seen,
-            ));
+            by_partition.entry(hot.first_seen / PARTITION_NS).or_default().push((*trace, hot));
         }
         for (partition, items) in by_partition {
             match self.append(partition, &items) {
@@ -431,11 +489,9 @@ impl<S: TailStore> Engine<S> {
                     // The store did not take them: they stay in memory (over its budget, if that is
                     // why they were leaving) and are decided there when due.
                     self.store_error(&e);
-                    for (trace, spans, root_ended, first_seen) in items {
-                        let bytes: u64 = spans.iter().map(|s| s.len() as u64).sum();
-                        self.hot_bytes += bytes;
-                        self.hot_spans += spans.len() as u64;
-                        let hot = Hot { first_seen, root_ended: root_ended.unwrap_or(0), spans, bytes };
+                    for (trace, hot) in items {
+                        self.hot_bytes += hot.spans.byte_len();
+                        self.hot_spans += hot.spans.len() as u64;
                         self.hot_deadlines.push(Reverse((hot.decision_due(&self.limits), trace)));
                         self.hot.insert(trace, hot);
                     }
@@ -444,23 +500,35 @@ impl<S: TailStore> Engine<S> {
         }
     }
 
-    /// Decides a trace held in memory: nothing is written to the store.
+    /// Decides a trace held in memory: nothing is written to the store, and nothing parsed.
     fn decide_hot(&mut self, trace: TraceId, now: u64) {
         let Some(hot) = self.hot.remove(&trace) else { return };
-        self.hot_bytes -= hot.bytes;
+        self.hot_bytes -= hot.spans.byte_len();
         self.hot_spans -= hot.spans.len() as u64;
-        let facts = self.facts(&trace, &hot.spans);
+        let facts: Vec<SpanFacts<'_>> = hot
+            .spans
+            .times
+            .iter()
+            .zip(hot.spans.records())
+            .map(|(t, record)| SpanFacts {
+                start_unix_ns: t.start_unix_ns,
+                end_unix_ns: t.end_unix_ns,
+                status: t.status,
+                span: &record[4..],
+            })
+            .collect();
         let verdict = self.policies.evaluate(&TraceData {
-            spans: &facts.1,
-            randomness: facts.0,
+            spans: &facts,
+            randomness: hot.randomness.unwrap_or_else(|| randomness(&trace)),
             now_second: now / 1_000_000_000,
         });
         let (keep, threshold) = (verdict.keep, verdict.min_threshold);
         count_decision(&mut self.counts, verdict.policy, keep);
+        drop(facts);
         self.counts.decided_in_memory += 1;
         self.remember(trace, Cached { partition: now / PARTITION_NS, seq: 0, kept: keep, threshold });
         if keep {
-            self.queue_kept(&hot.spans, threshold);
+            self.queue_kept(hot.spans.records(), threshold);
             self.out_traces += 1;
             if self.out_spans as usize >= self.limits.export_batch_spans {
                 self.flush_export();
@@ -468,58 +536,53 @@ impl<S: TailStore> Engine<S> {
         }
     }
 
-    /// The randomness and the policies' view of a trace's spans.
-    fn facts(&self, trace: &TraceId, stored: &[Vec<u8>]) -> (u64, Vec<SpanFacts>) {
+    /// The randomness and the policies' view of a trace's spans as the store gave them back.
+    fn stored_facts<'s>(trace: &TraceId, stored: &'s [Vec<u8>]) -> (u64, Vec<SpanFacts<'s>>) {
         let fields: Vec<wire::SpanFields<'_>> =
             stored.iter().filter_map(|b| b.get(4..)).filter_map(|b| wire::span(b).ok()).collect();
         let randomness = fields
             .iter()
             .find_map(|s| parse_ot_tracestate(s.trace_state).randomness)
             .unwrap_or_else(|| randomness(trace));
-        let with_attributes = self.policies.needs_attributes();
         let facts = fields
             .iter()
             .map(|f| SpanFacts {
                 start_unix_ns: f.start_unix_ns,
                 end_unix_ns: f.end_unix_ns,
                 status: f.status,
-                attributes: if with_attributes {
-                    Span::decode(f.bytes).map(|s| s.attributes).unwrap_or_default()
-                } else {
-                    Vec::new()
-                },
+                span: f.bytes,
             })
             .collect();
         (randomness, facts)
     }
 
     /// Appends fragments of one partition and tracks their traces as pending.
-    fn append(&mut self, partition: Partition, items: &[Incoming]) -> Result<(), StoreError> {
-        let views: Vec<Vec<&[u8]>> =
-            items.iter().map(|(_, spans, _, _)| spans.iter().map(Vec::as_slice).collect()).collect();
+    fn append(&mut self, partition: Partition, items: &[(TraceId, Hot)]) -> Result<(), StoreError> {
+        let views: Vec<Vec<&[u8]>> = items.iter().map(|(_, f)| f.spans.records().collect()).collect();
         let fragments: Vec<Fragment<'_>> = items
             .iter()
             .zip(&views)
-            .map(|((trace, _, root_ended, first_seen), spans)| Fragment {
+            .map(|((trace, f), spans)| Fragment {
                 trace: *trace,
-                first_seen_unix_ns: self.pending.get(trace).map_or(*first_seen, |p| p.first_seen),
-                root_ended_unix_ns: *root_ended,
+                first_seen_unix_ns: self.pending.get(trace).map_or(f.first_seen, |p| p.first_seen),
+                root_ended_unix_ns: (f.root_ended != 0).then_some(f.root_ended),
                 spans,
             })
             .collect();
         let seqs = self.store.append(partition, &fragments)?;
-        for ((trace, spans, root_ended, first_seen), seq) in items.iter().zip(seqs) {
-            let bytes: u64 = spans.iter().map(|s| s.len() as u64).sum();
+        for (((trace, f), seq), views) in items.iter().zip(seqs).zip(&views) {
+            let bytes: u64 = views.iter().map(|s| s.len() as u64).sum();
+            let (spans, root_ended) = (f.spans.len(), (f.root_ended != 0).then_some(f.root_ended));
             self.partitions.entry(partition).or_default().bytes += bytes;
-            self.spans_pending += spans.len() as u64;
+            self.spans_pending += spans as u64;
             if let Some(mut p) = self.pending.get(trace).copied() {
-                p.add(seq, spans.len(), *root_ended);
+                p.add(seq, spans, root_ended);
                 if root_ended.is_some() {
                     self.deadlines.push(Reverse((p.deadline(&self.limits), *trace)));
                 }
                 self.pending.insert(*trace, p);
             } else {
-                let p = Pending::new(*first_seen, *root_ended, SpanRange::one(partition, seq), spans.len());
+                let p = Pending::new(f.first_seen, root_ended, SpanRange::one(partition, seq), spans);
                 self.partitions.entry(partition).or_default().pending += 1;
                 self.track(*trace, p);
             }
@@ -562,7 +625,7 @@ impl<S: TailStore> Engine<S> {
         while over > 0 {
             let Some(trace) = self.hot_order.pop_front() else { break };
             if let Some(hot) = self.hot.get(&trace) {
-                over = over.saturating_sub(hot.bytes);
+                over = over.saturating_sub(hot.spans.byte_len());
                 to_spill.push(trace);
             }
         }
@@ -642,9 +705,10 @@ impl<S: TailStore> Engine<S> {
         let Some(p) = self.pending.get(&trace).copied() else { return Ok(()) };
         let range = p.spans();
         let stored = self.store.spans(&trace, &range)?;
-        let (randomness, facts) = self.facts(&trace, &stored);
+        let (randomness, facts) = Self::stored_facts(&trace, &stored);
         let verdict = self.policies.evaluate(&TraceData { spans: &facts, randomness, now_second: now / 1_000_000_000 });
         let (keep, threshold) = (verdict.keep, verdict.min_threshold);
+        drop(facts);
         let outcome = if keep { Outcome::Kept { threshold } } else { Outcome::Dropped };
         let seq = self.store.decide(&trace, &range, outcome)?;
         self.pending.remove(&trace);
@@ -657,7 +721,7 @@ impl<S: TailStore> Engine<S> {
         self.remember(trace, Cached { partition: range.partition, seq, kept: keep, threshold });
         if keep {
             self.partitions.entry(range.partition).or_default().outbox += 1;
-            self.queue_kept(&stored, threshold);
+            self.queue_kept(stored.iter().map(Vec::as_slice), threshold);
             self.out_deliveries.push((trace, range.partition, seq));
             self.out_traces += 1;
             if self.out_spans as usize >= self.limits.export_batch_spans {
@@ -699,20 +763,31 @@ impl<S: TailStore> Engine<S> {
         }
     }
 
-    /// Adds stored spans (pid + `Span`) to the export batch, raising their threshold if needed.
-    fn queue_kept(&mut self, stored: &[Vec<u8>], min_threshold: u64) {
-        for bytes in stored {
-            let Some(pid) = bytes.get(..4).map(|p| u32::from_be_bytes(p.try_into().expect("4 bytes"))) else {
+    /// Adds stored spans (pid + `Span`) to the export batch, raising their threshold if needed:
+    /// copied as they are, or with their `trace_state` field replaced (the rest of the bytes as
+    /// they are). A span whose bytes do not parse is counted lost rather than exported.
+    fn queue_kept<'r>(&mut self, stored: impl Iterator<Item = &'r [u8]>, min_threshold: u64) {
+        for record in stored {
+            let Some((pid, span)) = record.split_first_chunk::<4>() else {
+                self.counts.spans_lost += 1;
                 continue;
             };
-            let Ok(mut span) = Span::decode(&bytes[4..]) else { continue };
-            if min_threshold > 0 {
-                let head = parse_ot_tracestate(&span.trace_state).threshold.unwrap_or(0);
+            let out = self.out.entry(u32::from_be_bytes(*pid)).or_default();
+            if min_threshold == 0 {
+                encode::push_span(out, span);
+            } else {
+                let Ok(parts) = wire::without_trace_state(span) else {
+                    self.counts.spans_lost += 1;
+                    continue;
+                };
+                let head = parse_ot_tracestate(parts.trace_state).threshold.unwrap_or(0);
                 if min_threshold > head {
-                    span.trace_state = with_threshold(Some(&span.trace_state), min_threshold);
+                    let raised = with_threshold(Some(parts.trace_state), min_threshold);
+                    encode::push_span_with_trace_state(out, &parts.rest, &raised);
+                } else {
+                    encode::push_span(out, span);
                 }
             }
-            self.out.entry(pid).or_default().push(span);
             self.out_spans += 1;
         }
     }
@@ -735,24 +810,12 @@ impl<S: TailStore> Engine<S> {
                 }
             }
         }
-        let resource_spans = std::mem::take(&mut self.out)
-            .into_iter()
-            .map(|(pid, spans)| ResourceSpans {
-                resource: Some(self.resource_for(pid)),
-                scope_spans: vec![ScopeSpans {
-                    scope: Some(InstrumentationScope {
-                        name: "tracetap".into(),
-                        version: env!("CARGO_PKG_VERSION").into(),
-                        ..InstrumentationScope::default()
-                    }),
-                    spans,
-                    schema_url: String::new(),
-                }],
-                schema_url: String::new(),
-            })
-            .collect();
+        let out = std::mem::take(&mut self.out);
+        let resources: Vec<std::borrow::Cow<'_, [u8]>> = out.keys().map(|pid| self.resource_for(*pid)).collect();
+        let mut request = Vec::with_capacity(out.values().map(Vec::len).sum::<usize>() + 256 * out.len());
+        encode::write_request(&mut request, resources.iter().map(AsRef::as_ref).zip(out.values().map(Vec::as_slice)));
         self.ready.push_back(Export {
-            request: ExportTraceServiceRequest { resource_spans },
+            request,
             spans: std::mem::take(&mut self.out_spans),
             traces: std::mem::take(&mut self.out_traces),
             deliveries: std::mem::take(&mut self.out_deliveries),
@@ -798,18 +861,19 @@ impl<S: TailStore> Engine<S> {
         self.partitions.values().map(|s| s.bytes).sum()
     }
 
-    fn resource_for(&self, pid: u32) -> Resource {
-        if let Some(resource) = self.resources.get(&pid).and_then(|bytes| Resource::decode(&bytes[..]).ok()) {
-            return resource;
+    /// The encoded resource of a process's spans: as it came with them, or (a process not seen
+    /// since a restart) the shared attributes and its pid.
+    fn resource_for(&self, pid: u32) -> std::borrow::Cow<'_, [u8]> {
+        if let Some(resource) = self.resources.get(&pid) {
+            return resource.as_slice().into();
         }
-        let attributes = self
-            .resource
-            .iter()
-            .map(|(k, v)| Attr { key: k, value: Value::Str(v) })
-            .chain(std::iter::once(Attr { key: "process.pid", value: Value::Int(i64::from(pid)) }))
-            .map(|a| a.to_prost())
-            .collect();
-        Resource { attributes, ..Resource::default() }
+        encode::resource(
+            self.resource
+                .iter()
+                .map(|(k, v)| Attr { key: k, value: Value::Str(v) })
+                .chain(std::iter::once(Attr { key: "process.pid", value: Value::Int(i64::from(pid)) })),
+        )
+        .into()
     }
 
     fn store_error(&mut self, e: &StoreError) {
@@ -902,8 +966,11 @@ fn publish_decisions(
 
 #[cfg(test)]
 mod tests {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
     use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
-    use opentelemetry_proto::tonic::trace::v1::{Status, status::StatusCode};
+    use opentelemetry_proto::tonic::resource::v1::Resource;
+    use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, Status, status::StatusCode};
+    use prost::Message as _;
     use tracetap_storage::MemoryStore;
 
     use super::*;
@@ -976,7 +1043,7 @@ mod tests {
         let mut spans = Vec::new();
         while let Some(out) = engine.take_export() {
             engine.delivered(&out.deliveries);
-            for rs in out.request.resource_spans {
+            for rs in ExportTraceServiceRequest::decode(out.request.as_slice()).unwrap().resource_spans {
                 let pid = &rs.resource.as_ref().unwrap().attributes.last().unwrap().value;
                 assert_eq!(pid.as_ref().unwrap().value, Some(any_value::Value::IntValue(42)));
                 spans.extend(rs.scope_spans.into_iter().flat_map(|ss| ss.spans));

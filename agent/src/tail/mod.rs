@@ -38,7 +38,6 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::mpsc as std_mpsc;
 use std::time::{Duration, Instant};
 
-use prost::Message as _;
 use tracetap_proxy::trace_context::MAX_THRESHOLD;
 use tracetap_storage::TailStore;
 
@@ -153,7 +152,7 @@ pub fn run<S: TailStore>(
     let mut last_tick = Instant::now();
     let send = |engine: &mut Engine<S>, outstanding: &mut usize| {
         while let Some(out) = engine.take_export() {
-            let body = out.request.encode_to_vec().into();
+            let body = out.request.into();
             let (deliveries, ack_tx) = (out.deliveries, ack_tx.clone());
             // The tail thread may be gone at shutdown; the outbox then re-exports at the next start.
             let delivered = Delivered::new(move || drop(ack_tx.send(deliveries)));

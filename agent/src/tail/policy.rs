@@ -7,8 +7,9 @@
 //! its rejection threshold raised to the tail ratio's: the tail stage may only raise the threshold,
 //! and counts stay extrapolatable. A trace kept by any other policy keeps the head's threshold.
 
-use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value};
 use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
+
+use super::wire::{self, AttrValue};
 
 /// A validated policy.
 #[derive(Debug, Clone, PartialEq)]
@@ -63,20 +64,21 @@ pub struct NamedPolicy {
 }
 
 /// What the policies read of a span.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct SpanFacts {
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SpanFacts<'a> {
     pub start_unix_ns: u64,
     pub end_unix_ns: u64,
     /// `Status.code`: 0 unset, 1 ok, 2 error.
     pub status: i32,
-    /// Decoded only when some policy reads attributes ([`PolicySet::needs_attributes`]).
-    pub attributes: Vec<KeyValue>,
+    /// The encoded `Span` message: attribute policies read their attribute from it (nothing else
+    /// decodes attributes).
+    pub span: &'a [u8],
 }
 
 /// What the policies see of a trace.
 #[derive(Debug)]
 pub struct TraceData<'a> {
-    pub spans: &'a [SpanFacts],
+    pub spans: &'a [SpanFacts<'a>],
     /// Consistent-sampling randomness (56 bits): the `rv` of the tracestate or the trace id's
     /// lowest 56 bits.
     pub randomness: u64,
@@ -127,19 +129,6 @@ impl PolicySet {
         &self.policies
     }
 
-    /// True when some policy reads span attributes (the others need no full decoding).
-    #[must_use]
-    pub fn needs_attributes(&self) -> bool {
-        fn reads(p: &Policy) -> bool {
-            match p {
-                Policy::StringAttribute { .. } | Policy::NumericAttribute { .. } => true,
-                Policy::And(subs) | Policy::Drop(subs) => subs.iter().any(reads),
-                _ => false,
-            }
-        }
-        self.policies.iter().any(|p| reads(&p.policy))
-    }
-
     /// Decides a trace.
     pub fn evaluate(&mut self, trace: &TraceData<'_>) -> Verdict<'_> {
         for (named, window) in self.policies.iter().zip(&mut self.windows) {
@@ -185,18 +174,17 @@ fn sample(policy: &Policy, trace: &TraceData<'_>, window: &mut RateWindow) -> Sa
         }
         Policy::StatusCode { codes } => yes(trace.spans.iter().any(|s| codes.iter().any(|c| *c as i32 == s.status))),
         Policy::StringAttribute { key, values, invert } => {
-            let found = trace.spans.iter().any(|s| {
-                attribute(s, key).is_some_and(
-                    |v| matches!(v, any_value::Value::StringValue(text) if values.iter().any(|w| w == text)),
-                )
-            });
+            let found = trace
+                .spans
+                .iter()
+                .any(|s| matches!(attribute(s, key), AttrValue::Str(text) if values.iter().any(|w| w == text)));
             yes(found != *invert)
         }
         Policy::NumericAttribute { key, min, max, invert } => {
-            let found = trace.spans.iter().any(|s| {
-                attribute(s, key)
-                    .is_some_and(|v| matches!(v, any_value::Value::IntValue(i) if (*min..=*max).contains(i)))
-            });
+            let found = trace
+                .spans
+                .iter()
+                .any(|s| matches!(attribute(s, key), AttrValue::Int(i) if (*min..=*max).contains(&i)));
             yes(found != *invert)
         }
         Policy::Probabilistic { threshold } => {
@@ -234,21 +222,22 @@ fn sample(policy: &Policy, trace: &TraceData<'_>, window: &mut RateWindow) -> Sa
     }
 }
 
-fn attribute<'s>(span: &'s SpanFacts, key: &str) -> Option<&'s any_value::Value> {
-    span.attributes.iter().find(|kv| kv.key == key).and_then(|kv| kv.value.as_ref()).and_then(|v| v.value.as_ref())
+/// A span's attribute; a span whose bytes do not parse has none.
+fn attribute<'s>(span: &SpanFacts<'s>, key: &str) -> AttrValue<'s> {
+    wire::attribute(span.span, key).ok().flatten().unwrap_or(AttrValue::Other)
 }
 
 #[cfg(test)]
 mod tests {
-    use opentelemetry_proto::tonic::common::v1::AnyValue;
+    use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
+    use opentelemetry_proto::tonic::trace::v1::Span;
+    use prost::Message as _;
 
     use super::*;
 
-    fn span(start_ms: u64, end_ms: u64, code: StatusCode, attrs: Vec<(&str, any_value::Value)>) -> SpanFacts {
-        SpanFacts {
-            start_unix_ns: start_ms * 1_000_000,
-            end_unix_ns: end_ms * 1_000_000,
-            status: code as i32,
+    /// Facts of a span with these attributes (its bytes leak: a test's few spans).
+    fn span(start_ms: u64, end_ms: u64, code: StatusCode, attrs: Vec<(&str, any_value::Value)>) -> SpanFacts<'static> {
+        let encoded = Span {
             attributes: attrs
                 .into_iter()
                 .map(|(k, v)| KeyValue {
@@ -257,6 +246,14 @@ mod tests {
                     ..KeyValue::default()
                 })
                 .collect(),
+            ..Span::default()
+        }
+        .encode_to_vec();
+        SpanFacts {
+            start_unix_ns: start_ms * 1_000_000,
+            end_unix_ns: end_ms * 1_000_000,
+            status: code as i32,
+            span: Vec::leak(encoded),
         }
     }
 
@@ -264,7 +261,7 @@ mod tests {
         NamedPolicy { name: name.into(), policy }
     }
 
-    fn data(spans: &[SpanFacts], randomness: u64) -> TraceData<'_> {
+    fn data<'a>(spans: &'a [SpanFacts<'a>], randomness: u64) -> TraceData<'a> {
         TraceData { spans, randomness, now_second: 1 }
     }
 
@@ -305,7 +302,7 @@ mod tests {
         let mut only_and = PolicySet::new(set.policies()[2..].to_vec());
         let one = [span(0, 1, StatusCode::Unset, vec![("code", any_value::Value::IntValue(503))])];
         assert!(!only_and.evaluate(&data(&one, 0)).keep);
-        let two = [one[0].clone(), span(0, 1, StatusCode::Unset, vec![])];
+        let two = [one[0], span(0, 1, StatusCode::Unset, vec![])];
         assert!(only_and.evaluate(&data(&two, 0)).keep);
     }
 

@@ -5,6 +5,8 @@
 //! The input comes from the agent's own encoder or from the store on disk; both are treated as
 //! hostile: malformed bytes are an error, never a panic (property-tested below against prost).
 
+use std::ops::Range;
+
 use prost::bytes::Buf as _;
 use prost::encoding::{WireType, decode_key, decode_varint};
 
@@ -23,10 +25,20 @@ enum Field<'a> {
 
 /// Calls `f` for every field of the message in `buf`, in order.
 fn for_each_field<'a>(
-    mut buf: &'a [u8],
+    buf: &'a [u8],
     mut f: impl FnMut(u32, Field<'a>) -> Result<(), WireError>,
 ) -> Result<(), WireError> {
+    for_each_field_at(buf, |tag, field, _| f(tag, field))
+}
+
+/// [`for_each_field`], also giving where each field (key included) lies in `buf`.
+fn for_each_field_at<'a>(
+    whole: &'a [u8],
+    mut f: impl FnMut(u32, Field<'a>, Range<usize>) -> Result<(), WireError>,
+) -> Result<(), WireError> {
+    let mut buf = whole;
     while !buf.is_empty() {
+        let start = whole.len() - buf.len();
         let (tag, wire_type) = decode_key(&mut buf).map_err(|_| WireError)?;
         let field = match wire_type {
             WireType::Varint => Field::Varint(decode_varint(&mut buf).map_err(|_| WireError)?),
@@ -48,7 +60,7 @@ fn for_each_field<'a>(
             }
             WireType::StartGroup | WireType::EndGroup => return Err(WireError),
         };
-        f(tag, field)?;
+        f(tag, field, start..whole.len() - buf.len())?;
     }
     Ok(())
 }
@@ -89,6 +101,77 @@ pub fn span(bytes: &[u8]) -> Result<SpanFields<'_>, WireError> {
         }
         Ok(())
     })?;
+    Ok(out)
+}
+
+/// A span attribute's value, as the policies compare it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttrValue<'a> {
+    Str(&'a str),
+    Int(i64),
+    /// Any other kind (bool, double, bytes, array, map) or none.
+    Other,
+}
+
+/// The value of the first attribute named `key` of a `Span` message (the one a lookup over the
+/// decoded list would find), without decoding the others' values.
+pub fn attribute<'a>(span: &'a [u8], key: &str) -> Result<Option<AttrValue<'a>>, WireError> {
+    let mut found = None;
+    for_each_field(span, |tag, field| {
+        let (9, Field::Bytes(key_value), None) = (tag, field, found) else { return Ok(()) };
+        let (mut k, mut any) = (&[][..], None);
+        for_each_field(key_value, |tag, field| {
+            match (tag, field) {
+                (1, Field::Bytes(b)) => k = b,
+                (2, Field::Bytes(b)) => any = Some(b),
+                _ => {}
+            }
+            Ok(())
+        })?;
+        if k != key.as_bytes() {
+            return Ok(());
+        }
+        let mut value = AttrValue::Other;
+        for_each_field(any.unwrap_or_default(), |tag, field| {
+            // A oneof: the last member on the wire wins, as prost reads it.
+            value = match (tag, field) {
+                (1, Field::Bytes(b)) => AttrValue::Str(std::str::from_utf8(b).map_err(|_| WireError)?),
+                (3, Field::Varint(v)) => AttrValue::Int(v as i64),
+                _ => AttrValue::Other,
+            };
+            Ok(())
+        })?;
+        found = Some(value);
+        Ok(())
+    })?;
+    Ok(found)
+}
+
+/// A `Span` message taken apart around its `trace_state`: the bytes of every other field, in
+/// order, and the `trace_state` a decoder would read (the last one on the wire; empty if none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WithoutTraceState<'a> {
+    pub rest: Vec<&'a [u8]>,
+    pub trace_state: &'a str,
+}
+
+/// Splits a `Span` message around its `trace_state` field(s), reading its top level only.
+pub fn without_trace_state(span: &[u8]) -> Result<WithoutTraceState<'_>, WireError> {
+    let mut out = WithoutTraceState { rest: Vec::with_capacity(2), trace_state: "" };
+    let mut kept_from = 0;
+    for_each_field_at(span, |tag, field, at| {
+        if let (3, Field::Bytes(b)) = (tag, field) {
+            out.trace_state = std::str::from_utf8(b).map_err(|_| WireError)?;
+            if at.start > kept_from {
+                out.rest.push(&span[kept_from..at.start]);
+            }
+            kept_from = at.end;
+        }
+        Ok(())
+    })?;
+    if kept_from < span.len() {
+        out.rest.push(&span[kept_from..]);
+    }
     Ok(out)
 }
 
@@ -174,7 +257,17 @@ mod tests {
             any::<u64>(),
             any::<u64>(),
             0..3i32,
-            proptest::collection::vec(("[a-z.]{1,10}", "[ -~]{0,20}"), 0..5),
+            proptest::collection::vec(
+                (
+                    "[a-c.]{1,3}",
+                    prop_oneof![
+                        "[ -~]{0,20}".prop_map(any_value::Value::StringValue),
+                        any::<i64>().prop_map(any_value::Value::IntValue),
+                        any::<bool>().prop_map(any_value::Value::BoolValue),
+                    ],
+                ),
+                0..5,
+            ),
         )
             .prop_map(|(trace, trace_state, kind, start, end, code, attrs)| Span {
                 trace_id: trace.to_vec(),
@@ -186,11 +279,7 @@ mod tests {
                 status: Some(Status { code, message: String::new() }),
                 attributes: attrs
                     .into_iter()
-                    .map(|(k, v)| KeyValue {
-                        key: k,
-                        value: Some(AnyValue { value: Some(any_value::Value::StringValue(v)) }),
-                        ..KeyValue::default()
-                    })
+                    .map(|(k, v)| KeyValue { key: k, value: Some(AnyValue { value: Some(v) }), ..KeyValue::default() })
                     .collect(),
                 ..Span::default()
             })
@@ -235,9 +324,36 @@ mod tests {
         }
 
         #[test]
+        fn attribute_is_the_first_of_its_key(span in arb_span(), pick in 0..6usize) {
+            let bytes = span.encode_to_vec();
+            let key = span.attributes.get(pick).map_or("absent.key", |kv| kv.key.as_str());
+            let want = span.attributes.iter().find(|kv| kv.key == key).map(|kv| {
+                match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+                    Some(any_value::Value::StringValue(s)) => AttrValue::Str(s),
+                    Some(any_value::Value::IntValue(i)) => AttrValue::Int(*i),
+                    _ => AttrValue::Other,
+                }
+            });
+            prop_assert_eq!(attribute(&bytes, key).unwrap(), want);
+        }
+
+        #[test]
+        fn trace_state_replaced_at_the_byte_level_leaves_the_rest(span in arb_span(), state in "[a-z=:;,]{0,30}") {
+            let bytes = span.encode_to_vec();
+            let parts = without_trace_state(&bytes).unwrap();
+            prop_assert_eq!(parts.trace_state, span.trace_state.as_str());
+            let mut framed = Vec::new();
+            crate::encode::push_span_with_trace_state(&mut framed, &parts.rest, &state);
+            let scope = ScopeSpans::decode(framed.as_slice()).unwrap();
+            prop_assert_eq!(&scope.spans[..], &[Span { trace_state: state, ..span }][..]);
+        }
+
+        #[test]
         fn any_bytes_read_or_err(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
             let _ = request_spans(&bytes, |_, _| {});
             let _ = span(&bytes);
+            let _ = attribute(&bytes, "k");
+            let _ = without_trace_state(&bytes);
         }
     }
 }
