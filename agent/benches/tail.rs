@@ -10,10 +10,12 @@
 //!   thread does; every trace is decided (keep errors + 1%, none are errors). Reports CPU per span of the whole process (sled's threads
 //!   included), and the ratio sled / memory.
 //!   At 100 000 exchanges per second a trace waits its grace (`TRACETAP_BENCH_GRACE_MS`, default
-//!   2000 as in the agent) in memory: 200 000 traces, more than the default 64 MiB holds, so with
-//!   the default grace most traces spill in `first`; a shorter grace shows the memory path alone.
+//!   500 as in the agent) in memory: 50 000 traces, which the default 64 MiB holds; a longer grace
+//!   (2000: 200 000 traces) makes most traces spill in `first`.
 //! - `rss`: `TRACETAP_BENCH_RSS_SPANS` (default 5 000 000) spans buffered and not yet decided;
-//!   reports the process RSS and the bytes on disk (the sled store only).
+//!   reports the process RSS and the bytes on disk (the sled store only, its cache
+//!   `TRACETAP_BENCH_SLED_CACHE_BYTES`, default the agent's), then the RSS after `malloc_trim` split
+//!   into the engine's share and the store's.
 
 #[path = "../../storage/benches/support/proc_stats.rs"]
 mod proc_stats;
@@ -140,10 +142,10 @@ fn policies() -> PolicySet {
     ])
 }
 
-/// `TRACETAP_BENCH_GRACE_MS` (default 2000, the agent's default grace).
+/// `TRACETAP_BENCH_GRACE_MS` (default 500, the agent's default grace).
 fn limits() -> Limits {
     Limits {
-        grace_ns: env_or("TRACETAP_BENCH_GRACE_MS", 2000) * 1_000_000,
+        grace_ns: env_or("TRACETAP_BENCH_GRACE_MS", 500) * 1_000_000,
         decision_wait_ns: 30 * S,
         max_disk_bytes: u64::MAX,
         decision_cache: 100_000,
@@ -160,7 +162,14 @@ fn child(mode: &str, store: &str, spans: u64) {
         "sled" => run(
             mode,
             store,
-            SledStore::open(dir.path(), SledOptions::default()).expect("open"),
+            SledStore::open(
+                dir.path(),
+                SledOptions {
+                    cache_bytes: env_or("TRACETAP_BENCH_SLED_CACHE_BYTES", SledOptions::default().cache_bytes),
+                    ..SledOptions::default()
+                },
+            )
+            .expect("open"),
             limits(),
             spans,
             Some(dir.path()),
@@ -234,6 +243,23 @@ fn run<S: TailStore>(mode: &str, name: &str, store: S, limits: Limits, spans: u6
                 status_kib("VmRSS:") as f64 / 1024.0,
                 status_kib("VmHWM:") as f64 / 1024.0,
                 disk as f64 / total as f64
+            );
+            // Where the memory is: freed heap handed back first (glibc keeps it otherwise), then
+            // without the engine's own state, then without the store.
+            let rss_trimmed = || {
+                // SAFETY: malloc_trim has no preconditions; it only returns free heap to the system.
+                unsafe { libc::malloc_trim(0) };
+                status_kib("VmRSS:") as f64 / 1024.0
+            };
+            let trimmed = rss_trimmed();
+            let store = engine.into_store();
+            let store_only = rss_trimmed();
+            drop(store);
+            let neither = rss_trimmed();
+            println!(
+                "rss {name:<7} after malloc_trim {trimmed:.0} MiB: engine {:.0} MiB, store {:.0} MiB, the rest {neither:.0} MiB",
+                trimmed - store_only,
+                store_only - neither
             );
         }
         other => panic!("unknown mode {other}"),

@@ -268,7 +268,11 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
         "`true` buffers kept spans in the tail store until the tail policies decide their trace",
     ),
     ("TRACETAP_STATE_DIR", "/var/lib/tracetap", "directory of the tail store (kept across restarts)"),
-    ("TRACETAP_TAIL_GRACE", "2s", "wait after a trace's root span ended before deciding it (`ms`, `s` or `m`)"),
+    (
+        "TRACETAP_TAIL_GRACE",
+        "500ms",
+        "wait after a trace's root span reached the tail stage before deciding it (`ms`, `s` or `m`)",
+    ),
     ("TRACETAP_TAIL_DECISION_WAIT", "30s", "longest wait from a trace's first span to its decision"),
     ("TRACETAP_TAIL_KEEP_ERRORS", "true", "keep every trace with a span in error (policy `keep_errors`)"),
     ("TRACETAP_TAIL_LATENCY_MS", "(unset)", "keep every trace at least this long, in ms (policy `latency`)"),
@@ -400,7 +404,8 @@ const ENV_POLICY_VARS: [&str; 4] =
 /// The tail sampling settings (only read when `TRACETAP_TAIL_ENABLED=true`).
 fn parse_tail(src: &Source<impl Fn(&str) -> Option<String>>) -> Result<TailConfig, ConfigError> {
     let state_dir = src.get("TRACETAP_STATE_DIR").map_or_else(|| "/var/lib/tracetap".into(), |d| d.trim().into());
-    let grace = src.duration("TRACETAP_TAIL_GRACE", Duration::from_secs(2))?;
+    // 5 times the longest gap measured between two fragments of one trace (docs/PERFORMANCE.md).
+    let grace = src.duration("TRACETAP_TAIL_GRACE", Duration::from_millis(500))?;
     let decision_wait = src.duration("TRACETAP_TAIL_DECISION_WAIT", Duration::from_secs(30))?;
     if decision_wait < grace {
         return Err(err(
@@ -813,7 +818,7 @@ mod tests {
         let cases: [(&[(&str, &str)], &str); 7] = [
             (&[("TRACETAP_TAIL_ENABLED", "yes")], "TRACETAP_TAIL_ENABLED"),
             (&[on, ("TRACETAP_TAIL_GRACE", "2")], "TRACETAP_TAIL_GRACE"),
-            (&[on, ("TRACETAP_TAIL_DECISION_WAIT", "1s")], "TRACETAP_TAIL_DECISION_WAIT"),
+            (&[on, ("TRACETAP_TAIL_DECISION_WAIT", "400ms")], "TRACETAP_TAIL_DECISION_WAIT"),
             (&[on, ("TRACETAP_TAIL_RATIO", "2")], "TRACETAP_TAIL_RATIO"),
             (&[on, ("TRACETAP_TAIL_KEEP_ERRORS", "false")], "TRACETAP_TAIL_KEEP_ERRORS"),
             (

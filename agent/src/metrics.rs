@@ -134,6 +134,8 @@ metrics! {
     tail_memory_bytes: "gauge", "tracetap_tail_memory_bytes", "Bytes of spans of traces waiting in memory (what TRACETAP_TAIL_MAX_MEMORY_BYTES bounds)";
     tail_decided_in_memory: "counter", "tracetap_tail_traces_decided_in_memory_total", "Traces decided from memory, never written to the tail store";
     tail_spilled_traces: "counter", "tracetap_tail_traces_spilled_total", "Traces written to the tail store to wait: undecided TRACETAP_TAIL_SPILL_AFTER after their first span, or the oldest while memory was over TRACETAP_TAIL_MAX_MEMORY_BYTES";
+    tail_fragments_joined: "counter", "tracetap_tail_fragments_joined_total", "Fragments of a trace (its spans from a later batch: another process, exchange or CPU) that joined the trace while it waited in memory";
+    tail_fragment_gap_max_ms: "gauge", "tracetap_tail_fragment_gap_max_ms", "Longest time seen between the arrival of a trace's first fragment and a later one that joined it, in ms (TRACETAP_TAIL_GRACE must cover it; later ones are late spans)";
     tail_spans_buffered: "gauge", "tracetap_tail_spans_buffered", "Spans of traces waiting for a tail decision";
     tail_buffered_bytes: "gauge", "tracetap_tail_buffered_bytes", "Bytes of spans held in live partitions of the tail store (what TRACETAP_TAIL_MAX_DISK_BYTES bounds)";
     tail_disk_bytes: "gauge", "tracetap_tail_disk_bytes", "Bytes the tail store occupies on disk (sled's own figure, space amplification included)";

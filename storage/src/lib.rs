@@ -96,7 +96,8 @@ pub struct PendingTrace {
     /// Wall-clock time of the trace's first span here, in ns since the Unix epoch (it must survive
     /// a restart, so it is not monotonic time).
     pub first_seen_unix_ns: u64,
-    /// When this host's root span of the trace ended, once it has.
+    /// When this host's root span of the trace ended, once it has (the agent records when the root
+    /// span reached it, at or after its end, since its grace runs from there).
     pub root_ended_unix_ns: Option<u64>,
     pub spans: SpanRange,
 }

@@ -2,6 +2,7 @@
 //! Every test here needs root (see `require_root`).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -9,8 +10,9 @@ use std::time::Duration;
 
 use tracetap_tests::agent::Agent;
 use tracetap_tests::client::Conn;
+use tracetap_tests::haproxy::{self, Haproxy};
 use tracetap_tests::otlp::Received;
-use tracetap_tests::{Stack, require_root, wait_for};
+use tracetap_tests::{Rig, Stack, free_port, require_root, wait_for};
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().fold(String::new(), |mut s, b| {
@@ -349,4 +351,75 @@ fn traces_that_must_wait_spill_to_the_store_and_are_decided_once_after_a_restart
     std::thread::sleep(Duration::from_secs(1));
     assert_eq!(receiver.spans().len(), 40, "nothing exported twice");
     drop((haproxy, backend, rt));
+}
+
+/// Two `HAProxy` processes in a chain (front, back, backend), both traced by one agent: every trace
+/// reaches the tail stage as fragments from two processes, ended milliseconds apart and often in
+/// different batches. At the default grace each trace is decided once, with all four spans: none of
+/// them arrives after its trace's decision. Prints how far apart the fragments arrived (the figure
+/// behind the grace's default, docs/PERFORMANCE.md).
+#[test]
+fn a_trace_through_two_haproxy_processes_is_decided_once_and_whole_at_the_default_grace() {
+    if !require_root() {
+        return;
+    }
+    let rig = Rig::new();
+    let (front_port, back_port) = (free_port(), free_port());
+    let back = Haproxy::start_in(&rig.comm, "back", &haproxy::config(back_port, &[rig.backend.addr], ""), back_port);
+    let back_addr = SocketAddr::from(([127, 0, 0, 1], back_port));
+    let front = Haproxy::start(&rig.comm, &haproxy::config(front_port, &[back_addr], ""), front_port);
+    let dir = tempfile::tempdir().expect("state dir");
+    let mut env = rig.agent_env();
+    env.extend([
+        ("TRACETAP_TAIL_ENABLED", "true".to_owned()),
+        ("TRACETAP_STATE_DIR", dir.path().display().to_string()),
+        ("TRACETAP_TAIL_KEEP_ERRORS", "false".to_owned()),
+        ("TRACETAP_TAIL_RATIO", "1.0".to_owned()),
+    ]);
+    let agent = Agent::start(&env);
+    let front_addr = SocketAddr::from(([127, 0, 0, 1], front_port));
+    // Identical requests from concurrent connections, spread over a few seconds (batches cut by
+    // size and by the hand-off delay alike).
+    let traces: Vec<String> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..8u64)
+            .map(|w| {
+                scope.spawn(move || {
+                    let mut rng = fastrand::Rng::with_seed(500 + w);
+                    let mut conn = Conn::connect(front_addr).expect("connect");
+                    (0..150)
+                        .map(|i| {
+                            if i % 50 == 49 {
+                                std::thread::sleep(Duration::from_millis(rng.u64(50..400)));
+                            }
+                            traced_get(&mut conn, "/same", &mut rng)
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        workers.into_iter().flat_map(|w| w.join().expect("worker")).collect()
+    });
+    let settled = wait_for(Duration::from_secs(30), || {
+        let done = agent.metric("tracetap_tail_traces_pending") == 0
+            && agent.metric("tracetap_spans_exported_total") >= 4 * traces.len() as u64;
+        done.then_some(())
+    });
+    assert!(settled.is_some(), "not settled; log:\n{}", agent.log());
+    let spans = rig.receiver.spans();
+    let got = by_trace(&spans);
+    for trace in &traces {
+        let pids: BTreeSet<i64> = got.get(trace).map(|s| s.iter().map(|s| s.pid).collect()).unwrap_or_default();
+        assert_eq!(got.get(trace).map(Vec::len), Some(4), "trace {trace}: both processes' SERVER and CLIENT spans");
+        assert_eq!(pids, BTreeSet::from([i64::from(front.pid()), i64::from(back.pid())]));
+    }
+    let decisions = agent.metric("tracetap_tail_decisions_total{policy=\"probabilistic\",outcome=\"kept\"}");
+    assert_eq!(decisions, traces.len() as u64, "one decision per trace");
+    assert_eq!(agent.metric("tracetap_tail_late_spans_kept_total"), 0, "no fragment arrived after its decision");
+    println!(
+        "[tail] {} traces through two processes: {} fragments joined a waiting trace, the longest {} ms after its first",
+        traces.len(),
+        agent.metric("tracetap_tail_fragments_joined_total"),
+        agent.metric("tracetap_tail_fragment_gap_max_ms"),
+    );
+    drop((front, back));
 }

@@ -62,6 +62,16 @@ impl Output {
         }
     }
 
+    /// How long a partial batch waits. The tail stage is in this process and decides by arrival
+    /// (its grace runs from when a trace's root span reaches it): partial batches go to it within
+    /// [`crate::tail::HANDOFF_DELAY`], not after the export delay, which applies to its exports.
+    fn batch_delay(&self, config: &Config) -> Duration {
+        match self {
+            Self::Export(_) => config.schedule_delay,
+            Self::Tail(_) => config.schedule_delay.min(crate::tail::HANDOFF_DELAY),
+        }
+    }
+
     /// True when a kept trace must be shed because the tail stage is behind (see
     /// [`TailQueue::shed_threshold`]); counted.
     fn sheds(&self, trace_id: &[u8; 16]) -> bool {
@@ -93,7 +103,7 @@ pub fn run(
     let mut builder = SpanBuilder::new(config.sampler, loader::monotonic_to_unix_offset_ns())
         .with_value_length_limit(config.attribute_value_length_limit);
     let mut targets: BTreeSet<u32> = BTreeSet::new();
-    let mut batcher = Batcher::new(config.max_export_batch_size, config.schedule_delay, config.resource());
+    let mut batcher = Batcher::new(config.max_export_batch_size, queue.batch_delay(config), config.resource());
     let mut scratch = Vec::with_capacity(256);
     let mut listeners = ListenAddrs::new(Path::new("/proc"));
     let mut names = Names::new(Path::new("/proc"));

@@ -4,7 +4,7 @@
 //! `tail` for the invariants.
 //!
 //! Memory first: a trace's spans stay in memory ([`Hot`]) and a trace whose local fragment completes
-//! (its root SERVER span ended `grace` ago) is decided there, never written to the store. The store
+//! (its root SERVER span arrived `grace` ago) is decided there, never written to the store. The store
 //! takes only what must wait: a trace still undecided `spill_after` after its first span, or the
 //! oldest hot traces while memory is over `max_memory_bytes`. A spilled trace is *pending* in the
 //! store's sense and follows the store's rules (decided once, at least once across crashes). A trace
@@ -102,7 +102,8 @@ impl SpanBuf {
 #[derive(Debug)]
 struct Hot {
     first_seen: u64,
-    /// 0: the root span has not ended (here).
+    /// When the root span arrived (the later of its end and its arrival: the grace runs from
+    /// arrival); 0: it has not (here). Called "root ended" in the store.
     root_ended: u64,
     /// The `rv` of the first span's `tracestate` that has one.
     randomness: Option<u64>,
@@ -148,7 +149,7 @@ pub struct Limits {
 }
 
 impl Limits {
-    /// When a trace is decided, in memory or in the store: `grace` after its root span here ended
+    /// When a trace is decided, in memory or in the store: `grace` after its root span here arrived
     /// (`root_ended` 0: not yet), or `decision_wait` after its first span, whichever comes first.
     fn decision_due(&self, first_seen: u64, root_ended: u64) -> u64 {
         let by_wait = first_seen.saturating_add(self.decision_wait_ns);
@@ -237,6 +238,10 @@ struct Counts {
     decided_in_memory: u64,
     /// Traces written to the store to wait (too long undecided, or memory over its budget).
     spilled: u64,
+    /// Later fragments that joined a trace in memory, and the longest gap between a trace's first
+    /// fragment and a later one.
+    fragments_joined: u64,
+    fragment_gap_max_ns: u64,
 }
 
 /// Counts a decision by deciding policy (`none` when none matched) and outcome. Found by a scan of
@@ -262,8 +267,10 @@ pub struct Engine<S> {
     /// Their span bytes, and spans.
     hot_bytes: u64,
     hot_spans: u64,
-    /// Hot traces in arrival order, for spilling the oldest (entries of traces that left are skipped).
-    hot_order: VecDeque<TraceId>,
+    /// Hot traces in arrival order, for spilling the oldest: `[0]` those whose root span has not
+    /// arrived, `[1]` those whose has (a trace moves when its root arrives). Entries of traces that
+    /// left memory or moved are skipped.
+    hot_order: [VecDeque<TraceId>; 2],
     /// Due times of traces in the store (stale entries are skipped when popped).
     deadlines: BinaryHeap<Reverse<(u64, TraceId)>>,
     /// Due times of traces in memory, apart: the disk bound's early decisions walk the store's
@@ -317,7 +324,7 @@ impl<S: TailStore> Engine<S> {
             hot: FxHashMap::default(),
             hot_bytes: 0,
             hot_spans: 0,
-            hot_order: VecDeque::new(),
+            hot_order: [VecDeque::new(), VecDeque::new()],
             deadlines: BinaryHeap::new(),
             hot_deadlines: BinaryHeap::new(),
             decide_failures: FxHashMap::default(),
@@ -401,7 +408,8 @@ impl<S: TailStore> Engine<S> {
                 spans: SpanBuf::default(),
             });
             if span.kind == SpanKind::Server as i32 {
-                hot.root_ended = hot.root_ended.max(span.end_unix_ns);
+                // The grace runs from the root's arrival (see the module note of `tail`).
+                hot.root_ended = hot.root_ended.max(span.end_unix_ns).max(now);
             }
             if hot.randomness.is_none() && !span.trace_state.is_empty() {
                 hot.randomness = parse_ot_tracestate(span.trace_state).randomness;
@@ -455,7 +463,13 @@ impl<S: TailStore> Engine<S> {
         match self.hot.entry(trace) {
             std::collections::hash_map::Entry::Occupied(e) => {
                 let hot = e.into_mut();
+                self.counts.fragments_joined += 1;
+                let gap = fragment.first_seen.saturating_sub(hot.first_seen);
+                self.counts.fragment_gap_max_ns = self.counts.fragment_gap_max_ns.max(gap);
                 let before = hot.next_due(&limits);
+                if hot.root_ended == 0 && fragment.root_ended != 0 {
+                    self.hot_order[1].push_back(trace);
+                }
                 hot.spans.append(fragment.spans);
                 hot.root_ended = hot.root_ended.max(fragment.root_ended);
                 hot.randomness = hot.randomness.or(fragment.randomness);
@@ -465,7 +479,7 @@ impl<S: TailStore> Engine<S> {
                 }
             }
             std::collections::hash_map::Entry::Vacant(e) => {
-                self.hot_order.push_back(trace);
+                self.hot_order[usize::from(fragment.root_ended != 0)].push_back(trace);
                 let hot = e.insert(fragment);
                 self.hot_deadlines.push(Reverse((hot.next_due(&limits), trace)));
             }
@@ -490,6 +504,7 @@ impl<S: TailStore> Engine<S> {
                     // why they were leaving) and are decided there when due.
                     self.store_error(&e);
                     for (trace, hot) in items {
+                        self.hot_order[usize::from(hot.root_ended != 0)].push_back(trace);
                         self.hot_bytes += hot.spans.byte_len();
                         self.hot_spans += hot.spans.len() as u64;
                         self.hot_deadlines.push(Reverse((hot.decision_due(&self.limits), trace)));
@@ -620,20 +635,16 @@ impl<S: TailStore> Engine<S> {
                 retry.push(trace);
             }
         }
-        // Over the memory budget: the oldest hot traces go to the store.
-        let mut over = self.hot_bytes.saturating_sub(self.limits.max_memory_bytes);
-        while over > 0 {
-            let Some(trace) = self.hot_order.pop_front() else { break };
-            if let Some(hot) = self.hot.get(&trace) {
-                over = over.saturating_sub(hot.spans.byte_len());
-                to_spill.push(trace);
-            }
-        }
         self.spill(&to_spill);
-        if self.hot_order.len() > 2 * self.hot.len() + 64 {
-            // Entries of traces that left memory: dropped in one pass once they outnumber the rest.
-            let hot = &self.hot;
-            self.hot_order.retain(|t| hot.contains_key(t));
+        let over_budget = self.pick_spills_over_budget();
+        self.spill(&over_budget);
+        for (class, order) in self.hot_order.iter_mut().enumerate() {
+            if order.len() > 2 * self.hot.len() + 64 {
+                // Entries of traces that left memory or moved: dropped in one pass once they
+                // outnumber the rest.
+                let hot = &self.hot;
+                order.retain(|t| hot.get(t).is_some_and(|h| usize::from(h.root_ended != 0) == class));
+            }
         }
         let mut excess = self.buffered_bytes().saturating_sub(self.limits.max_disk_bytes);
         // Over the bound: the stored traces due soonest (the oldest, mostly) are decided now.
@@ -664,6 +675,27 @@ impl<S: TailStore> Engine<S> {
             self.store_error(&e);
         }
         self.flush_export();
+    }
+
+    /// Over the memory budget: picks hot traces to go to the store, oldest first among those whose
+    /// root span has not arrived (they will wait longest: long requests, streams), then the oldest
+    /// of the others (due within the grace) only if that is not enough.
+    fn pick_spills_over_budget(&mut self) -> Vec<TraceId> {
+        let mut over = self.hot_bytes.saturating_sub(self.limits.max_memory_bytes);
+        let mut picked = Vec::new();
+        for (class, order) in self.hot_order.iter_mut().enumerate() {
+            while over > 0 {
+                let Some(trace) = order.pop_front() else { break };
+                // Skipped: traces that left memory, or moved to the other class.
+                if let Some(hot) = self.hot.get(&trace)
+                    && usize::from(hot.root_ended != 0) == class
+                {
+                    over = over.saturating_sub(hot.spans.byte_len());
+                    picked.push(trace);
+                }
+            }
+        }
+        picked
     }
 
     /// Decides a trace; on a store failure the trace stays pending (the caller tries it again a
@@ -890,7 +922,7 @@ impl<S: TailStore> Engine<S> {
     pub fn spill_all(&mut self) {
         let traces: Vec<TraceId> = self.hot.keys().copied().collect();
         self.spill(&traces);
-        self.hot_order.clear();
+        self.hot_order.iter_mut().for_each(VecDeque::clear);
     }
 
     /// Makes the store durable (at a clean stop).
@@ -907,6 +939,8 @@ impl<S: TailStore> Engine<S> {
         metrics::set(&m.tail_memory_bytes, self.hot_bytes);
         metrics::set(&m.tail_decided_in_memory, self.counts.decided_in_memory);
         metrics::set(&m.tail_spilled_traces, self.counts.spilled);
+        metrics::set(&m.tail_fragments_joined, self.counts.fragments_joined);
+        metrics::set(&m.tail_fragment_gap_max_ms, self.counts.fragment_gap_max_ns / 1_000_000);
         metrics::set(&m.tail_outbox_traces, self.partitions.values().map(|s| s.outbox as u64).sum());
         metrics::set(&m.tail_spans_buffered, self.spans_pending + self.hot_spans);
         metrics::set(&m.tail_buffered_bytes, self.buffered_bytes());
@@ -1142,6 +1176,58 @@ mod tests {
         assert!(e.stored_pending_traces() >= 1);
         assert!(!e.hot.contains_key(&trace(1, false)), "the oldest went first");
         assert_eq!(e.pending_traces(), 3, "nothing lost");
+    }
+
+    #[test]
+    fn over_the_budget_traces_still_without_their_root_spill_before_older_complete_ones() {
+        let one = u64::try_from(exchange(trace(1, false), T0, false).encode_to_vec().len()).unwrap();
+        let mut e = Engine::open(MemoryStore::new(), policies(), memory_first(2 * one), Vec::new(), T0).unwrap();
+        // Oldest: two complete exchanges (due within the grace); newest: one without its root.
+        e.ingest(&exchange(trace(1, false), T0, false).encode_to_vec(), T0).unwrap();
+        e.ingest(&exchange(trace(2, false), T0, false).encode_to_vec(), T0 + 1).unwrap();
+        let root_less = request(vec![span(trace(3, false), 2, SpanKind::Client, T0, false)]);
+        e.ingest(&root_less.encode_to_vec(), T0 + 2).unwrap();
+        e.tick(T0 + 3);
+        assert!(e.hot_bytes <= 2 * one);
+        assert!(!e.hot.contains_key(&trace(3, false)), "the root-less trace went to the store");
+        assert!(e.hot.contains_key(&trace(1, false)) && e.hot.contains_key(&trace(2, false)));
+        // Still over with complete traces only: the oldest of them goes.
+        for n in 4..=5 {
+            e.ingest(&exchange(trace(n, false), T0, false).encode_to_vec(), T0 + 10).unwrap();
+        }
+        e.tick(T0 + 11);
+        assert!(!e.hot.contains_key(&trace(1, false)), "then the oldest complete one");
+        assert_eq!(e.pending_traces(), 5, "nothing lost");
+    }
+
+    #[test]
+    fn the_grace_runs_from_the_roots_arrival_and_a_later_fragment_joins_it() {
+        let mut e = Engine::open(MemoryStore::new(), policies(), memory_first(1 << 30), Vec::new(), T0).unwrap();
+        // Ended at T0, reached the tail stage 5 s later (a slow batch): the grace starts then.
+        e.ingest(&exchange(trace(1, false), T0, true).encode_to_vec(), T0 + 5 * S).unwrap();
+        e.tick(T0 + 6 * S);
+        assert_eq!(e.pending_traces(), 1, "grace (2 s) from arrival not over");
+        let other_process = request(vec![span(trace(1, false), 7, SpanKind::Client, T0, false)]);
+        e.ingest(&other_process.encode_to_vec(), T0 + 6 * S + 250_000_000).unwrap();
+        assert_eq!((e.counts.fragments_joined, e.counts.fragment_gap_max_ns), (1, S + 250_000_000));
+        e.tick(T0 + 7 * S);
+        assert_eq!(exported(&mut e).len(), 3, "decided once, with the joined fragment");
+        assert_eq!(e.counts.late_kept, 0);
+    }
+
+    #[test]
+    fn a_raised_threshold_replaces_th_and_keeps_the_rest_of_the_tracestate() {
+        let mut e = open(MemoryStore::new(), T0);
+        let lucky = trace(3, true);
+        let mut spans = vec![span(lucky, 1, SpanKind::Server, T0, false), span(lucky, 2, SpanKind::Client, T0, false)];
+        spans[0].trace_state = "vendor=x,ot=rv:ffffffffffffff".into();
+        spans[1].name = "kept as it was".into();
+        e.ingest(&request(spans.clone()).encode_to_vec(), T0).unwrap();
+        e.tick(T0 + 3 * S);
+        let mut out = exported(&mut e);
+        out.sort_by_key(|s| s.span_id.clone());
+        assert_eq!(out[0], Span { trace_state: "ot=th:8;rv:ffffffffffffff,vendor=x".into(), ..spans[0].clone() });
+        assert_eq!(out[1], Span { trace_state: "ot=th:8".into(), ..spans[1].clone() }, "the rest byte for byte");
     }
 
     /// A memory store whose `decide` fails while `fail` is set (and `append` too with `appends`).

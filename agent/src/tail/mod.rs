@@ -8,9 +8,12 @@
 //! `engine`) and queues the kept ones for export.
 //!
 //! Invariants:
-//! - A trace is decided when its root span here (a SERVER span: its parent is remote or absent)
-//!   ended `grace` ago, or `decision_wait` after its first span, whichever comes first. Times are
-//!   wall-clock, persisted with the trace, so a restarted agent decides as if it had never stopped.
+//! - A trace is decided `grace` after its root span here (a SERVER span: its parent is remote or
+//!   absent) reached the tail stage, or `decision_wait` after its first span did, whichever comes
+//!   first. Arrival, not the span's end time: the grace is there for the trace's other fragments
+//!   (other processes, exchanges, batches) to arrive, which is measured from arrival too
+//!   (`tracetap_tail_fragment_gap_max_ms`). Times are wall-clock, persisted with the trace, so a
+//!   restarted agent decides as if it had never stopped.
 //! - A trace decided in memory never touches the store; it is lost at a crash until exported, like
 //!   the export queue. What follows is about traces in the store.
 //! - A tick's decisions are committed to the store as one write, and made durable before any kept
@@ -49,6 +52,11 @@ use policy::NamedPolicy;
 
 /// How often the tail thread decides due traces, drops finished partitions and publishes metrics.
 const TICK: Duration = Duration::from_millis(100);
+
+/// The longest a partial batch of kept spans waits on the capture thread before it is handed to
+/// the tail stage (`OTEL_BSP_SCHEDULE_DELAY` applies to exports, which the tail stage makes): a
+/// trace's fragments that fall into two batches arrive at most about this far apart.
+pub const HANDOFF_DELAY: Duration = Duration::from_millis(100);
 
 /// Where the policies come from.
 #[derive(Debug, Clone, PartialEq)]
