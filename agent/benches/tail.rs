@@ -12,8 +12,9 @@
 //!   At 100 000 exchanges per second a trace waits its grace (`TRACETAP_BENCH_GRACE_MS`, default
 //!   500 as in the agent) in memory: 50 000 traces, which the default 64 MiB holds; a longer grace
 //!   (2000: 200 000 traces) makes most traces spill in `first`.
-//! - `rss`: `TRACETAP_BENCH_RSS_SPANS` (default 5 000 000) spans buffered and not yet decided;
-//!   reports the process RSS and the bytes on disk (the sled store only, its cache
+//! - `rss`: `TRACETAP_BENCH_RSS_SPANS` (default 5 000 000) spans buffered and not yet decided
+//!   (arriving at 100 000 exchanges per simulated second, grace and decision wait an hour), in
+//!   `sled` and in `first` (64 MiB of them in memory, the rest in the store); reports the process RSS and the bytes on disk (the sled store only, its cache
 //!   `TRACETAP_BENCH_SLED_CACHE_BYTES`, default the agent's), then the RSS after `malloc_trim` split
 //!   into the engine's share and the store's.
 
@@ -61,6 +62,7 @@ fn main() {
     println!("CPU ratio first (memory first, sled for what waits) / memory: {:.2}", cpu[2] / cpu[0]);
     println!("tail engine, rss: {rss_spans} spans buffered");
     print!("{}", run_child(&format!("rss:sled:{rss_spans}")));
+    print!("{}", run_child(&format!("rss:first:{rss_spans}")));
 }
 
 fn run_child(spec: &str) -> String {
@@ -188,6 +190,9 @@ fn child(mode: &str, store: &str, spans: u64) {
 
 fn run<S: TailStore>(mode: &str, name: &str, store: S, limits: Limits, spans: u64, dir: Option<&Path>) {
     let mut encoder = BatchEncoder::new(vec![("service.name".into(), "haproxy".into())]);
+    // rss: long decision waits, so that everything stays buffered.
+    let limits =
+        if mode == "rss" { Limits { grace_ns: 3600 * S, decision_wait_ns: 3600 * S, ..limits } } else { limits };
     let mut engine = Engine::open(store, policies(), limits, Vec::new(), T0).expect("engine");
     let batches = spans / (2 * EXCHANGES_PER_BATCH);
     match mode {
@@ -229,10 +234,17 @@ fn run<S: TailStore>(mode: &str, name: &str, store: S, limits: Limits, spans: u6
             );
         }
         "rss" => {
+            let mut last_tick = T0;
             for b in 0..batches {
                 let bytes = encoded_batch(&mut encoder, b * EXCHANGES_PER_BATCH);
-                // One instant: nothing comes due, everything stays buffered.
-                engine.ingest(&bytes, T0).expect("parses");
+                // 100 000 exchanges per simulated second, ticking as the tail thread does; with
+                // hour-long waits nothing comes due, everything stays buffered.
+                let now = T0 + b * EXCHANGES_PER_BATCH * 10_000;
+                engine.ingest(&bytes, now).expect("parses");
+                if now - last_tick >= TICK_NS {
+                    last_tick = now;
+                    engine.tick(now);
+                }
             }
             engine.close();
             let total = batches * 2 * EXCHANGES_PER_BATCH;

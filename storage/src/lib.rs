@@ -196,6 +196,15 @@ pub struct Fragment<'a> {
     pub spans: &'a [&'a [u8]],
 }
 
+/// A fragment read back from one append ([`TailStore::fragments`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AppendedFragment {
+    pub trace: TraceId,
+    pub first_seen_unix_ns: u64,
+    pub root_ended_unix_ns: Option<u64>,
+    pub spans: Vec<Vec<u8>>,
+}
+
 /// The tail buffer's storage, behind a trait so that the backend can change and so that the agent's
 /// engine can be tested against [`MemoryStore`]. Records of a trace are addressed by its partition
 /// and trace id, which the agent always knows.
@@ -206,6 +215,13 @@ pub trait TailStore {
 
     /// The spans of a trace within a range, in append order.
     fn spans(&self, trace: &TraceId, range: &SpanRange) -> Result<Vec<Vec<u8>>, StoreError>;
+
+    /// Every fragment stored under one sequence number of a partition (what one [`TailStore::append`]
+    /// call returned it for: the whole call, or the part of it one value holds), in append order;
+    /// empty if the partition or the sequence number is gone. One read, whatever the number of
+    /// traces: the agent decides traces that went to the store together this way, with no
+    /// per-trace index in memory.
+    fn fragments(&self, partition: Partition, seq: u64) -> Result<Vec<AppendedFragment>, StoreError>;
 
     /// Decides a trace: it is no longer pending, and a kept trace enters the outbox. Returns the
     /// decision's sequence number. Held in memory until [`TailStore::commit`].

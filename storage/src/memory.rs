@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 
 use crate::{
-    DecisionRecord, Fragment, OutboxEntry, Outcome, Partition, PendingTrace, Recovered, SpanRange, StoreError,
-    TailStore, TraceId,
+    AppendedFragment, DecisionRecord, Fragment, OutboxEntry, Outcome, Partition, PendingTrace, Recovered, SpanRange,
+    StoreError, TailStore, TraceId,
 };
 
 /// A decided trace's record (see the crate note).
@@ -58,6 +58,20 @@ impl TailStore for MemoryStore {
             .flat_map(|(_, fragments)| fragments)
             .filter(|(t, ..)| t == trace)
             .flat_map(|(.., spans)| spans.iter().cloned())
+            .collect())
+    }
+
+    fn fragments(&self, partition: Partition, seq: u64) -> Result<Vec<AppendedFragment>, StoreError> {
+        let stored = self.partitions.get(&partition).and_then(|appends| appends.get(&seq));
+        Ok(stored
+            .into_iter()
+            .flatten()
+            .map(|(trace, first_seen, root_ended, spans)| AppendedFragment {
+                trace: *trace,
+                first_seen_unix_ns: *first_seen,
+                root_ended_unix_ns: *root_ended,
+                spans: spans.clone(),
+            })
             .collect())
     }
 

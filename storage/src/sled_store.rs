@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use crate::{
-    DecisionRecord, Fragment, OutboxEntry, Outcome, Partition, PendingTrace, Recovered, SpanRange, StoreError,
-    TailStore, TraceId,
+    AppendedFragment, DecisionRecord, Fragment, OutboxEntry, Outcome, Partition, PendingTrace, Recovered, SpanRange,
+    StoreError, TailStore, TraceId,
 };
 
 /// The version of the layout below (the crate note): bump it with any change to a key or value.
@@ -360,6 +360,22 @@ impl TailStore for SledStore {
             }
         }
         Ok(out)
+    }
+
+    fn fragments(&self, partition: Partition, seq: u64) -> Result<Vec<AppendedFragment>, StoreError> {
+        let Some(tree) = self.existing_partition(partition)? else { return Ok(Vec::new()) };
+        let Some(value) = tree.get(seq.to_be_bytes())? else { return Ok(Vec::new()) };
+        fragments(&value)
+            .map(|f| {
+                let f = f?;
+                Ok(AppendedFragment {
+                    trace: f.trace,
+                    first_seen_unix_ns: f.first_seen,
+                    root_ended_unix_ns: f.root_ended,
+                    spans: f.spans().map(<[u8]>::to_vec).collect(),
+                })
+            })
+            .collect()
     }
 
     fn decide(&mut self, trace: &TraceId, spans: &SpanRange, outcome: Outcome) -> Result<u64, StoreError> {

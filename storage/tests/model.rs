@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 use tracetap_storage::{
-    Fragment, MemoryStore, Outcome, Partition, SledOptions, SledStore, SpanRange, TailStore, TraceId,
+    AppendedFragment, Fragment, MemoryStore, Outcome, Partition, SledOptions, SledStore, SpanRange, TailStore, TraceId,
 };
 
 const TRACES: u8 = 4;
@@ -52,6 +52,8 @@ struct Subject<S> {
     appends: BTreeMap<(u8, Partition), SpanRange>,
     /// The latest decision's sequence number per (trace, partition).
     decisions: BTreeMap<(u8, Partition), u64>,
+    /// Every fragment appended, with the partition and sequence number it landed at.
+    landed: Vec<(Partition, u64, AppendedFragment)>,
 }
 
 impl<S: TailStore> Subject<S> {
@@ -77,7 +79,14 @@ impl<S: TailStore> Subject<S> {
                     .collect();
                 let seqs = store.append(*partition, &frags).unwrap();
                 assert_eq!(seqs.len(), fragments.len());
-                for (f, seq) in fragments.iter().zip(seqs) {
+                for ((f, seq), frag) in fragments.iter().zip(seqs).zip(&frags) {
+                    let appended = AppendedFragment {
+                        trace: frag.trace,
+                        first_seen_unix_ns: frag.first_seen_unix_ns,
+                        root_ended_unix_ns: frag.root_ended_unix_ns,
+                        spans: frag.spans.iter().map(|s| s.to_vec()).collect(),
+                    };
+                    self.landed.push((*partition, seq, appended));
                     let grown =
                         self.appends.get(&(f.0, *partition)).map_or(SpanRange::one(*partition, seq), |r| r.with(seq));
                     self.appends.insert((f.0, *partition), grown);
@@ -128,6 +137,21 @@ impl<S: TailStore> Subject<S> {
                 .collect(),
             partitions: r.partitions,
             appended: self.appends.iter().map(|(&(t, p), range)| (t, p, spans(&id(t), range))).collect(),
+            // Each fragment is among those its sequence number reads back, in append order, until
+            // its partition is dropped.
+            read_back: self
+                .landed
+                .iter()
+                .map(|(p, seq, f)| {
+                    let group = self.store.fragments(*p, *seq).unwrap();
+                    let same_call = self.landed.iter().filter(|(q, s, _)| q == p && s == seq).map(|(.., g)| g);
+                    assert!(
+                        group.iter().eq(same_call) || group.is_empty(),
+                        "a sequence number reads back its appends, in order"
+                    );
+                    group.contains(f)
+                })
+                .collect(),
         }
     }
 }
@@ -141,6 +165,7 @@ struct Observed {
     outbox: Vec<(TraceId, Partition, u64, Spans)>,
     partitions: Vec<Partition>,
     appended: Vec<(u8, Partition, Spans)>,
+    read_back: Vec<bool>,
 }
 
 /// Reopens a store just closed in this process. sled's flusher thread lets go of the directory lock
@@ -165,8 +190,8 @@ proptest! {
     fn sled_store_behaves_like_the_model(ops in proptest::collection::vec(op(), 1..40)) {
         let dir = tempfile::tempdir().unwrap();
         let options = SledOptions { cache_bytes: 1 << 20, flush_every_ms: 1_000 };
-        let mut sled = Subject { store: SledStore::open(dir.path(), options).unwrap(), appends: BTreeMap::new(), decisions: BTreeMap::new() };
-        let mut model = Subject { store: MemoryStore::new(), appends: BTreeMap::new(), decisions: BTreeMap::new() };
+        let mut sled = Subject { store: SledStore::open(dir.path(), options).unwrap(), appends: BTreeMap::new(), decisions: BTreeMap::new(), landed: Vec::new() };
+        let mut model = Subject { store: MemoryStore::new(), appends: BTreeMap::new(), decisions: BTreeMap::new(), landed: Vec::new() };
         for op in &ops {
             if matches!(op, Op::Reopen) {
                 sled.store.flush().unwrap();

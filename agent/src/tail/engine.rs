@@ -1,4 +1,4 @@
-//! The tail engine: pending traces, their decision times, the decision cache and the partitions,
+//! The tail engine: waiting traces, their decision times, the decision cache and the partitions,
 //! over a [`TailStore`]. Single-threaded (owned by the tail thread); time is passed in, so tests
 //! drive it with a fake clock and a [`tracetap_storage::MemoryStore`]. See the module note of
 //! `tail` for the invariants.
@@ -10,6 +10,24 @@
 //! store's sense and follows the store's rules (decided once, at least once across crashes). A trace
 //! decided in memory and not yet exported is lost at a crash, like the export queue; its decision is
 //! remembered in memory only (the store's decision cache holds those of spilled traces).
+//!
+//! The pending index is on disk. The engine keeps no entry per trace in the store: traces that
+//! went to the store in one append (one sequence number: a spill, or a batch with memory off) form
+//! a [`Group`], decided together, from one read of the store ([`TailStore::fragments`]), when the
+//! last of them is due. Traces spilled together were first seen close together, so they are due
+//! close together; a group's traces are decided at most that spread late. What the store holds
+//! about each trace (its times, its spans) is read back at the decision. Memory for 2.5 million
+//! waiting traces: about 20 MiB (docs/PERFORMANCE.md), against 285 MiB for a hash map entry and a
+//! heap entry per trace. Two things need a trace id in memory, and both are bounded by time, not
+//! by how many traces wait:
+//! - the *join window* ([`JOIN_WINDOW_NS`]): for a moment after a trace went to the store, a later
+//!   fragment of it (another process, the next batch) waits in memory ([`Hot::joins`]) and is
+//!   decided with the stored part; later than that, a fragment is a part of its own;
+//! - the decision cache: a part decided after another part of its trace follows that decision (it
+//!   is counted with the late spans), so a trace is decided once even in parts.
+//!
+//! Traces recovered from the store after a restart are tracked one by one (`pending`), as they
+//! were written: they drain within the decision wait.
 //!
 //! Span format, in memory and in the store: the process id (4 bytes, big endian: the `process.pid`
 //! of its resource), then the OTLP `Span` message, as the capture thread encoded it.
@@ -29,7 +47,9 @@ use std::sync::Mutex;
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use rustc_hash::FxHashMap;
 use tracetap_proxy::trace_context::{parse_ot_tracestate, with_threshold};
-use tracetap_storage::{Fragment, Outcome, Partition, Recovered, SpanRange, StoreError, TailStore, TraceId};
+use tracetap_storage::{
+    AppendedFragment, Fragment, Outcome, Partition, Recovered, SpanRange, StoreError, TailStore, TraceId,
+};
 
 use super::policy::{PolicySet, SpanFacts, TraceData};
 use super::wire::{self, WireError};
@@ -58,6 +78,10 @@ struct SpanBuf {
 impl SpanBuf {
     fn push(&mut self, pid: u32, span: &wire::SpanFields<'_>) {
         let len = u32::try_from(4 + span.bytes.len()).expect("a span in a batch is far below 4 GiB");
+        // Exactly what it holds: the memory budget counts these bytes, and a trace has few spans
+        // (growth by doubling would hold up to twice the budget).
+        self.bytes.reserve_exact(4 + len as usize);
+        self.times.reserve_exact(1);
         self.bytes.extend_from_slice(&len.to_le_bytes());
         self.bytes.extend_from_slice(&pid.to_be_bytes());
         self.bytes.extend_from_slice(span.bytes);
@@ -73,6 +97,8 @@ impl SpanBuf {
             *self = other;
             return;
         }
+        self.bytes.reserve_exact(other.bytes.len());
+        self.times.reserve_exact(other.times.len());
         self.bytes.append(&mut other.bytes);
         self.times.append(&mut other.times);
     }
@@ -108,15 +134,35 @@ struct Hot {
     /// The `rv` of the first span's `tracestate` that has one.
     randomness: Option<u64>,
     spans: SpanBuf,
+    /// A later fragment of a trace that went to the store moments before (into this partition):
+    /// it waits here to be decided with the stored part ([`Engine::decide_group`]), and is decided
+    /// on its own only if that has not happened by the decision wait. It never spills.
+    joins: Option<Partition>,
 }
 
 impl Hot {
     fn decision_due(&self, limits: &Limits) -> u64 {
+        if self.joins.is_some() {
+            return self.first_seen.saturating_add(limits.decision_wait_ns);
+        }
         limits.decision_due(self.first_seen, self.root_ended)
     }
 
     fn spill_due(&self, limits: &Limits) -> u64 {
+        if self.joins.is_some() {
+            return u64::MAX;
+        }
         self.first_seen.saturating_add(limits.spill_after_ns)
+    }
+
+    /// What the policies read of its spans (taken when they arrived: nothing is parsed).
+    fn facts(&self) -> impl Iterator<Item = SpanFacts<'_>> {
+        self.spans.times.iter().zip(self.spans.records()).map(|(t, record)| SpanFacts {
+            start_unix_ns: t.start_unix_ns,
+            end_unix_ns: t.end_unix_ns,
+            status: t.status,
+            span: &record[4..],
+        })
     }
 
     /// When something is next to be done with it: decided, or spilled.
@@ -124,6 +170,37 @@ impl Hot {
         self.decision_due(limits).min(self.spill_due(limits))
     }
 }
+
+/// What an append the store refused (in part) did not store.
+#[derive(Debug)]
+struct Refused {
+    error: StoreError,
+    traces: rustc_hash::FxHashSet<TraceId>,
+}
+
+/// Traces that went to the store in one append (one store sequence number of a partition): they
+/// are decided together, from one read, when the last of them is due. The engine keeps no entry
+/// per stored trace: this, 40 bytes for dozens of traces, is its index of them.
+#[derive(Debug, Clone, Copy)]
+struct Group {
+    /// When the last of its traces is due (each trace's due time as in [`Limits::decision_due`];
+    /// traces that go to the store together were first seen close together, so they are due
+    /// close together).
+    due: u64,
+    /// Traces of it not decided yet, and their spans.
+    undecided: u32,
+    spans_left: u32,
+    /// Fragments of it already decided, in the store's order: a decision that failed half-way
+    /// goes on from there.
+    done: u32,
+    failures: u8,
+}
+
+/// A later fragment of a trace that went to the store within this long waits in memory for the
+/// stored part's decision (and is decided with it). Fragments of one trace arrive within about
+/// 100 ms of each other (docs/PERFORMANCE.md); one arriving later is decided on its own, and
+/// follows the decision if the trace's other part was decided first.
+const JOIN_WINDOW_NS: u64 = 1_000_000_000;
 
 /// A trace whose decision the store failed to take is tried again this much later...
 const DECIDE_RETRY_NS: u64 = 1_000_000_000;
@@ -278,6 +355,17 @@ pub struct Engine<S> {
     hot_deadlines: BinaryHeap<Reverse<(u64, TraceId)>>,
     /// Failed decisions per stored trace whose spans the store could not give back.
     decide_failures: FxHashMap<TraceId, u8>,
+    /// Traces this run put in the store, by append ([`Group`]); `pending` holds only traces
+    /// recovered from the store at start.
+    groups: FxHashMap<(Partition, u64), Group>,
+    /// Their due times (stale entries, whose group is gone or has another due time, are skipped).
+    group_deadlines: BinaryHeap<Reverse<(u64, Partition, u64)>>,
+    /// Undecided traces in groups.
+    group_traces: u64,
+    /// Traces that went to the store within [`JOIN_WINDOW_NS`], with their partition: a later
+    /// fragment of one waits in memory to be decided with it.
+    joining: FxHashMap<TraceId, (Partition, u64)>,
+    joining_order: VecDeque<(u64, TraceId)>,
     partitions: BTreeMap<Partition, PartitionState>,
     cache: FxHashMap<TraceId, Cached>,
     cache_order: VecDeque<(TraceId, u64, Partition)>,
@@ -328,6 +416,11 @@ impl<S: TailStore> Engine<S> {
             deadlines: BinaryHeap::new(),
             hot_deadlines: BinaryHeap::new(),
             decide_failures: FxHashMap::default(),
+            groups: FxHashMap::default(),
+            group_deadlines: BinaryHeap::new(),
+            group_traces: 0,
+            joining: FxHashMap::default(),
+            joining_order: VecDeque::new(),
             partitions: BTreeMap::new(),
             cache: FxHashMap::default(),
             cache_order: VecDeque::new(),
@@ -406,6 +499,7 @@ impl<S: TailStore> Engine<S> {
                 root_ended: 0,
                 randomness: None,
                 spans: SpanBuf::default(),
+                joins: None,
             });
             if span.kind == SpanKind::Server as i32 {
                 // The grace runs from the root's arrival (see the module note of `tail`).
@@ -430,8 +524,13 @@ impl<S: TailStore> Engine<S> {
                 continue;
             }
             if let Some(p) = self.pending.get(&trace) {
-                // Spilled already: the rest of it goes to the store too.
+                // Recovered from the store: the rest of it goes to the store too.
                 by_partition.entry(p.spans().partition).or_default().push((trace, fragment));
+            } else if let Some(&(partition, _)) = self.joining.get(&trace)
+                && !self.hot.contains_key(&trace)
+            {
+                // Went to the store moments ago: this part waits in memory to be decided with it.
+                self.hold(trace, Hot { joins: Some(partition), ..fragment });
             } else if (self.limits.spill_after_ns == 0 || self.limits.max_memory_bytes == 0)
                 && !self.hot.contains_key(&trace)
             {
@@ -442,9 +541,10 @@ impl<S: TailStore> Engine<S> {
             }
         }
         for (partition, items) in by_partition {
-            if let Err(e) = self.append(partition, &items) {
-                self.counts.spans_lost += items.iter().map(|(_, f)| f.spans.len() as u64).sum::<u64>();
-                self.store_error(&e);
+            if let Err(refused) = self.append(partition, &items, now) {
+                self.store_error(&refused.error);
+                let lost = items.iter().filter(|(t, _)| refused.traces.contains(t));
+                self.counts.spans_lost += lost.map(|(_, f)| f.spans.len() as u64).sum::<u64>();
             }
         }
         if self.out_spans as usize >= self.limits.export_batch_spans {
@@ -479,7 +579,9 @@ impl<S: TailStore> Engine<S> {
                 }
             }
             std::collections::hash_map::Entry::Vacant(e) => {
-                self.hot_order[usize::from(fragment.root_ended != 0)].push_back(trace);
+                if fragment.joins.is_none() {
+                    self.hot_order[usize::from(fragment.root_ended != 0)].push_back(trace);
+                }
                 let hot = e.insert(fragment);
                 self.hot_deadlines.push(Reverse((hot.next_due(&limits), trace)));
             }
@@ -488,23 +590,30 @@ impl<S: TailStore> Engine<S> {
 
     /// Writes hot traces to the store, where they wait as pending traces: grouped by partition, as
     /// appends from the capture thread are (sled's cost is per insert).
-    fn spill(&mut self, traces: &[TraceId]) {
+    fn spill(&mut self, traces: &[TraceId], now: u64) {
         let mut by_partition: BTreeMap<Partition, Vec<(TraceId, Hot)>> = BTreeMap::new();
         for trace in traces {
             let Some(hot) = self.hot.remove(trace) else { continue };
             self.hot_bytes -= hot.spans.byte_len();
             self.hot_spans -= hot.spans.len() as u64;
-            by_partition.entry(hot.first_seen / PARTITION_NS).or_default().push((*trace, hot));
+            // A part that joins a stored trace goes where that is (only at a clean stop: then the
+            // next start recovers both as one trace).
+            let partition = hot.joins.unwrap_or(hot.first_seen / PARTITION_NS);
+            by_partition.entry(partition).or_default().push((*trace, hot));
         }
         for (partition, items) in by_partition {
-            match self.append(partition, &items) {
-                Ok(()) => self.counts.spilled += items.len() as u64,
-                Err(e) => {
-                    // The store did not take them: they stay in memory (over its budget, if that is
-                    // why they were leaving) and are decided there when due.
-                    self.store_error(&e);
-                    for (trace, hot) in items {
-                        self.hot_order[usize::from(hot.root_ended != 0)].push_back(trace);
+            let refused = self.append(partition, &items, now).err();
+            let refused_traces = refused.as_ref().map_or(0, |r| r.traces.len());
+            self.counts.spilled += (items.len() - refused_traces) as u64;
+            if let Some(refused) = refused {
+                // The store did not take them: they stay in memory (over its budget, if that is
+                // why they were leaving) and are decided there when due.
+                self.store_error(&refused.error);
+                for (trace, hot) in items {
+                    if refused.traces.contains(&trace) {
+                        if hot.joins.is_none() {
+                            self.hot_order[usize::from(hot.root_ended != 0)].push_back(trace);
+                        }
                         self.hot_bytes += hot.spans.byte_len();
                         self.hot_spans += hot.spans.len() as u64;
                         self.hot_deadlines.push(Reverse((hot.decision_due(&self.limits), trace)));
@@ -517,21 +626,8 @@ impl<S: TailStore> Engine<S> {
 
     /// Decides a trace held in memory: nothing is written to the store, and nothing parsed.
     fn decide_hot(&mut self, trace: TraceId, now: u64) {
-        let Some(hot) = self.hot.remove(&trace) else { return };
-        self.hot_bytes -= hot.spans.byte_len();
-        self.hot_spans -= hot.spans.len() as u64;
-        let facts: Vec<SpanFacts<'_>> = hot
-            .spans
-            .times
-            .iter()
-            .zip(hot.spans.records())
-            .map(|(t, record)| SpanFacts {
-                start_unix_ns: t.start_unix_ns,
-                end_unix_ns: t.end_unix_ns,
-                status: t.status,
-                span: &record[4..],
-            })
-            .collect();
+        let Some(hot) = self.take_hot(&trace) else { return };
+        let facts: Vec<SpanFacts<'_>> = hot.facts().collect();
         let verdict = self.policies.evaluate(&TraceData {
             spans: &facts,
             randomness: hot.randomness.unwrap_or_else(|| randomness(&trace)),
@@ -571,8 +667,33 @@ impl<S: TailStore> Engine<S> {
         (randomness, facts)
     }
 
-    /// Appends fragments of one partition and tracks their traces as pending.
-    fn append(&mut self, partition: Partition, items: &[(TraceId, Hot)]) -> Result<(), StoreError> {
+    /// Appends fragments of one partition. A trace recovered from the store (in `pending`) grows;
+    /// any other becomes part of its append's [`Group`] and may be joined for a moment.
+    fn append(&mut self, partition: Partition, items: &[(TraceId, Hot)], now: u64) -> Result<(), Refused> {
+        // A group is decided when its last trace is due: traces whose root arrived (due within the
+        // grace) and traces without one (due at the decision wait) go in separate appends, each in
+        // order of due time, so that no group holds both.
+        let due = |f: &Hot| self.limits.decision_due(f.first_seen, f.root_ended);
+        let (mut rooted, mut rootless): (Vec<_>, Vec<_>) = items.iter().partition(|(_, f)| f.root_ended != 0);
+        rooted.sort_by_key(|(_, f)| due(f));
+        rootless.sort_by_key(|(_, f)| due(f));
+        let mut refused: Option<Refused> = None;
+        for class in [rooted, rootless] {
+            if class.is_empty() {
+                continue;
+            }
+            if let Err(error) = self.append_in_order(partition, &class, now) {
+                let traces = class.iter().map(|(t, _)| *t);
+                match &mut refused {
+                    Some(r) => r.traces.extend(traces),
+                    None => refused = Some(Refused { error, traces: traces.collect() }),
+                }
+            }
+        }
+        refused.map_or(Ok(()), Err)
+    }
+
+    fn append_in_order(&mut self, partition: Partition, items: &[&(TraceId, Hot)], now: u64) -> Result<(), StoreError> {
         let views: Vec<Vec<&[u8]>> = items.iter().map(|(_, f)| f.spans.records().collect()).collect();
         let fragments: Vec<Fragment<'_>> = items
             .iter()
@@ -585,6 +706,7 @@ impl<S: TailStore> Engine<S> {
             })
             .collect();
         let seqs = self.store.append(partition, &fragments)?;
+        let mut touched: Vec<u64> = Vec::new();
         for (((trace, f), seq), views) in items.iter().zip(seqs).zip(&views) {
             let bytes: u64 = views.iter().map(|s| s.len() as u64).sum();
             let (spans, root_ended) = (f.spans.len(), (f.root_ended != 0).then_some(f.root_ended));
@@ -596,17 +718,37 @@ impl<S: TailStore> Engine<S> {
                     self.deadlines.push(Reverse((p.deadline(&self.limits), *trace)));
                 }
                 self.pending.insert(*trace, p);
-            } else {
-                let p = Pending::new(f.first_seen, root_ended, SpanRange::one(partition, seq), spans);
-                self.partitions.entry(partition).or_default().pending += 1;
-                self.track(*trace, p);
+                continue;
             }
+            let due = self.limits.decision_due(f.first_seen, f.root_ended);
+            let group = self.groups.entry((partition, seq)).or_insert(Group {
+                due: 0,
+                undecided: 0,
+                spans_left: 0,
+                done: 0,
+                failures: 0,
+            });
+            group.due = group.due.max(due);
+            group.undecided += 1;
+            group.spans_left = group.spans_left.saturating_add(spans as u32);
+            if touched.last() != Some(&seq) {
+                touched.push(seq);
+            }
+            self.group_traces += 1;
+            self.partitions.entry(partition).or_default().pending += 1;
+            self.joining.insert(*trace, (partition, now));
+            self.joining_order.push_back((now, *trace));
+        }
+        for seq in touched {
+            let due = self.groups[&(partition, seq)].due;
+            self.group_deadlines.push(Reverse((due, partition, seq)));
         }
         Ok(())
     }
 
-    /// Decides the traces that are due, decides the soonest due early when the buffer is over its
-    /// bound, and drops partitions with nothing left to decide or export.
+    /// Decides the traces that are due (in memory, recovered from the store, in groups), spills
+    /// what must wait, decides the soonest due early when the store is over its bound, and drops
+    /// partitions with nothing left to decide or export.
     pub fn tick(&mut self, now: u64) {
         let mut to_spill = Vec::new();
         while let Some(Reverse((deadline, trace))) = self.hot_deadlines.peek().copied() {
@@ -635,9 +777,30 @@ impl<S: TailStore> Engine<S> {
                 retry.push(trace);
             }
         }
-        self.spill(&to_spill);
+        let mut retry_groups = Vec::new();
+        while let Some(Reverse((due, partition, seq))) = self.group_deadlines.peek().copied() {
+            if due > now {
+                break;
+            }
+            self.group_deadlines.pop();
+            if self.groups.get(&(partition, seq)).is_some_and(|g| g.due == due)
+                && !self.decide_group_logged(partition, seq, now)
+            {
+                retry_groups.push((partition, seq));
+            }
+        }
+        while let Some(&(at, trace)) = self.joining_order.front() {
+            if at.saturating_add(JOIN_WINDOW_NS) > now {
+                break;
+            }
+            self.joining_order.pop_front();
+            if self.joining.get(&trace).is_some_and(|&(_, since)| since == at) {
+                self.joining.remove(&trace);
+            }
+        }
+        self.spill(&to_spill, now);
         let over_budget = self.pick_spills_over_budget();
-        self.spill(&over_budget);
+        self.spill(&over_budget, now);
         for (class, order) in self.hot_order.iter_mut().enumerate() {
             if order.len() > 2 * self.hot.len() + 64 {
                 // Entries of traces that left memory or moved: dropped in one pass once they
@@ -646,26 +809,19 @@ impl<S: TailStore> Engine<S> {
                 order.retain(|t| hot.get(t).is_some_and(|h| usize::from(h.root_ended != 0) == class));
             }
         }
-        let mut excess = self.buffered_bytes().saturating_sub(self.limits.max_disk_bytes);
-        // Over the bound: the stored traces due soonest (the oldest, mostly) are decided now.
-        while excess > 0 {
-            let Some(Reverse((_, trace))) = self.deadlines.pop() else { break };
-            let Some(partition) = self.pending.get(&trace).map(|p| p.spans().partition) else { continue };
-            self.counts.early += 1;
-            if !self.decide_logged(trace, now) {
-                retry.push(trace);
-                continue;
-            }
-            // A partition frees its bytes once its last trace is decided.
-            if self.partitions.get(&partition).is_some_and(|s| s.pending == 0) {
-                excess = excess.saturating_sub(self.partitions[&partition].bytes);
-            }
-        }
-        // Traces the store failed to decide are tried again a second later (put back only now, so
-        // that no loop above meets them twice).
+        self.bound_disk(now, &mut retry, &mut retry_groups);
+        // What the store failed to decide is tried again a second later (put back only now, so
+        // that no loop above meets it twice).
+        let again = now.saturating_add(DECIDE_RETRY_NS);
         for trace in retry {
             if self.pending.contains_key(&trace) {
-                self.deadlines.push(Reverse((now.saturating_add(DECIDE_RETRY_NS), trace)));
+                self.deadlines.push(Reverse((again, trace)));
+            }
+        }
+        for (partition, seq) in retry_groups {
+            if let Some(group) = self.groups.get_mut(&(partition, seq)) {
+                group.due = again;
+                self.group_deadlines.push(Reverse((again, partition, seq)));
             }
         }
         self.drop_finished_partitions(now);
@@ -675,6 +831,186 @@ impl<S: TailStore> Engine<S> {
             self.store_error(&e);
         }
         self.flush_export();
+    }
+
+    /// Over the disk bound: the stored traces due soonest (the oldest, mostly) are decided now,
+    /// recovered ones first, then groups.
+    fn bound_disk(&mut self, now: u64, retry: &mut Vec<TraceId>, retry_groups: &mut Vec<(Partition, u64)>) {
+        let mut excess = self.buffered_bytes().saturating_sub(self.limits.max_disk_bytes);
+        // A partition frees its bytes once its last trace is decided.
+        let freed = |engine: &Self, partition: Partition| {
+            engine.partitions.get(&partition).filter(|s| s.pending == 0).map_or(0, |s| s.bytes)
+        };
+        while excess > 0 {
+            let Some(Reverse((_, trace))) = self.deadlines.pop() else { break };
+            let Some(partition) = self.pending.get(&trace).map(|p| p.spans().partition) else { continue };
+            self.counts.early += 1;
+            if !self.decide_logged(trace, now) {
+                retry.push(trace);
+                continue;
+            }
+            excess = excess.saturating_sub(freed(self, partition));
+        }
+        while excess > 0 {
+            let Some(Reverse((due, partition, seq))) = self.group_deadlines.pop() else { break };
+            let Some(group) = self.groups.get(&(partition, seq)).filter(|g| g.due == due) else { continue };
+            self.counts.early += u64::from(group.undecided);
+            if !self.decide_group_logged(partition, seq, now) {
+                retry_groups.push((partition, seq));
+                continue;
+            }
+            excess = excess.saturating_sub(freed(self, partition));
+        }
+    }
+
+    /// Decides a group; on a store failure the group stays (the caller tries it again a second
+    /// later, from the fragment it stopped at) and `false` is returned. After
+    /// [`MAX_DECIDE_FAILURES`] failures what is left of it is given up: counted lost.
+    fn decide_group_logged(&mut self, partition: Partition, seq: u64, now: u64) -> bool {
+        let Err(e) = self.decide_group(partition, seq, now) else { return true };
+        self.store_error(&e);
+        let Some(group) = self.groups.get_mut(&(partition, seq)) else { return true };
+        group.failures += 1;
+        if group.failures < MAX_DECIDE_FAILURES {
+            return false;
+        }
+        self.forget_group(partition, seq);
+        true
+    }
+
+    /// Removes a group; traces of it still undecided (the store gave back fewer, or it was given
+    /// up) are counted lost.
+    fn forget_group(&mut self, partition: Partition, seq: u64) {
+        let Some(group) = self.groups.remove(&(partition, seq)) else { return };
+        self.counts.spans_lost += u64::from(group.spans_left);
+        self.spans_pending -= u64::from(group.spans_left);
+        self.group_traces -= u64::from(group.undecided);
+        if let Some(state) = self.partitions.get_mut(&partition) {
+            state.pending -= group.undecided as usize;
+        }
+    }
+
+    /// Decides the traces of one group from one read of the store: each is decided from its
+    /// stored spans and a part of it waiting in memory ([`Hot::joins`]), or follows the decision
+    /// of another part decided before. As in [`Engine::decide`], nothing in memory changes for a
+    /// trace before its store call succeeded.
+    fn decide_group(&mut self, partition: Partition, seq: u64, now: u64) -> Result<(), StoreError> {
+        let fragments = self.store.fragments(partition, seq)?;
+        let start = self.groups.get(&(partition, seq)).map_or(0, |g| g.done as usize);
+        for (i, fragment) in fragments.iter().enumerate().skip(start) {
+            self.decide_stored_fragment(partition, seq, fragment, now)?;
+            let spans = fragment.spans.len() as u32;
+            if let Some(group) = self.groups.get_mut(&(partition, seq)) {
+                group.done = i as u32 + 1;
+                group.undecided = group.undecided.saturating_sub(1);
+                group.spans_left = group.spans_left.saturating_sub(spans);
+                self.group_traces -= 1;
+                self.spans_pending -= u64::from(spans);
+                if let Some(state) = self.partitions.get_mut(&partition) {
+                    state.pending -= 1;
+                }
+            }
+        }
+        self.forget_group(partition, seq);
+        Ok(())
+    }
+
+    fn decide_stored_fragment(
+        &mut self,
+        partition: Partition,
+        seq: u64,
+        fragment: &AppendedFragment,
+        now: u64,
+    ) -> Result<(), StoreError> {
+        let trace = fragment.trace;
+        let range = SpanRange::one(partition, seq);
+        let joined = self.hot.get(&trace).is_some_and(|h| h.joins == Some(partition));
+        if let Some(cached) = self.cache.get(&trace).copied() {
+            // Another part was decided first: this one follows. It needs a record of its own only
+            // if that decision is not on this partition's record of the trace.
+            let outcome = if cached.kept { Outcome::Kept { threshold: cached.threshold } } else { Outcome::Dropped };
+            let recorded = if cached.seq == 0 || cached.partition != partition {
+                let decision = self.store.decide(&trace, &range, outcome)?;
+                self.unflushed_decisions = true;
+                self.remember(trace, Cached { partition, seq: decision, ..cached });
+                Some(decision)
+            } else {
+                None
+            };
+            let part = if joined { self.take_hot(&trace) } else { None };
+            let spans = fragment.spans.len() as u64 + part.as_ref().map_or(0, |h| h.spans.len() as u64);
+            if cached.kept {
+                self.counts.late_kept += spans;
+                self.queue_kept(fragment.spans.iter().map(Vec::as_slice), cached.threshold);
+                if let Some(part) = &part {
+                    self.queue_kept(part.spans.records(), cached.threshold);
+                }
+                if let Some(decision) = recorded {
+                    self.partitions.entry(partition).or_default().outbox += 1;
+                    self.out_deliveries.push((trace, partition, decision));
+                }
+            } else {
+                self.counts.late_dropped += spans;
+            }
+            return Ok(());
+        }
+        // The part in memory is taken out while the policies read it, and put back if the store
+        // refuses the decision.
+        let part = if joined { self.take_hot(&trace) } else { None };
+        let (randomness, mut facts) = Self::stored_facts(&trace, &fragment.spans);
+        if let Some(part) = &part {
+            facts.extend(part.facts());
+        }
+        let randomness = part.as_ref().and_then(|p| p.randomness).unwrap_or(randomness);
+        let verdict = self.policies.evaluate(&TraceData { spans: &facts, randomness, now_second: now / 1_000_000_000 });
+        let (keep, threshold) = (verdict.keep, verdict.min_threshold);
+        let outcome = if keep { Outcome::Kept { threshold } } else { Outcome::Dropped };
+        let decision = match self.store.decide(&trace, &range, outcome) {
+            Ok(decision) => decision,
+            Err(e) => {
+                if let Some(part) = part {
+                    self.put_back_hot(trace, part);
+                }
+                return Err(e);
+            }
+        };
+        count_decision(&mut self.counts, verdict.policy, keep);
+        drop(facts);
+        self.unflushed_decisions = true;
+        self.remember(trace, Cached { partition, seq: decision, kept: keep, threshold });
+        if part.is_some() {
+            self.counts.fragments_joined += 1;
+        }
+        if keep {
+            self.partitions.entry(partition).or_default().outbox += 1;
+            self.queue_kept(fragment.spans.iter().map(Vec::as_slice), threshold);
+            if let Some(part) = &part {
+                // In memory only: lost at a crash until exported, like a trace decided in memory.
+                self.queue_kept(part.spans.records(), threshold);
+            }
+            self.out_deliveries.push((trace, partition, decision));
+            self.out_traces += 1;
+            if self.out_spans as usize >= self.limits.export_batch_spans {
+                self.flush_export();
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes a trace out of memory.
+    fn take_hot(&mut self, trace: &TraceId) -> Option<Hot> {
+        let hot = self.hot.remove(trace)?;
+        self.hot_bytes -= hot.spans.byte_len();
+        self.hot_spans -= hot.spans.len() as u64;
+        Some(hot)
+    }
+
+    /// Puts a trace taken out of memory back, due as it was.
+    fn put_back_hot(&mut self, trace: TraceId, hot: Hot) {
+        self.hot_bytes += hot.spans.byte_len();
+        self.hot_spans += hot.spans.len() as u64;
+        self.hot_deadlines.push(Reverse((hot.next_due(&self.limits), trace)));
+        self.hot.insert(trace, hot);
     }
 
     /// Over the memory budget: picks hot traces to go to the store, oldest first among those whose
@@ -919,9 +1255,9 @@ impl<S: TailStore> Engine<S> {
 
     /// Writes every trace in memory to the store (at a clean stop: they are decided after the next
     /// start, as if the agent had never stopped).
-    pub fn spill_all(&mut self) {
+    pub fn spill_all(&mut self, now: u64) {
         let traces: Vec<TraceId> = self.hot.keys().copied().collect();
-        self.spill(&traces);
+        self.spill(&traces, now);
         self.hot_order.iter_mut().for_each(VecDeque::clear);
     }
 
@@ -934,7 +1270,7 @@ impl<S: TailStore> Engine<S> {
 
     /// Publishes gauges and counters.
     pub fn publish(&mut self, m: &Metrics) {
-        metrics::set(&m.tail_traces_pending, (self.pending.len() + self.hot.len()) as u64);
+        metrics::set(&m.tail_traces_pending, self.pending_traces() as u64);
         metrics::set(&m.tail_traces_in_memory, self.hot.len() as u64);
         metrics::set(&m.tail_memory_bytes, self.hot_bytes);
         metrics::set(&m.tail_decided_in_memory, self.counts.decided_in_memory);
@@ -965,7 +1301,7 @@ impl<S: TailStore> Engine<S> {
     /// Traces waiting for a decision, in memory or in the store.
     #[must_use]
     pub fn pending_traces(&self) -> usize {
-        self.pending.len() + self.hot.len()
+        self.stored_pending_traces() + self.hot.len()
     }
 
     /// Traces decided from memory, and traces written to the store to wait, so far.
@@ -977,7 +1313,7 @@ impl<S: TailStore> Engine<S> {
     /// Traces waiting for a decision in the store (spilled, or recovered after a restart).
     #[must_use]
     pub fn stored_pending_traces(&self) -> usize {
-        self.pending.len()
+        self.pending.len() + self.group_traces as usize
     }
 
     /// Gives the store back (tests simulate a restart with it).
@@ -1000,12 +1336,14 @@ fn publish_decisions(
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
     use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
     use opentelemetry_proto::tonic::resource::v1::Resource;
     use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, Status, status::StatusCode};
     use prost::Message as _;
-    use tracetap_storage::MemoryStore;
+    use tracetap_storage::{DecisionRecord, MemoryStore};
 
     use super::*;
     use crate::tail::policy::{NamedPolicy, Policy};
@@ -1149,9 +1487,11 @@ mod tests {
         assert_eq!(e.stored_pending_traces(), 0, "not yet");
         e.tick(T0 + 5 * S);
         assert_eq!((e.pending_traces(), e.stored_pending_traces(), e.counts.spilled), (1, 1, 1), "spilled");
-        // The rest of a spilled trace goes to the store too.
-        e.ingest(&client(3, T0 + 6 * S), T0 + 6 * S).unwrap();
-        assert_eq!(e.hot.len(), 0);
+        // The rest of a trace that just went to the store waits in memory to be decided with it;
+        // at a clean stop it goes to the same partition.
+        e.ingest(&client(3, T0 + 5 * S), T0 + 5 * S + 500_000_000).unwrap();
+        assert_eq!(e.hot.get(&trace(1, false)).map(|h| h.joins), Some(Some(T0 / PARTITION_NS)));
+        e.spill_all(T0 + 6 * S);
         e.flush_export();
         let mut e = Engine::open(e.into_store(), policies(), memory_first(1 << 30), Vec::new(), T0 + 7 * S).unwrap();
         assert_eq!(e.stored_pending_traces(), 1, "recovered from the store");
@@ -1230,6 +1570,136 @@ mod tests {
         assert_eq!(out[1], Span { trace_state: "ot=th:8".into(), ..spans[1].clone() }, "the rest byte for byte");
     }
 
+    /// A store that counts the reads of whole appends, to show traces that went to the store
+    /// together are decided from one read.
+    struct CountingReads {
+        inner: MemoryStore,
+        reads: std::rc::Rc<std::cell::Cell<u32>>,
+    }
+
+    impl TailStore for CountingReads {
+        fn append(&mut self, partition: Partition, fragments: &[Fragment<'_>]) -> Result<Vec<u64>, StoreError> {
+            self.inner.append(partition, fragments)
+        }
+        fn spans(&self, trace: &TraceId, range: &SpanRange) -> Result<Vec<Vec<u8>>, StoreError> {
+            self.inner.spans(trace, range)
+        }
+        fn fragments(&self, partition: Partition, seq: u64) -> Result<Vec<AppendedFragment>, StoreError> {
+            self.reads.set(self.reads.get() + 1);
+            self.inner.fragments(partition, seq)
+        }
+        fn decide(&mut self, trace: &TraceId, spans: &SpanRange, outcome: Outcome) -> Result<u64, StoreError> {
+            self.inner.decide(trace, spans, outcome)
+        }
+        fn commit(&mut self) -> Result<(), StoreError> {
+            self.inner.commit()
+        }
+        fn exported(&mut self, trace: &TraceId, partition: Partition, seq: u64) -> Result<(), StoreError> {
+            self.inner.exported(trace, partition, seq)
+        }
+        fn forget_decisions(&mut self, up_to: u64) -> Result<(), StoreError> {
+            self.inner.forget_decisions(up_to)
+        }
+        fn drop_partition(&mut self, partition: Partition) -> Result<(), StoreError> {
+            self.inner.drop_partition(partition)
+        }
+        fn recover(&self) -> Result<Recovered, StoreError> {
+            self.inner.recover()
+        }
+        fn flush(&mut self) -> Result<(), StoreError> {
+            self.inner.flush()
+        }
+        fn disk_bytes(&self) -> u64 {
+            self.inner.disk_bytes()
+        }
+    }
+
+    #[test]
+    fn traces_that_went_to_the_store_together_are_decided_together_from_one_read_with_no_entry_each() {
+        let reads = std::rc::Rc::new(std::cell::Cell::new(0));
+        let store = CountingReads { inner: MemoryStore::new(), reads: std::rc::Rc::clone(&reads) };
+        let mut e = Engine::open(store, policies(), limits(), Vec::new(), T0).unwrap();
+        let batch: Vec<Span> = (1..=20u8)
+            .flat_map(|n| {
+                let t = trace(n, n % 2 == 0);
+                [span(t, 1, SpanKind::Server, T0, n == 1), span(t, 2, SpanKind::Client, T0, false)]
+            })
+            .collect();
+        e.ingest(&request(batch).encode_to_vec(), T0).unwrap();
+        assert_eq!(
+            (e.stored_pending_traces(), e.pending.len(), e.groups.len()),
+            (20, 0, 1),
+            "one group, no entry per trace"
+        );
+        e.tick(T0 + S);
+        assert_eq!(reads.get(), 0, "not due");
+        e.tick(T0 + 2 * S);
+        assert_eq!(reads.get(), 1, "one read for all of them");
+        assert_eq!(e.stored_pending_traces(), 0);
+        let kept: BTreeSet<Vec<u8>> = exported(&mut e).into_iter().map(|s| s.trace_id).collect();
+        let want: BTreeSet<Vec<u8>> =
+            (1..=20u8).filter(|n| *n == 1 || n % 2 == 0).map(|n| trace(n, n % 2 == 0).to_vec()).collect();
+        assert_eq!(kept, want, "the error trace and the lucky half");
+        let recovered = e.into_store().inner.recover().unwrap();
+        assert!(recovered.pending.is_empty());
+        assert_eq!(recovered.decisions.len(), 20, "each decided once, on the record");
+    }
+
+    #[test]
+    fn a_trace_without_its_root_does_not_hold_back_those_that_went_to_the_store_with_it() {
+        let mut e = open(MemoryStore::new(), T0);
+        let mut batch = vec![span(trace(9, false), 2, SpanKind::Client, T0, true)];
+        batch.extend(exchange(trace(1, false), T0, true).resource_spans[0].scope_spans[0].spans.clone());
+        e.ingest(&request(batch).encode_to_vec(), T0).unwrap();
+        e.tick(T0 + 2 * S);
+        let out = exported(&mut e);
+        assert_eq!(out.len(), 2, "the complete trace at its grace");
+        assert!(out.iter().all(|s| s.trace_id == trace(1, false)));
+        e.tick(T0 + 30 * S);
+        assert_eq!(exported(&mut e).len(), 1, "the root-less one at the decision wait");
+    }
+
+    #[test]
+    fn a_fragment_arriving_just_after_its_trace_went_to_the_store_is_decided_with_it() {
+        let mut e = open(MemoryStore::new(), T0);
+        // Neither error nor lucky: dropped, unless the decision sees the error in the later part.
+        e.ingest(&exchange(trace(1, false), T0, false).encode_to_vec(), T0).unwrap();
+        let other_process = request(vec![span(trace(1, false), 7, SpanKind::Client, T0, true)]);
+        e.ingest(&other_process.encode_to_vec(), T0 + 100_000_000).unwrap();
+        assert_eq!(e.hot.len(), 1, "waits in memory with the stored part");
+        e.tick(T0 + 3 * S);
+        assert_eq!(exported(&mut e).len(), 3, "kept for the error in the later part, all three spans");
+        assert_eq!(e.hot.len(), 0);
+        assert_eq!((e.counts.fragments_joined, e.counts.late_kept), (1, 0));
+        let decided: u64 = e.counts.decisions.values().sum();
+        assert_eq!(decided, 1);
+    }
+
+    #[test]
+    fn a_part_decided_first_decides_for_the_part_in_the_store() {
+        let mut e = Engine::open(MemoryStore::new(), policies(), memory_first(1 << 30), Vec::new(), T0).unwrap();
+        // A root-less part goes to the store after 5 s and waits for the decision wait...
+        let root_less = request(vec![span(trace(1, false), 2, SpanKind::Client, T0, false)]);
+        e.ingest(&root_less.encode_to_vec(), T0).unwrap();
+        e.tick(T0 + 5 * S);
+        assert_eq!(e.stored_pending_traces(), 1);
+        // ...and, past the join window, the root arrives with an error: decided from memory first.
+        e.tick(T0 + 7 * S);
+        e.ingest(&exchange(trace(1, false), T0 + 7 * S, true).encode_to_vec(), T0 + 7 * S).unwrap();
+        assert_eq!(e.hot.get(&trace(1, false)).map(|h| h.joins), Some(None), "a part of its own");
+        e.tick(T0 + 9 * S);
+        assert_eq!(exported(&mut e).len(), 2, "the root's part, kept for its error");
+        // The stored part follows that decision when due.
+        e.tick(T0 + 30 * S);
+        assert_eq!(exported(&mut e).len(), 1, "the stored part follows");
+        assert_eq!(e.counts.late_kept, 1);
+        let decided: u64 = e.counts.decisions.values().sum();
+        assert_eq!(decided, 1, "one decision for the trace");
+        let recovered = e.into_store().recover().unwrap();
+        assert!(recovered.pending.is_empty() && recovered.outbox.is_empty(), "decided on the record, and delivered");
+        assert!(matches!(recovered.decisions[..], [DecisionRecord { outcome: Outcome::Kept { .. }, .. }]));
+    }
+
     /// A memory store whose `decide` fails while `fail` is set (and `append` too with `appends`).
     struct FailingDecisions {
         inner: MemoryStore,
@@ -1246,6 +1716,9 @@ mod tests {
         }
         fn spans(&self, trace: &TraceId, range: &SpanRange) -> Result<Vec<Vec<u8>>, StoreError> {
             self.inner.spans(trace, range)
+        }
+        fn fragments(&self, partition: Partition, seq: u64) -> Result<Vec<AppendedFragment>, StoreError> {
+            self.inner.fragments(partition, seq)
         }
         fn decide(&mut self, trace: &TraceId, spans: &SpanRange, outcome: Outcome) -> Result<u64, StoreError> {
             if self.fail.get() {

@@ -198,7 +198,7 @@ pub fn run<S: TailStore>(
         send(&mut engine, &mut outstanding);
     }
     // Traces still in memory wait in the store for the next start, like any pending trace.
-    engine.spill_all();
+    engine.spill_all(unix_now_ns());
     engine.flush_export();
     send(&mut engine, &mut outstanding);
     let deadline = Instant::now() + ack_wait;
