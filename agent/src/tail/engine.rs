@@ -672,13 +672,15 @@ impl<S: TailStore> Engine<S> {
     fn append(&mut self, partition: Partition, items: &[(TraceId, Hot)], now: u64) -> Result<(), Refused> {
         // A group is decided when its last trace is due: traces whose root arrived (due within the
         // grace) and traces without one (due at the decision wait) go in separate appends, each in
-        // order of due time, so that no group holds both.
+        // order of due time, so that no group holds both. More of a trace recovered at start goes
+        // in an append of its own: a group's appends hold its traces only.
         let due = |f: &Hot| self.limits.decision_due(f.first_seen, f.root_ended);
-        let (mut rooted, mut rootless): (Vec<_>, Vec<_>) = items.iter().partition(|(_, f)| f.root_ended != 0);
+        let (recovered, new): (Vec<_>, Vec<_>) = items.iter().partition(|(t, _)| self.pending.contains_key(t));
+        let (mut rooted, mut rootless): (Vec<_>, Vec<_>) = new.into_iter().partition(|(_, f)| f.root_ended != 0);
         rooted.sort_by_key(|(_, f)| due(f));
         rootless.sort_by_key(|(_, f)| due(f));
         let mut refused: Option<Refused> = None;
-        for class in [rooted, rootless] {
+        for class in [recovered, rooted, rootless] {
             if class.is_empty() {
                 continue;
             }
@@ -898,11 +900,15 @@ impl<S: TailStore> Engine<S> {
         let fragments = self.store.fragments(partition, seq)?;
         let start = self.groups.get(&(partition, seq)).map_or(0, |g| g.done as usize);
         for (i, fragment) in fragments.iter().enumerate().skip(start) {
+            // An append of a group holds its traces only; more than it counted is not its own.
+            if self.groups.get(&(partition, seq)).is_none_or(|g| g.undecided == 0) {
+                break;
+            }
             self.decide_stored_fragment(partition, seq, fragment, now)?;
             let spans = fragment.spans.len() as u32;
             if let Some(group) = self.groups.get_mut(&(partition, seq)) {
                 group.done = i as u32 + 1;
-                group.undecided = group.undecided.saturating_sub(1);
+                group.undecided -= 1;
                 group.spans_left = group.spans_left.saturating_sub(spans);
                 self.group_traces -= 1;
                 self.spans_pending -= u64::from(spans);
@@ -1828,6 +1834,24 @@ mod tests {
         assert!(r.outbox.is_empty() && r.pending.is_empty());
         assert_eq!(r.decisions.len(), 2, "each trace decided once");
         assert!(r.partitions.is_empty(), "finished partitions dropped");
+    }
+
+    #[test]
+    fn a_recovered_trace_sharing_an_append_with_new_ones_is_decided_once() {
+        let mut e = open(MemoryStore::new(), T0);
+        let root_less = request(vec![span(trace(1, false), 2, SpanKind::Client, T0, true)]);
+        e.ingest(&root_less.encode_to_vec(), T0).unwrap();
+        let mut e = open(e.into_store(), T0 + S);
+        assert_eq!(e.pending.len(), 1, "recovered, tracked on its own");
+        // Its root and a new trace arrive in one batch: one append holds both.
+        let mut batch = exchange(trace(1, false), T0 + S, false).resource_spans[0].scope_spans[0].spans.clone();
+        batch.extend(exchange(trace(2, false), T0 + S, false).resource_spans[0].scope_spans[0].spans.clone());
+        e.ingest(&request(batch).encode_to_vec(), T0 + S).unwrap();
+        e.tick(T0 + 4 * S);
+        assert_eq!(exported(&mut e).len(), 3, "trace 1, kept for its error, all three spans, once");
+        let decided: u64 = e.counts.decisions.values().sum();
+        assert_eq!(decided, 2);
+        assert_eq!(e.into_store().recover().unwrap().decisions.len(), 2);
     }
 
     #[test]
