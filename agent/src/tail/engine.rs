@@ -52,10 +52,15 @@ use tracetap_storage::{
 };
 
 use super::policy::{PolicySet, SpanFacts, TraceData};
+use super::wheel::Wheel;
 use super::wire::{self, WireError};
 use crate::encode::{self, Attr, Value};
 use crate::metrics::{self, Metrics};
 use crate::sampling::randomness;
+
+/// Resolution of the due times of traces in memory: a trace is decided at the first tick at least
+/// its due time rounded up to this.
+const HOT_DUE_WIDTH_NS: u64 = 10_000_000;
 
 /// Width of a partition: traces first seen within the same 5 s share one.
 const PARTITION_NS: u64 = 5_000_000_000;
@@ -67,29 +72,33 @@ struct SpanTimes {
     status: i32,
 }
 
-/// Spans of one trace in their stored form (pid + `Span`), laid end to end in one buffer, each
-/// behind its length (4 bytes, little endian); and what the policies read of each, in the same order.
+/// Spans of one trace in one buffer (one allocation per trace, not per span), laid end to end,
+/// each as its length (4 bytes), what the policies read of it ([`SpanTimes`], 20 bytes), then its
+/// stored form (pid + `Span`). Little endian, and only ever read back by [`SpanBuf::entries`].
 #[derive(Debug, Default)]
 struct SpanBuf {
     bytes: Vec<u8>,
-    times: Vec<SpanTimes>,
+    count: u32,
 }
+
+/// Length, start, end, status.
+const SPAN_HEADER: usize = 4 + 8 + 8 + 4;
 
 impl SpanBuf {
     fn push(&mut self, pid: u32, span: &wire::SpanFields<'_>) {
         let len = u32::try_from(4 + span.bytes.len()).expect("a span in a batch is far below 4 GiB");
-        // Exactly what it holds: the memory budget counts these bytes, and a trace has few spans
-        // (growth by doubling would hold up to twice the budget).
-        self.bytes.reserve_exact(4 + len as usize);
-        self.times.reserve_exact(1);
+        if self.bytes.is_empty() {
+            // Room for a second span like it: a trace here is mostly a SERVER span and its CLIENT
+            // span, arriving together (the budget counts what is allocated, room included).
+            self.bytes.reserve(2 * (SPAN_HEADER + len as usize));
+        }
         self.bytes.extend_from_slice(&len.to_le_bytes());
+        self.bytes.extend_from_slice(&span.start_unix_ns.to_le_bytes());
+        self.bytes.extend_from_slice(&span.end_unix_ns.to_le_bytes());
+        self.bytes.extend_from_slice(&span.status.to_le_bytes());
         self.bytes.extend_from_slice(&pid.to_be_bytes());
         self.bytes.extend_from_slice(span.bytes);
-        self.times.push(SpanTimes {
-            start_unix_ns: span.start_unix_ns,
-            end_unix_ns: span.end_unix_ns,
-            status: span.status,
-        });
+        self.count += 1;
     }
 
     fn append(&mut self, mut other: SpanBuf) {
@@ -97,30 +106,40 @@ impl SpanBuf {
             *self = other;
             return;
         }
-        self.bytes.reserve_exact(other.bytes.len());
-        self.times.reserve_exact(other.times.len());
         self.bytes.append(&mut other.bytes);
-        self.times.append(&mut other.times);
+        self.count += other.count;
+    }
+
+    /// Each span's times and stored form (pid + `Span`), in order.
+    fn entries(&self) -> impl Iterator<Item = (SpanTimes, &[u8])> {
+        let mut rest = self.bytes.as_slice();
+        std::iter::from_fn(move || {
+            let (header, tail) = rest.split_first_chunk::<SPAN_HEADER>()?;
+            let field = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().expect("8 bytes"));
+            let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
+            let times = SpanTimes {
+                start_unix_ns: field(4),
+                end_unix_ns: field(12),
+                status: i32::from_le_bytes(header[20..24].try_into().expect("4 bytes")),
+            };
+            let (record, tail) = tail.split_at(len);
+            rest = tail;
+            Some((times, record))
+        })
     }
 
     /// The stored spans (pid + `Span`), in order.
     fn records(&self) -> impl Iterator<Item = &[u8]> {
-        let mut rest = self.bytes.as_slice();
-        std::iter::from_fn(move || {
-            let (len, tail) = rest.split_first_chunk::<4>()?;
-            let (record, tail) = tail.split_at(u32::from_le_bytes(*len) as usize);
-            rest = tail;
-            Some(record)
-        })
+        self.entries().map(|(_, record)| record)
     }
 
     fn len(&self) -> usize {
-        self.times.len()
+        self.count as usize
     }
 
-    /// Bytes held, as the memory budget counts them.
+    /// Bytes held, as the memory budget counts them: what is allocated.
     fn byte_len(&self) -> u64 {
-        self.bytes.len() as u64
+        self.bytes.capacity() as u64
     }
 }
 
@@ -157,7 +176,7 @@ impl Hot {
 
     /// What the policies read of its spans (taken when they arrived: nothing is parsed).
     fn facts(&self) -> impl Iterator<Item = SpanFacts<'_>> {
-        self.spans.times.iter().zip(self.spans.records()).map(|(t, record)| SpanFacts {
+        self.spans.entries().map(|(t, record)| SpanFacts {
             start_unix_ns: t.start_unix_ns,
             end_unix_ns: t.end_unix_ns,
             status: t.status,
@@ -350,9 +369,11 @@ pub struct Engine<S> {
     hot_order: [VecDeque<TraceId>; 2],
     /// Due times of traces in the store (stale entries are skipped when popped).
     deadlines: BinaryHeap<Reverse<(u64, TraceId)>>,
-    /// Due times of traces in memory, apart: the disk bound's early decisions walk the store's
-    /// traces only.
-    hot_deadlines: BinaryHeap<Reverse<(u64, TraceId)>>,
+    /// Due times of traces in memory (next decision or spill; stale entries are skipped), apart:
+    /// the disk bound's early decisions walk the store's traces only.
+    hot_deadlines: Wheel<TraceId>,
+    /// The traces [`Wheel::take_due`] gives a tick (kept to reuse its allocation).
+    due_scratch: Vec<TraceId>,
     /// Failed decisions per stored trace whose spans the store could not give back.
     decide_failures: FxHashMap<TraceId, u8>,
     /// Traces this run put in the store, by append ([`Group`]); `pending` holds only traces
@@ -414,7 +435,8 @@ impl<S: TailStore> Engine<S> {
             hot_spans: 0,
             hot_order: [VecDeque::new(), VecDeque::new()],
             deadlines: BinaryHeap::new(),
-            hot_deadlines: BinaryHeap::new(),
+            hot_deadlines: Wheel::new(HOT_DUE_WIDTH_NS, now),
+            due_scratch: Vec::new(),
             decide_failures: FxHashMap::default(),
             groups: FxHashMap::default(),
             group_deadlines: BinaryHeap::new(),
@@ -555,7 +577,6 @@ impl<S: TailStore> Engine<S> {
 
     /// Keeps a fragment in memory, arming its trace's due times.
     fn hold(&mut self, trace: TraceId, fragment: Hot) {
-        self.hot_bytes += fragment.spans.byte_len();
         self.hot_spans += fragment.spans.len() as u64;
         let limits = self.limits;
         // One due time in the heap per change of it: usually one push and one pop per trace (the
@@ -570,20 +591,24 @@ impl<S: TailStore> Engine<S> {
                 if hot.root_ended == 0 && fragment.root_ended != 0 {
                     self.hot_order[1].push_back(trace);
                 }
+                let held = hot.spans.byte_len();
                 hot.spans.append(fragment.spans);
+                // What the buffer holds now (it grows, or takes the fragment's).
+                self.hot_bytes = self.hot_bytes - held + hot.spans.byte_len();
                 hot.root_ended = hot.root_ended.max(fragment.root_ended);
                 hot.randomness = hot.randomness.or(fragment.randomness);
                 let due = hot.next_due(&limits);
                 if due != before {
-                    self.hot_deadlines.push(Reverse((due, trace)));
+                    self.hot_deadlines.push(due, trace);
                 }
             }
             std::collections::hash_map::Entry::Vacant(e) => {
                 if fragment.joins.is_none() {
                     self.hot_order[usize::from(fragment.root_ended != 0)].push_back(trace);
                 }
+                self.hot_bytes += fragment.spans.byte_len();
                 let hot = e.insert(fragment);
-                self.hot_deadlines.push(Reverse((hot.next_due(&limits), trace)));
+                self.hot_deadlines.push(hot.next_due(&limits), trace);
             }
         }
     }
@@ -616,7 +641,7 @@ impl<S: TailStore> Engine<S> {
                         }
                         self.hot_bytes += hot.spans.byte_len();
                         self.hot_spans += hot.spans.len() as u64;
-                        self.hot_deadlines.push(Reverse((hot.decision_due(&self.limits), trace)));
+                        self.hot_deadlines.push(hot.decision_due(&self.limits), trace);
                         self.hot.insert(trace, hot);
                     }
                 }
@@ -753,11 +778,9 @@ impl<S: TailStore> Engine<S> {
     /// partitions with nothing left to decide or export.
     pub fn tick(&mut self, now: u64) {
         let mut to_spill = Vec::new();
-        while let Some(Reverse((deadline, trace))) = self.hot_deadlines.peek().copied() {
-            if deadline > now {
-                break;
-            }
-            self.hot_deadlines.pop();
+        let mut due = std::mem::take(&mut self.due_scratch);
+        self.hot_deadlines.take_due(now, &mut due);
+        for trace in due.drain(..) {
             // Stale entries (the trace left memory, or its due time changed) are skipped.
             let Some(hot) = self.hot.get(&trace) else { continue };
             if hot.decision_due(&self.limits) <= now {
@@ -766,6 +789,7 @@ impl<S: TailStore> Engine<S> {
                 to_spill.push(trace);
             }
         }
+        self.due_scratch = due;
         let mut retry = Vec::new();
         while let Some(Reverse((deadline, trace))) = self.deadlines.peek().copied() {
             if deadline > now {
@@ -1015,7 +1039,7 @@ impl<S: TailStore> Engine<S> {
     fn put_back_hot(&mut self, trace: TraceId, hot: Hot) {
         self.hot_bytes += hot.spans.byte_len();
         self.hot_spans += hot.spans.len() as u64;
-        self.hot_deadlines.push(Reverse((hot.next_due(&self.limits), trace)));
+        self.hot_deadlines.push(hot.next_due(&self.limits), trace);
         self.hot.insert(trace, hot);
     }
 
@@ -1526,7 +1550,12 @@ mod tests {
 
     #[test]
     fn over_the_budget_traces_still_without_their_root_spill_before_older_complete_ones() {
-        let one = u64::try_from(exchange(trace(1, false), T0, false).encode_to_vec().len()).unwrap();
+        // The budget: what two complete exchanges take in memory.
+        let mut probe = Engine::open(MemoryStore::new(), policies(), memory_first(1 << 30), Vec::new(), T0).unwrap();
+        for n in 1..=2 {
+            probe.ingest(&exchange(trace(n, false), T0, false).encode_to_vec(), T0).unwrap();
+        }
+        let one = probe.hot_bytes / 2;
         let mut e = Engine::open(MemoryStore::new(), policies(), memory_first(2 * one), Vec::new(), T0).unwrap();
         // Oldest: two complete exchanges (due within the grace); newest: one without its root.
         e.ingest(&exchange(trace(1, false), T0, false).encode_to_vec(), T0).unwrap();

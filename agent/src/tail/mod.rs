@@ -33,6 +33,7 @@ pub mod engine;
 pub mod policy;
 pub mod policy_file;
 pub mod store;
+pub mod wheel;
 pub mod wire;
 
 use std::path::PathBuf;
