@@ -1605,54 +1605,10 @@ mod tests {
         assert_eq!(out[1], Span { trace_state: "ot=th:8".into(), ..spans[1].clone() }, "the rest byte for byte");
     }
 
-    /// A store that counts the reads of whole appends, to show traces that went to the store
-    /// together are decided from one read.
-    struct CountingReads {
-        inner: MemoryStore,
-        reads: std::rc::Rc<std::cell::Cell<u32>>,
-    }
-
-    impl TailStore for CountingReads {
-        fn append(&mut self, partition: Partition, fragments: &[Fragment<'_>]) -> Result<Vec<u64>, StoreError> {
-            self.inner.append(partition, fragments)
-        }
-        fn spans(&self, trace: &TraceId, range: &SpanRange) -> Result<Vec<Vec<u8>>, StoreError> {
-            self.inner.spans(trace, range)
-        }
-        fn fragments(&self, partition: Partition, seq: u64) -> Result<Vec<AppendedFragment>, StoreError> {
-            self.reads.set(self.reads.get() + 1);
-            self.inner.fragments(partition, seq)
-        }
-        fn decide(&mut self, trace: &TraceId, spans: &SpanRange, outcome: Outcome) -> Result<u64, StoreError> {
-            self.inner.decide(trace, spans, outcome)
-        }
-        fn commit(&mut self) -> Result<(), StoreError> {
-            self.inner.commit()
-        }
-        fn exported(&mut self, trace: &TraceId, partition: Partition, seq: u64) -> Result<(), StoreError> {
-            self.inner.exported(trace, partition, seq)
-        }
-        fn forget_decisions(&mut self, up_to: u64) -> Result<(), StoreError> {
-            self.inner.forget_decisions(up_to)
-        }
-        fn drop_partition(&mut self, partition: Partition) -> Result<(), StoreError> {
-            self.inner.drop_partition(partition)
-        }
-        fn recover(&self) -> Result<Recovered, StoreError> {
-            self.inner.recover()
-        }
-        fn flush(&mut self) -> Result<(), StoreError> {
-            self.inner.flush()
-        }
-        fn disk_bytes(&self) -> u64 {
-            self.inner.disk_bytes()
-        }
-    }
-
     #[test]
     fn traces_that_went_to_the_store_together_are_decided_together_from_one_read_with_no_entry_each() {
-        let reads = std::rc::Rc::new(std::cell::Cell::new(0));
-        let store = CountingReads { inner: MemoryStore::new(), reads: std::rc::Rc::clone(&reads) };
+        let store = FailingDecisions::new(false);
+        let reads = std::rc::Rc::clone(&store.reads);
         let mut e = Engine::open(store, policies(), limits(), Vec::new(), T0).unwrap();
         let batch: Vec<Span> = (1..=20u8)
             .flat_map(|n| {
@@ -1735,11 +1691,19 @@ mod tests {
         assert!(matches!(recovered.decisions[..], [DecisionRecord { outcome: Outcome::Kept { .. }, .. }]));
     }
 
-    /// A memory store whose `decide` fails while `fail` is set (and `append` too with `appends`).
+    /// A memory store whose `decide` fails while `fail` is set (and `append` too with `appends`),
+    /// and that counts the reads of whole appends.
     struct FailingDecisions {
         inner: MemoryStore,
         fail: std::rc::Rc<std::cell::Cell<bool>>,
         appends: bool,
+        reads: std::rc::Rc<std::cell::Cell<u32>>,
+    }
+
+    impl FailingDecisions {
+        fn new(appends: bool) -> Self {
+            Self { inner: MemoryStore::new(), fail: std::rc::Rc::default(), appends, reads: std::rc::Rc::default() }
+        }
     }
 
     impl TailStore for FailingDecisions {
@@ -1753,6 +1717,7 @@ mod tests {
             self.inner.spans(trace, range)
         }
         fn fragments(&self, partition: Partition, seq: u64) -> Result<Vec<AppendedFragment>, StoreError> {
+            self.reads.set(self.reads.get() + 1);
             self.inner.fragments(partition, seq)
         }
         fn decide(&mut self, trace: &TraceId, spans: &SpanRange, outcome: Outcome) -> Result<u64, StoreError> {
@@ -1786,8 +1751,9 @@ mod tests {
 
     #[test]
     fn a_decision_the_store_refuses_leaves_the_trace_pending_and_is_tried_again() {
-        let fail = std::rc::Rc::new(std::cell::Cell::new(true));
-        let store = FailingDecisions { inner: MemoryStore::new(), fail: std::rc::Rc::clone(&fail), appends: false };
+        let store = FailingDecisions::new(false);
+        let fail = std::rc::Rc::clone(&store.fail);
+        fail.set(true);
         let mut e = Engine::open(store, policies(), limits(), Vec::new(), T0).unwrap();
         e.ingest(&exchange(trace(1, false), T0, true).encode_to_vec(), T0).unwrap();
         e.tick(T0 + 3 * S);
@@ -1803,8 +1769,9 @@ mod tests {
 
     #[test]
     fn a_spill_the_store_refuses_leaves_the_traces_in_memory() {
-        let fail = std::rc::Rc::new(std::cell::Cell::new(true));
-        let store = FailingDecisions { inner: MemoryStore::new(), fail: std::rc::Rc::clone(&fail), appends: true };
+        let store = FailingDecisions::new(true);
+        let fail = std::rc::Rc::clone(&store.fail);
+        fail.set(true);
         let mut e = Engine::open(store, policies(), memory_first(1 << 30), Vec::new(), T0).unwrap();
         let root_less = request(vec![span(trace(1, false), 2, SpanKind::Client, T0, true)]);
         e.ingest(&root_less.encode_to_vec(), T0).unwrap();

@@ -4,8 +4,9 @@
 //! thread's top symbol: 4% of the agent's samples at 12 000 req/s).
 //!
 //! Invariant: an entry pushed with due time `d` is returned by the first [`Wheel::take_due`] whose
-//! `now` is at least `d`, never earlier (it sits in bucket `ceil(d / width)`, and a call drains the
-//! buckets up to `floor(now / width)`). Entries further ahead than the wheel's span wait in a heap
+//! `now` is at least `d` rounded up to a multiple of the width, never earlier (it sits in bucket
+//! `ceil(d / width)`, and a call drains the buckets up to `floor(now / width)`); an entry pushed
+//! already due by that rule comes out at the next call. Entries further ahead than the wheel's span wait in a heap
 //! until they come within it, so a long decision wait costs no empty buckets.
 
 use std::cmp::Reverse;
@@ -101,8 +102,8 @@ mod tests {
     use super::*;
 
     proptest! {
-        /// Against a sorted list: every entry comes out at the first take whose `now` reaches its
-        /// due time, never before, whatever the order of pushes and takes.
+        /// Against a list: every entry comes out at the first take whose `now` reaches its due time
+        /// rounded up to the width, never before, whatever the order of pushes and takes.
         #[test]
         fn entries_come_out_at_the_first_take_at_or_after_their_due_time(
             steps in proptest::collection::vec((any::<bool>(), 0u64..20_000_000, 0u64..300_000), 1..200),
@@ -115,7 +116,7 @@ mod tests {
                 if push {
                     let due = now - 50_000 + ahead * 4;
                     wheel.push(due, i as u32);
-                    model.push((due, i as u32));
+                    model.push((due.div_ceil(width) * width, i as u32));
                 } else {
                     now += advance;
                     let mut got = Vec::new();
