@@ -254,9 +254,10 @@ impl Limits {
 }
 
 #[derive(Debug, Clone, Copy)]
-/// A pending trace. The engine holds one per pending trace (millions at the buffer's bound), so it
-/// is packed into 40 bytes: `root_ended` 0 means not yet, the partition fits 32 bits (5 s
-/// partitions of Unix time: 680 years), the span count too.
+/// A trace recovered from the store at start, tracked on its own until decided (after a restart
+/// with millions waiting, millions of these for up to the decision wait), so it is packed into 40
+/// bytes: `root_ended` 0 means not yet, the partition fits 32 bits (5 s partitions of Unix time:
+/// 680 years), the span count too.
 struct Pending {
     first_seen: u64,
     root_ended: u64,
@@ -297,9 +298,13 @@ impl Pending {
 #[derive(Debug, Clone, Copy)]
 struct Cached {
     partition: Partition,
+    /// The decision's sequence number in the store; 0: made in memory, not recorded.
     seq: u64,
     kept: bool,
     threshold: u64,
+    /// The appends the store's record of it covers (0, 0: unknown, a decision recovered at start).
+    first: u64,
+    last: u64,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -460,16 +465,39 @@ impl<S: TailStore> Engine<S> {
             publications: 0,
             evicted: VecDeque::new(),
         };
-        engine.rearm(&recovered)?;
+        engine.rearm(&recovered, now)?;
         engine.tick(now);
         Ok(engine)
     }
 
-    fn rearm(&mut self, recovered: &Recovered) -> Result<(), StoreError> {
+    fn rearm(&mut self, recovered: &Recovered, now: u64) -> Result<(), StoreError> {
         for partition in &recovered.partitions {
             self.partitions.entry(*partition).or_default();
         }
+        // Decisions first: a recovered part of a trace decided before follows that decision.
+        for d in &recovered.decisions {
+            let (kept, threshold) = match d.outcome {
+                Outcome::Kept { threshold } => (true, threshold),
+                Outcome::Dropped => (false, 0),
+            };
+            self.remember(d.trace, Cached { partition: d.partition, seq: d.seq, kept, threshold, first: 0, last: 0 });
+        }
         for (trace, p) in &recovered.pending {
+            if self.pending.contains_key(trace) {
+                // The trace waits in two partitions (parts that went to the store apart): the
+                // earlier part is decided now, and this one follows it when due.
+                self.counts.early += 1;
+                if !self.decide_logged(*trace, now)
+                    && let Some(lost) = self.pending.remove(trace)
+                {
+                    // Not decided (the store refused): counted lost here; the next start meets it again.
+                    self.counts.spans_lost += u64::from(lost.span_count);
+                    self.spans_pending -= u64::from(lost.span_count);
+                    if let Some(state) = self.partitions.get_mut(&lost.spans().partition) {
+                        state.pending -= 1;
+                    }
+                }
+            }
             let spans = self.store.spans(trace, &p.spans)?;
             let state = self.partitions.entry(p.spans.partition).or_default();
             state.pending += 1;
@@ -477,13 +505,6 @@ impl<S: TailStore> Engine<S> {
             let pending = Pending::new(p.first_seen_unix_ns, p.root_ended_unix_ns, p.spans, spans.len());
             self.spans_pending += spans.len() as u64;
             self.track(*trace, pending);
-        }
-        for d in &recovered.decisions {
-            let (kept, threshold) = match d.outcome {
-                Outcome::Kept { threshold } => (true, threshold),
-                Outcome::Dropped => (false, 0),
-            };
-            self.remember(d.trace, Cached { partition: d.partition, seq: d.seq, kept, threshold });
         }
         for entry in &recovered.outbox {
             let spans = self.store.spans(&entry.trace, &entry.spans)?;
@@ -550,14 +571,15 @@ impl<S: TailStore> Engine<S> {
                 by_partition.entry(p.spans().partition).or_default().push((trace, fragment));
             } else if let Some(&(partition, _)) = self.joining.get(&trace)
                 && !self.hot.contains_key(&trace)
+                && !self.memory_off()
             {
                 // Went to the store moments ago: this part waits in memory to be decided with it.
                 self.hold(trace, Hot { joins: Some(partition), ..fragment });
-            } else if (self.limits.spill_after_ns == 0 || self.limits.max_memory_bytes == 0)
-                && !self.hot.contains_key(&trace)
-            {
-                // Memory off: every trace waits in the store.
-                by_partition.entry(now / PARTITION_NS).or_default().push((trace, fragment));
+            } else if self.memory_off() && !self.hot.contains_key(&trace) {
+                // Memory off: every trace waits in the store (a part that follows one that went
+                // there a moment ago goes to the same partition, where a restart finds them as one).
+                let partition = self.joining.get(&trace).map_or(now / PARTITION_NS, |&(p, _)| p);
+                by_partition.entry(partition).or_default().push((trace, fragment));
             } else {
                 self.hold(trace, fragment);
             }
@@ -573,6 +595,12 @@ impl<S: TailStore> Engine<S> {
             self.flush_export();
         }
         Ok(())
+    }
+
+    /// Every trace waits in the store (`TRACETAP_TAIL_SPILL_AFTER=0` or
+    /// `TRACETAP_TAIL_MAX_MEMORY_BYTES=0`).
+    fn memory_off(&self) -> bool {
+        self.limits.spill_after_ns == 0 || self.limits.max_memory_bytes == 0
     }
 
     /// Keeps a fragment in memory, arming its trace's due times.
@@ -662,7 +690,10 @@ impl<S: TailStore> Engine<S> {
         count_decision(&mut self.counts, verdict.policy, keep);
         drop(facts);
         self.counts.decided_in_memory += 1;
-        self.remember(trace, Cached { partition: now / PARTITION_NS, seq: 0, kept: keep, threshold });
+        self.remember(
+            trace,
+            Cached { partition: now / PARTITION_NS, seq: 0, kept: keep, threshold, first: 0, last: 0 },
+        );
         if keep {
             self.queue_kept(hot.spans.records(), threshold);
             self.out_traces += 1;
@@ -787,6 +818,11 @@ impl<S: TailStore> Engine<S> {
                 self.decide_hot(trace, now);
             } else if hot.spill_due(&self.limits) <= now {
                 to_spill.push(trace);
+            } else {
+                // Not due: a stale entry (its due time moved later), or the wall clock stepped
+                // back. Armed again, so that no trace is left without a due time.
+                let next = hot.next_due(&self.limits);
+                self.hot_deadlines.push(next, trace);
             }
         }
         self.due_scratch = due;
@@ -945,6 +981,28 @@ impl<S: TailStore> Engine<S> {
         Ok(())
     }
 
+    /// Records that a part of `trace` stored at `part` follows the decision another part got
+    /// before (`cached`), like any decision (kept: in the outbox). On the same partition as that
+    /// decision's record, the new record's range covers both parts (a partition holds one record
+    /// per trace, the latest), so that a crash before their export re-exports both.
+    fn follow(&mut self, trace: TraceId, part: SpanRange, cached: Cached) -> Result<u64, StoreError> {
+        let range = if cached.seq != 0 && cached.partition == part.partition && cached.last != 0 {
+            SpanRange {
+                partition: part.partition,
+                first: cached.first.min(part.first),
+                last: cached.last.max(part.last),
+            }
+        } else {
+            part
+        };
+        let outcome = if cached.kept { Outcome::Kept { threshold: cached.threshold } } else { Outcome::Dropped };
+        let decision = self.store.decide(&trace, &range, outcome)?;
+        self.unflushed_decisions = true;
+        let (first, last) = (range.first, range.last);
+        self.remember(trace, Cached { partition: part.partition, seq: decision, first, last, ..cached });
+        Ok(decision)
+    }
+
     fn decide_stored_fragment(
         &mut self,
         partition: Partition,
@@ -956,17 +1014,8 @@ impl<S: TailStore> Engine<S> {
         let range = SpanRange::one(partition, seq);
         let joined = self.hot.get(&trace).is_some_and(|h| h.joins == Some(partition));
         if let Some(cached) = self.cache.get(&trace).copied() {
-            // Another part was decided first: this one follows. It needs a record of its own only
-            // if that decision is not on this partition's record of the trace.
-            let outcome = if cached.kept { Outcome::Kept { threshold: cached.threshold } } else { Outcome::Dropped };
-            let recorded = if cached.seq == 0 || cached.partition != partition {
-                let decision = self.store.decide(&trace, &range, outcome)?;
-                self.unflushed_decisions = true;
-                self.remember(trace, Cached { partition, seq: decision, ..cached });
-                Some(decision)
-            } else {
-                None
-            };
+            // Another part was decided first: this one follows.
+            let decision = self.follow(trace, range, cached)?;
             let part = if joined { self.take_hot(&trace) } else { None };
             let spans = fragment.spans.len() as u64 + part.as_ref().map_or(0, |h| h.spans.len() as u64);
             if cached.kept {
@@ -975,10 +1024,8 @@ impl<S: TailStore> Engine<S> {
                 if let Some(part) = &part {
                     self.queue_kept(part.spans.records(), cached.threshold);
                 }
-                if let Some(decision) = recorded {
-                    self.partitions.entry(partition).or_default().outbox += 1;
-                    self.out_deliveries.push((trace, partition, decision));
-                }
+                self.partitions.entry(partition).or_default().outbox += 1;
+                self.out_deliveries.push((trace, partition, decision));
             } else {
                 self.counts.late_dropped += spans;
             }
@@ -1007,7 +1054,7 @@ impl<S: TailStore> Engine<S> {
         count_decision(&mut self.counts, verdict.policy, keep);
         drop(facts);
         self.unflushed_decisions = true;
-        self.remember(trace, Cached { partition, seq: decision, kept: keep, threshold });
+        self.remember(trace, Cached { partition, seq: decision, kept: keep, threshold, first: seq, last: seq });
         if part.is_some() {
             self.counts.fragments_joined += 1;
         }
@@ -1103,6 +1150,24 @@ impl<S: TailStore> Engine<S> {
         let Some(p) = self.pending.get(&trace).copied() else { return Ok(()) };
         let range = p.spans();
         let stored = self.store.spans(&trace, &range)?;
+        if let Some(cached) = self.cache.get(&trace).copied() {
+            // Another part of it (in another partition) was decided first: this one follows.
+            let decision = self.follow(trace, range, cached)?;
+            self.pending.remove(&trace);
+            self.spans_pending -= u64::from(p.span_count);
+            if let Some(state) = self.partitions.get_mut(&range.partition) {
+                state.pending -= 1;
+            }
+            if cached.kept {
+                self.counts.late_kept += stored.len() as u64;
+                self.partitions.entry(range.partition).or_default().outbox += 1;
+                self.queue_kept(stored.iter().map(Vec::as_slice), cached.threshold);
+                self.out_deliveries.push((trace, range.partition, decision));
+            } else {
+                self.counts.late_dropped += stored.len() as u64;
+            }
+            return Ok(());
+        }
         let (randomness, facts) = Self::stored_facts(&trace, &stored);
         let verdict = self.policies.evaluate(&TraceData { spans: &facts, randomness, now_second: now / 1_000_000_000 });
         let (keep, threshold) = (verdict.keep, verdict.min_threshold);
@@ -1116,7 +1181,8 @@ impl<S: TailStore> Engine<S> {
         }
         count_decision(&mut self.counts, verdict.policy, keep);
         self.unflushed_decisions = true;
-        self.remember(trace, Cached { partition: range.partition, seq, kept: keep, threshold });
+        let (first, last) = (range.first, range.last);
+        self.remember(trace, Cached { partition: range.partition, seq, kept: keep, threshold, first, last });
         if keep {
             self.partitions.entry(range.partition).or_default().outbox += 1;
             self.queue_kept(stored.iter().map(Vec::as_slice), threshold);
@@ -1652,12 +1718,16 @@ mod tests {
 
     #[test]
     fn a_fragment_arriving_just_after_its_trace_went_to_the_store_is_decided_with_it() {
-        let mut e = open(MemoryStore::new(), T0);
+        // A memory budget of one byte: the trace goes to the store at the first tick.
+        let mut e = Engine::open(MemoryStore::new(), policies(), memory_first(1), Vec::new(), T0).unwrap();
         // Neither error nor lucky: dropped, unless the decision sees the error in the later part.
         e.ingest(&exchange(trace(1, false), T0, false).encode_to_vec(), T0).unwrap();
+        e.tick(T0 + 1);
+        assert_eq!(e.stored_pending_traces(), 1);
         let other_process = request(vec![span(trace(1, false), 7, SpanKind::Client, T0, true)]);
         e.ingest(&other_process.encode_to_vec(), T0 + 100_000_000).unwrap();
-        assert_eq!(e.hot.len(), 1, "waits in memory with the stored part");
+        e.tick(T0 + 200_000_000);
+        assert_eq!(e.hot.len(), 1, "waits in memory with the stored part, over the budget or not");
         e.tick(T0 + 3 * S);
         assert_eq!(exported(&mut e).len(), 3, "kept for the error in the later part, all three spans");
         assert_eq!(e.hot.len(), 0);
@@ -1698,11 +1768,19 @@ mod tests {
         fail: std::rc::Rc<std::cell::Cell<bool>>,
         appends: bool,
         reads: std::rc::Rc<std::cell::Cell<u32>>,
+        /// Decisions taken before `decide` starts failing (until set again).
+        decisions_left: std::rc::Rc<std::cell::Cell<u32>>,
     }
 
     impl FailingDecisions {
         fn new(appends: bool) -> Self {
-            Self { inner: MemoryStore::new(), fail: std::rc::Rc::default(), appends, reads: std::rc::Rc::default() }
+            Self {
+                inner: MemoryStore::new(),
+                fail: std::rc::Rc::default(),
+                appends,
+                reads: std::rc::Rc::default(),
+                decisions_left: std::rc::Rc::new(std::cell::Cell::new(u32::MAX)),
+            }
         }
     }
 
@@ -1721,9 +1799,10 @@ mod tests {
             self.inner.fragments(partition, seq)
         }
         fn decide(&mut self, trace: &TraceId, spans: &SpanRange, outcome: Outcome) -> Result<u64, StoreError> {
-            if self.fail.get() {
+            if self.fail.get() || self.decisions_left.get() == 0 {
                 return Err(StoreError::Corrupt { what: "test: decide refused", len: 0 });
             }
+            self.decisions_left.set(self.decisions_left.get() - 1);
             self.inner.decide(trace, spans, outcome)
         }
         fn commit(&mut self) -> Result<(), StoreError> {
@@ -1747,6 +1826,84 @@ mod tests {
         fn disk_bytes(&self) -> u64 {
             self.inner.disk_bytes()
         }
+    }
+
+    #[test]
+    fn a_group_whose_decisions_fail_half_way_goes_on_from_there() {
+        let store = FailingDecisions::new(false);
+        let left = std::rc::Rc::clone(&store.decisions_left);
+        left.set(2);
+        let mut e = Engine::open(store, policies(), limits(), Vec::new(), T0).unwrap();
+        let batch: Vec<Span> = (1..=4u8)
+            .flat_map(|n| {
+                [
+                    span(trace(n, false), 1, SpanKind::Server, T0, true),
+                    span(trace(n, false), 2, SpanKind::Client, T0, false),
+                ]
+            })
+            .collect();
+        e.ingest(&request(batch).encode_to_vec(), T0).unwrap();
+        e.tick(T0 + 2 * S);
+        assert_eq!(e.stored_pending_traces(), 2, "two decided, then the store refused");
+        left.set(u32::MAX);
+        e.tick(T0 + 2 * S + DECIDE_RETRY_NS);
+        assert_eq!(e.stored_pending_traces(), 0);
+        let kept: Vec<Vec<u8>> = exported(&mut e).into_iter().map(|s| s.trace_id).collect();
+        assert_eq!(kept.len(), 8, "every error trace once, both spans");
+        assert_eq!(kept.iter().collect::<BTreeSet<_>>().len(), 4);
+        assert_eq!(e.into_store().inner.recover().unwrap().decisions.len(), 4, "each decided once");
+    }
+
+    #[test]
+    fn a_trace_waiting_in_two_partitions_after_a_restart_is_decided_once_and_leaves_nothing_behind() {
+        let mut e = Engine::open(MemoryStore::new(), policies(), memory_first(1 << 30), Vec::new(), T0).unwrap();
+        let root_less =
+            |id, at| request(vec![span(trace(1, false), id, SpanKind::Client, at, id == 3)]).encode_to_vec();
+        // A root-less part spills at 5 s (partition of T0); another arrives past the join window
+        // and spills in its own partition.
+        e.ingest(&root_less(2, T0), T0).unwrap();
+        e.tick(T0 + 5 * S);
+        e.tick(T0 + 7 * S);
+        e.ingest(&root_less(3, T0 + 7 * S), T0 + 7 * S).unwrap();
+        e.tick(T0 + 12 * S);
+        assert_eq!(e.stored_pending_traces(), 2);
+        e.flush_export();
+        let mut e = Engine::open(e.into_store(), policies(), memory_first(1 << 30), Vec::new(), T0 + 13 * S).unwrap();
+        e.tick(T0 + 40 * S);
+        assert_eq!(e.stored_pending_traces(), 0);
+        // The earlier part is decided at the start, from its own spans (no error, unlucky:
+        // dropped); the later one follows that decision whatever it holds.
+        assert!(exported(&mut e).is_empty());
+        let decided: u64 = e.counts.decisions.values().sum();
+        assert_eq!(decided, 1, "one decision, the other part follows it");
+        assert_eq!((e.counts.early, e.counts.late_dropped), (1, 1));
+        e.tick(T0 + 60 * S);
+        let recovered = e.into_store().recover().unwrap();
+        assert!(recovered.pending.is_empty() && recovered.partitions.is_empty(), "nothing left behind: {recovered:?}");
+    }
+
+    #[test]
+    fn a_later_part_in_the_same_partition_follows_and_its_record_covers_both_parts() {
+        let mut e = Engine::open(MemoryStore::new(), policies(), memory_first(1), Vec::new(), T0).unwrap();
+        // Part A, complete, goes to the store at once (budget) and is kept for its error at 2 s.
+        e.ingest(&exchange(trace(1, false), T0, true).encode_to_vec(), T0).unwrap();
+        e.tick(T0 + 1);
+        // Part B, root-less, past the join window: to the store in the same partition.
+        e.tick(T0 + 1_500_000_000);
+        let b = request(vec![span(trace(1, false), 5, SpanKind::Client, T0, false)]);
+        e.ingest(&b.encode_to_vec(), T0 + 1_500_000_000).unwrap();
+        e.tick(T0 + 1_500_000_001);
+        assert_eq!(e.stored_pending_traces(), 2);
+        e.tick(T0 + 2 * S);
+        assert_eq!(e.take_export().map(|x| x.spans), Some(2), "part A kept (not reported exported yet)");
+        e.tick(T0 + 35 * S);
+        assert_eq!(e.take_export().map(|x| x.spans), Some(1), "part B follows");
+        // Neither export reported done: a crash now re-exports both parts from the one record.
+        let recovered = e.into_store().recover().unwrap();
+        let [entry] = recovered.outbox[..] else { panic!("one outbox entry: {:?}", recovered.outbox) };
+        let store_spans = recovered.decisions.len();
+        assert_eq!(store_spans, 1, "the partition's record of the trace, covering both parts");
+        assert!(entry.spans.first < entry.spans.last);
     }
 
     #[test]

@@ -21,7 +21,9 @@
 //!   reports its batch done (sent, or failed for good and counted), so a crash in between
 //!   re-exports it after the restart rather than losing it. A decision that was not yet durable at
 //!   a crash concerned a trace nothing was exported of: it is made again from the same spans.
-//!   Export is therefore at least once across crashes; nothing exported was decided twice.
+//!   Export is therefore at least once across crashes; nothing exported was decided twice. A trace
+//!   that reached the agent in parts is decided once as long as the decision cache still holds
+//!   the first part's decision when the others are decided (see `engine`).
 //! - Late spans (their trace already decided, and still in the bounded decision cache) follow the
 //!   decision: exported at once or dropped, and counted.
 //! - The capture thread never blocks on this stage: when the queue backs up, whole traces are shed

@@ -12,7 +12,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
-/// Buckets the wheel holds ahead of its first (at 100 ms: 409.6 s).
+/// Buckets the wheel holds ahead of its first (at the engine's 10 ms: 41 s).
 const SPAN: u64 = 4096;
 
 #[derive(Debug)]
