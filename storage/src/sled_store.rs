@@ -327,8 +327,15 @@ impl SledStore {
     }
 }
 
-impl TailStore for SledStore {
-    fn append(&mut self, partition: Partition, fragments: &[Fragment<'_>]) -> Result<Vec<u64>, StoreError> {
+impl SledStore {
+    /// The values of one append, each fragment in the value it lands in; `written` gets the key of
+    /// every value written, for [`TailStore::append`] to take back on an error.
+    fn append_values(
+        &mut self,
+        partition: Partition,
+        fragments: &[Fragment<'_>],
+        written: &mut Vec<u64>,
+    ) -> Result<Vec<u64>, StoreError> {
         let mut seqs = Vec::with_capacity(fragments.len());
         let mut group = Vec::with_capacity(GROUP_BYTES + 4096);
         let mut seq = self.appends.next(&self.db)?;
@@ -337,6 +344,7 @@ impl TailStore for SledStore {
             seqs.push(seq);
             if group.len() >= GROUP_BYTES || i + 1 == fragments.len() {
                 self.partition_tree(partition)?.insert(seq.to_be_bytes(), std::mem::take(&mut group))?;
+                written.push(seq);
                 if i + 1 < fragments.len() {
                     seq = self.appends.next(&self.db)?;
                     group = Vec::with_capacity(GROUP_BYTES + 4096);
@@ -344,6 +352,24 @@ impl TailStore for SledStore {
             }
         }
         Ok(seqs)
+    }
+}
+
+impl TailStore for SledStore {
+    fn append(&mut self, partition: Partition, fragments: &[Fragment<'_>]) -> Result<Vec<u64>, StoreError> {
+        let mut written = Vec::new();
+        let result = self.append_values(partition, fragments, &mut written);
+        if result.is_err() {
+            // All or nothing: the caller takes the whole append as refused (and keeps its traces
+            // elsewhere), so the values already written go (best effort: one whose removal fails
+            // too is met again by the next start's recovery).
+            if let Some(tree) = self.partitions.get(&partition) {
+                for key in written {
+                    let _ = tree.remove(u64::to_be_bytes(key));
+                }
+            }
+        }
+        result
     }
 
     fn spans(&self, trace: &TraceId, range: &SpanRange) -> Result<Vec<Vec<u8>>, StoreError> {
