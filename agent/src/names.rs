@@ -46,6 +46,7 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::time::{Duration, Instant};
 
 use tracetap_proxy::haproxy_config::{ConfigParser, ProxyNames};
+use tracetap_proxy::haproxy_words::Environment;
 
 use crate::metrics::{self, Metrics};
 
@@ -64,6 +65,9 @@ pub const MAX_PROBLEMS_KEPT: usize = 16;
 pub const MAX_DIR_ENTRIES: usize = 1024;
 /// Bytes of `/proc/PID/cmdline` read: far more than any HAProxy command line.
 pub const MAX_CMDLINE_BYTES: u64 = 128 << 10;
+/// Bytes of `/proc/PID/environ` read (for `"${VAR}"` in the configuration); Linux caps a
+/// process's arguments and environment together at a quarter of its stack limit.
+pub const MAX_ENVIRON_BYTES: u64 = 2 << 20;
 /// Path components walked to open one path, those of symbolic links included.
 pub const MAX_PATH_STEPS: usize = 128;
 /// Symbolic links followed to open one path (the kernel's own `MAXSYMLINKS`).
@@ -322,6 +326,10 @@ fn load(proc_root: &Path, pid: u32) -> Outcome {
     if paths.is_empty() {
         return Outcome::failed("no -f argument on the command line".into());
     }
+    // The process's own environment, for `"${VAR}"` in its configuration. Unreadable: variables
+    // expand to nothing, as an unset one would (the names they give are then not found).
+    let mut environ = Vec::new();
+    let _ = File::open(pid_dir.join("environ")).and_then(|f| f.take(MAX_ENVIRON_BYTES).read_to_end(&mut environ));
     let cwd = std::fs::read_link(pid_dir.join("cwd")).unwrap_or_else(|_| PathBuf::from("/"));
     let root =
         match OpenOptions::new().read(true).custom_flags(libc::O_PATH | libc::O_DIRECTORY).open(pid_dir.join("root")) {
@@ -330,7 +338,7 @@ fn load(proc_root: &Path, pid: u32) -> Outcome {
         };
     let mut reader = Reader {
         root,
-        parser: ConfigParser::new(),
+        parser: ConfigParser::with_environment(Environment::from_environ(&environ)),
         bytes_left: MAX_CONFIG_BYTES,
         paths: 0,
         read_any: false,

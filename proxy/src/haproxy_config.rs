@@ -16,6 +16,8 @@ use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::OnceLock;
 
+use crate::haproxy_words::{self, Environment};
+
 /// Most bytes the names of one configuration (every file of it) may take, entries and strings,
 /// roughly. The reader hands the parser at most 4 MiB of text; a legitimate configuration that
 /// large (tens of thousands of `server` lines) yields about as many bytes of names, and a hostile
@@ -192,6 +194,8 @@ pub fn parse(text: &str) -> ProxyNames {
 #[derive(Debug)]
 pub struct ConfigParser {
     names: ProxyNames,
+    /// The process's environment, for `"${VAR}"` ([`haproxy_words`]).
+    env: Environment,
     /// `mode` of the last `defaults` section, inherited by the proxies after it; `tcp` is the
     /// fallback HAProxy itself uses.
     default_tcp: bool,
@@ -206,7 +210,13 @@ impl Default for ConfigParser {
 impl ConfigParser {
     #[must_use]
     pub fn new() -> Self {
-        Self { names: ProxyNames::default(), default_tcp: true }
+        Self::with_environment(Environment::default())
+    }
+
+    /// A parser that expands `"${VAR}"` from `env` (the traced process's environment).
+    #[must_use]
+    pub fn with_environment(env: Environment) -> Self {
+        Self { names: ProxyNames::default(), env, default_tcp: true }
     }
 
     /// Parses the next file's text.
@@ -219,8 +229,9 @@ impl ConfigParser {
         // bind/server lines of the current section, which learn its mode when the section ends.
         let (mut binds_from, mut servers_from) = (names.frontends.len(), names.servers.len());
         for raw in text.lines() {
-            let line = raw.split('#').next().unwrap_or("").trim();
-            let mut words = line.split_whitespace();
+            let line = raw.trim();
+            let split = haproxy_words::split(line, &self.env);
+            let mut words = split.iter().map(String::as_str);
             let Some(keyword) = words.next() else { continue };
             match keyword {
                 "frontend" | "backend" | "listen" => {

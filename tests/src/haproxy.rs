@@ -118,6 +118,8 @@ pub struct Haproxy {
     children: Vec<Child>,
     /// Host pid of the `HAProxy` process each child started.
     pids: Vec<u32>,
+    /// Environment variables `HAProxy` is started with (besides the test's own).
+    env: Vec<(String, String)>,
 }
 
 #[derive(Debug)]
@@ -154,6 +156,13 @@ impl Haproxy {
         Self::start_at(version, comm, comm, config, wait_port, &[])
     }
 
+    /// [`Haproxy::start`] with these environment variables (for `"${VAR}"` in `config`).
+    #[must_use]
+    pub fn start_with_env(comm: &str, config: &str, wait_port: u16, env: &[(&str, String)]) -> Self {
+        let env = env.iter().map(|(k, v)| ((*k).to_owned(), v.clone())).collect();
+        Self::start_full(Version::from_env(), comm, comm, config, wait_port, &[], env)
+    }
+
     /// Master-worker mode (`-W`): a master process that forks the worker and reloads on SIGUSR2.
     #[must_use]
     pub fn start_master_worker(comm: &str, config: &str, wait_port: u16) -> Self {
@@ -167,6 +176,18 @@ impl Haproxy {
     }
 
     fn start_at(version: Version, comm: &str, dir_name: &str, config: &str, wait_port: u16, args: &[String]) -> Self {
+        Self::start_full(version, comm, dir_name, config, wait_port, args, Vec::new())
+    }
+
+    fn start_full(
+        version: Version,
+        comm: &str,
+        dir_name: &str,
+        config: &str,
+        wait_port: u16,
+        args: &[String],
+        env: Vec<(String, String)>,
+    ) -> Self {
         let dir = std::env::temp_dir().join(format!("tracetap-e2e-{dir_name}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("temp dir");
@@ -194,6 +215,7 @@ impl Haproxy {
             chroot,
             children: Vec::new(),
             pids: Vec::new(),
+            env,
         };
         h.spawn(args);
         h.wait_port(wait_port);
@@ -234,7 +256,13 @@ impl Haproxy {
                 cmd
             }
         };
-        let child = cmd.args(extra).stdout(Stdio::null()).stderr(stderr).spawn().expect("start haproxy");
+        let child = cmd
+            .args(extra)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("start haproxy");
         self.children.push(child);
     }
 

@@ -321,3 +321,37 @@ fn ratio_sampling_is_consistent_and_carries_the_threshold() {
     }
     assert_eq!(s.agent.metric("tracetap_requests_sampled_out_total"), 10);
 }
+
+/// Binds and servers given by environment variables (`"${VAR}"`, as container images write them):
+/// the agent reads HAProxy's own environment and names the spans as HAProxy does.
+#[test]
+fn binds_and_servers_given_by_environment_variables_are_named() {
+    if !require_root() {
+        return;
+    }
+    let rig = Rig::new();
+    let port = free_port();
+    let app = rig.backend.addr;
+    let config = "global\n    maxconn 256\n\ndefaults\n    mode http\n    timeout connect 2s\n    timeout client 10s\n    timeout server 10s\n\n\
+         frontend fe_env\n    bind \"127.0.0.1:${FE_PORT}\"\n    default_backend be_env\n\n\
+         backend be_env\n    server \"${APP_NAME-app1}\" \"${APP_HOST}:$APP_PORT\"\n";
+    let env = [("FE_PORT", port.to_string()), ("APP_HOST", app.ip().to_string()), ("APP_PORT", app.port().to_string())];
+    let haproxy = Haproxy::start_with_env(&rig.comm, config, port, &env);
+    let agent = Agent::start(&rig.agent_env());
+    let front = SocketAddr::from(([127, 0, 0, 1], port));
+    let mut conn = Conn::connect(front).expect("connect");
+    for i in 0..10 {
+        assert_eq!(conn.get(&format!("/env/{i}"), &[]).expect("request").status, 200);
+    }
+    let spans = rig.receiver.wait_for_spans(20);
+    let (servers, clients): (Vec<&Received>, Vec<&Received>) = spans.iter().partition(|s| s.is_server());
+    assert_eq!((servers.len(), clients.len()), (10, 10), "log:\n{}", agent.log());
+    for s in &servers {
+        assert_eq!(s.str_attr("haproxy.frontend"), Some("fe_env"), "every SERVER span names its frontend");
+    }
+    for c in &clients {
+        assert_eq!(c.str_attr("haproxy.backend"), Some("be_env"));
+        assert_eq!(c.str_attr("haproxy.server"), Some("app1"), "the server's name from its default");
+    }
+    drop(haproxy);
+}
