@@ -109,6 +109,7 @@ metrics! {
     sampled_in: "counter", "tracetap_requests_sampled_total", "Requests the head sampler kept";
     sampled_out: "counter", "tracetap_requests_sampled_out_total", "Requests dropped by the head sampler";
     propagated: "counter", "tracetap_requests_propagated_total", "Requests whose trace context HAProxy forwarded itself (tracetap haproxy-snippet); their CLIENT spans take the forwarded parent ids";
+    server_names_ambiguous: "counter", "tracetap_server_names_ambiguous_total", "CLIENT spans left without haproxy.backend and haproxy.server: several server lines share the address and the frontend's routes (default_backend, use_backend) do not single one out";
     sampling_disagreements: "counter", "tracetap_sampling_disagreements_total", "Propagated requests whose forwarded sampled flag differs from OTEL_TRACES_SAMPLER's decision (HAProxy's flag is followed)";
     spans_built: "counter", "tracetap_spans_built_total", "Spans built";
     spans_exported: "counter", "tracetap_spans_exported_total", "Spans accepted by the exporter's destination";

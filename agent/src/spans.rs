@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 use bumpalo::Bump;
 use bumpalo::collections::Vec as BumpVec;
 use opentelemetry_proto::tonic::trace::v1::{Span, span};
-use tracetap_proxy::haproxy_config::ProxyNames;
+use tracetap_proxy::haproxy_config::{ProxyNames, ServerMatch};
 use tracetap_proxy::trace_context::{FLAG_RANDOM, TraceParent, parse_traceparent};
 use tracetap_proxy::{ClientExchange, Outcome, RequestHead, ServerExchange, TlsInfo, TraceparentField};
 
@@ -59,6 +59,9 @@ pub struct DecideStats {
     /// Of those, the ones whose forwarded sampled flag differs from what `OTEL_TRACES_SAMPLER`
     /// decides for the same trace id (`HAProxy`'s flag stands: the backend follows it).
     pub disagreements: u64,
+    /// CLIENT spans left without backend and server names because several `server` lines share
+    /// the address and the frontend's routes did not single one out.
+    pub ambiguous_servers: u64,
 }
 
 /// Builds spans. Owned by the capture thread.
@@ -261,15 +264,35 @@ impl SpanBuilder {
                         || (other.start_ns, j) < (client.start_ns, i)
                 })
             });
-            let view = self.client_view(client, names, decision, span_id, forwarded, bump);
+            let backend = self.backend_names(client, names, frontend);
+            let view = self.client_view(client, backend, decision, span_id, forwarded, bump);
             out.push(view);
+        }
+    }
+
+    /// The backend and server a backend exchange went to, by its address and the frontend of the
+    /// request it carried; none rather than a guess (counted).
+    fn backend_names<'a>(
+        &mut self,
+        ex: &ClientExchange,
+        names: Option<&'a ProxyNames>,
+        frontend: Option<&str>,
+    ) -> Option<(&'a str, &'a str)> {
+        match names.zip(ex.server).map(|(n, server)| n.server_for(server, frontend)) {
+            Some(ServerMatch::Named { backend, server }) => Some((backend, server)),
+            Some(ServerMatch::Ambiguous) => {
+                // Never a wrong name: an operator reading one would debug the wrong service.
+                self.stats.ambiguous_servers += 1;
+                None
+            }
+            Some(ServerMatch::Unknown) | None => None,
         }
     }
 
     fn client_view<'a>(
         &mut self,
         ex: &'a ClientExchange,
-        names: Option<&'a ProxyNames>,
+        backend: Option<(&'a str, &'a str)>,
         decision: &'a Decision,
         parent: [u8; 8],
         forwarded_id: Option<[u8; 8]>,
@@ -291,7 +314,6 @@ impl SpanBuilder {
         if let Some(code) = status_code {
             attrs.push(attr_int("http.response.status_code", i64::from(code)));
         }
-        let backend = names.zip(ex.server).and_then(|(n, server)| n.server(server));
         if let Some((be, srv)) = backend {
             attrs.push(attr_str("haproxy.backend", be));
             attrs.push(attr_str("haproxy.server", srv));
@@ -607,7 +629,7 @@ mod tests {
         assert_eq!(hex(&client.span_id), "00f067aa0ba902b7");
         assert_eq!(client.parent_span_id, server.span_id);
         assert_eq!(client.trace_id, server.trace_id);
-        assert_eq!(b.stats(), DecideStats { propagated: 1, disagreements: 0 });
+        assert_eq!(b.stats(), DecideStats { propagated: 1, disagreements: 0, ambiguous_servers: 0 });
 
         // With an incoming parent in the same trace, the SERVER span stays its child.
         let incoming = format!("traceparent: 00-{TRACE}-b7ad6b7169203331-01\r\n");
@@ -627,11 +649,11 @@ mod tests {
         let mut out = Vec::new();
         let unsampled = format!("traceparent: 00-{low}-00f067aa0ba902b7-02\r\n");
         assert_eq!(b.build(&propagated("", &[&unsampled]), None, &mut out), Built::Dropped);
-        assert_eq!(b.stats(), DecideStats { propagated: 1, disagreements: 0 });
+        assert_eq!(b.stats(), DecideStats { propagated: 1, disagreements: 0, ambiguous_servers: 0 });
         // Lines made for another ratio said "sampled": HAProxy's flag stands, and it is counted.
         let sampled = format!("traceparent: 00-{low}-00f067aa0ba902b7-03\r\n");
         ex_sampled(&mut b, &sampled);
-        assert_eq!(b.stats(), DecideStats { propagated: 2, disagreements: 1 });
+        assert_eq!(b.stats(), DecideStats { propagated: 2, disagreements: 1, ambiguous_servers: 0 });
         // The forwarded context of an unchanged traceparent is no propagation.
         let same = format!("traceparent: 00-{TRACE}-b7ad6b7169203331-01\r\n");
         b.build(&propagated(&same, &[&same]), None, &mut out);

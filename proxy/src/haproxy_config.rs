@@ -92,14 +92,40 @@ pub struct ProxyNames {
     /// Lines whose `bind`/`server` entries were dropped because the names reached
     /// [`MAX_NAMES_BYTES`] or [`MAX_BINDS`].
     pub over_limit_lines: usize,
+    /// The backends each `frontend`/`listen` section can send a request to (`default_backend`,
+    /// `use_backend`, and a `listen` section's own servers), for telling apart `server` lines that
+    /// share an address.
+    pub routes: HashMap<String, Routes>,
     /// What the entries take, as counted against [`MAX_NAMES_BYTES`].
     bytes: usize,
     server_index: ServerIndex,
 }
 
-/// First `servers` index per (IP, port): what [`ProxyNames::server_line`] used to find by a scan.
+/// Where one frontend's requests can go.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Routes {
+    pub backends: Vec<String>,
+    /// A `use_backend` names its backend at run time (`%[...]`): any backend may be reached.
+    pub dynamic: bool,
+}
+
+/// What a backend connection's address names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServerMatch<'a> {
+    /// One (backend, server) pair, after narrowing by the frontend's routes if needed.
+    Named { backend: &'a str, server: &'a str },
+    /// Several pairs share the address and the frontend's routes do not single one out: the
+    /// names are left off rather than guessed.
+    Ambiguous,
+    /// No `server` line has this address.
+    Unknown,
+}
+
+/// The `servers` indexes per (IP, port), in file order.
+type ServerMap = HashMap<(IpAddr, Option<u16>), Vec<usize>>;
+
 #[derive(Clone, Debug, Default)]
-struct ServerIndex(OnceLock<HashMap<(IpAddr, Option<u16>), usize>>);
+struct ServerIndex(OnceLock<ServerMap>);
 
 impl PartialEq for ServerIndex {
     /// Derived from the lists, which the enclosing comparison compares.
@@ -136,10 +162,48 @@ impl ProxyNames {
     /// first with this address and no port.
     #[must_use]
     pub fn server_line(&self, addr: SocketAddr) -> Option<&ServerLine> {
+        self.candidates(addr).first().and_then(|i| self.servers.get(*i))
+    }
+
+    /// The lines with this address and port, else those with this address and no port.
+    fn candidates(&self, addr: SocketAddr) -> &[usize] {
         let index = self.server_index.0.get_or_init(|| index_servers(&self.servers));
         let ip = mapped(addr.ip());
-        let i = index.get(&(ip, Some(addr.port()))).or_else(|| index.get(&(ip, None)))?;
-        self.servers.get(*i)
+        index.get(&(ip, Some(addr.port()))).or_else(|| index.get(&(ip, None))).map_or(&[], Vec::as_slice)
+    }
+
+    /// The backend and server a connection to `addr` went to, never a guess: when several
+    /// (backend, server) pairs share the address, only those reachable from `frontend` (the
+    /// frontend of the request it carried) count, and if more than one remains there is no name.
+    #[must_use]
+    pub fn server_for(&self, addr: SocketAddr, frontend: Option<&str>) -> ServerMatch<'_> {
+        let candidates = self.candidates(addr);
+        if let [one] = candidates
+            && let Some(line) = self.servers.get(*one)
+        {
+            // The usual case, on every backend connection: no route lookup.
+            return ServerMatch::Named { backend: &line.backend, server: &line.server };
+        }
+        let reach = frontend.and_then(|f| self.routes.get(f)).filter(|r| !r.dynamic);
+        let mut found: Option<&ServerLine> = None;
+        let mut several = false;
+        for line in candidates.iter().filter_map(|i| self.servers.get(*i)) {
+            if reach.is_some_and(|r| !r.backends.contains(&line.backend)) {
+                continue;
+            }
+            match found {
+                None => found = Some(line),
+                Some(f) if f.backend == line.backend && f.server == line.server => {}
+                Some(_) => several = true,
+            }
+        }
+        match found {
+            None if candidates.is_empty() => ServerMatch::Unknown,
+            // Lines share the address but none is reachable from this frontend: not ours to name.
+            None => ServerMatch::Ambiguous,
+            Some(_) if several => ServerMatch::Ambiguous,
+            Some(line) => ServerMatch::Named { backend: &line.backend, server: &line.server },
+        }
     }
 
     fn skip(&mut self, line: &str) {
@@ -163,10 +227,10 @@ impl ProxyNames {
     }
 }
 
-fn index_servers(servers: &[ServerLine]) -> HashMap<(IpAddr, Option<u16>), usize> {
-    let mut index = HashMap::with_capacity(servers.len());
+fn index_servers(servers: &[ServerLine]) -> ServerMap {
+    let mut index = ServerMap::with_capacity(servers.len());
     for (i, s) in servers.iter().enumerate() {
-        index.entry((mapped(s.ip), s.port)).or_insert(i);
+        index.entry((mapped(s.ip), s.port)).or_default().push(i);
     }
     index
 }
@@ -247,6 +311,9 @@ impl ConfigParser {
                     words.next().unwrap_or("").clone_into(&mut name);
                     if name.is_empty() {
                         section = Section::Other;
+                    } else if section == Section::Listen && names.take(2 * name.len()) {
+                        // A `listen` section sends to its own servers.
+                        names.routes.entry(name.clone()).or_default().backends.push(name.clone());
                     }
                 }
                 "global" | "defaults" | "resolvers" | "peers" | "userlist" | "cache" | "program" | "http-errors"
@@ -284,6 +351,9 @@ impl ConfigParser {
                     }
                     names.over_limit_lines += usize::from(over_limit);
                 }
+                "default_backend" | "use_backend" if matches!(section, Section::Frontend | Section::Listen) => {
+                    add_route(names, &name, words.next().unwrap_or(""));
+                }
                 "server" if matches!(section, Section::Backend | Section::Listen) => {
                     let server = words.next().unwrap_or("");
                     match words.next().and_then(parse_server_addr) {
@@ -317,6 +387,25 @@ impl ConfigParser {
         let names = self.names;
         names.server_index.0.get_or_init(|| index_servers(&names.servers));
         names
+    }
+}
+
+/// Records that `frontend` can send requests to `target` (a `default_backend` or `use_backend`).
+fn add_route(names: &mut ProxyNames, frontend: &str, target: &str) {
+    if target.is_empty() {
+        return;
+    }
+    if names.take(target.len() + frontend.len()) {
+        let routes = names.routes.entry(frontend.to_owned()).or_default();
+        if target.contains('%') {
+            routes.dynamic = true;
+        } else if !routes.backends.iter().any(|b| b == target) {
+            routes.backends.push(target.to_owned());
+        }
+    } else {
+        // Over the budget: this frontend's routes are unknown, so nothing is narrowed.
+        names.routes.entry(frontend.to_owned()).or_default().dynamic = true;
+        names.over_limit_lines += 1;
     }
 }
 
@@ -456,6 +545,31 @@ backend be_app
         assert_eq!((n.skipped_lines, n.skipped.len()), (100, MAX_SKIPPED_KEPT));
         let cut = parse(&format!("backend b\n server s {}\n", "é".repeat(200)));
         assert!(cut.skipped[0].len() <= MAX_SKIPPED_LINE_BYTES, "cut on a character boundary");
+    }
+
+    #[test]
+    fn servers_sharing_an_address_are_named_only_when_the_frontend_singles_one_out() {
+        let n = parse(
+            "frontend fe_main\n bind :80\n use_backend be_api if { path_beg /api }\n default_backend be_web\n\
+             frontend fe_web\n bind :81\n default_backend be_web\n\
+             frontend fe_dyn\n bind :82\n use_backend be_%[req.hdr(host)]\n\
+             backend be_web\n server web1 10.0.0.1:80\n\
+             backend be_api\n server api1 10.0.0.1:80\n\
+             backend be_other\n server o1 10.0.0.2:80\n server o1 10.0.0.2:80\n\
+             listen li\n bind :83\n server l1 10.0.0.3:80\n\
+             backend be_dup\n server d1 10.0.0.3:80\n",
+        );
+        let shared = "10.0.0.1:80".parse().unwrap();
+        assert_eq!(n.server_for(shared, Some("fe_main")), ServerMatch::Ambiguous, "both reachable: no name");
+        assert_eq!(n.server_for(shared, Some("fe_web")), ServerMatch::Named { backend: "be_web", server: "web1" });
+        assert_eq!(n.server_for(shared, Some("fe_dyn")), ServerMatch::Ambiguous, "dynamic routes narrow nothing");
+        assert_eq!(n.server_for(shared, None), ServerMatch::Ambiguous);
+        let same_twice = "10.0.0.2:80".parse().unwrap();
+        assert_eq!(n.server_for(same_twice, None), ServerMatch::Named { backend: "be_other", server: "o1" });
+        let listen = "10.0.0.3:80".parse().unwrap();
+        assert_eq!(n.server_for(listen, Some("li")), ServerMatch::Named { backend: "li", server: "l1" });
+        assert_eq!(n.server_for(shared, Some("li")), ServerMatch::Ambiguous, "not reachable from li: not ours to name");
+        assert_eq!(n.server_for("10.9.9.9:80".parse().unwrap(), Some("fe_main")), ServerMatch::Unknown);
     }
 
     #[test]

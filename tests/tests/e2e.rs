@@ -355,3 +355,58 @@ fn binds_and_servers_given_by_environment_variables_are_named() {
     }
     drop(haproxy);
 }
+
+/// Two backends that share one server address, chosen by path (`use_backend be_api if { path_beg
+/// /api }`, `default_backend be_web`): a CLIENT span has the names HAProxy used or none, never the
+/// other backend's, and the counter agrees. A frontend that reaches only one of them names it.
+#[test]
+fn backends_sharing_a_server_address_get_the_right_names_or_none() {
+    if !require_root() {
+        return;
+    }
+    let rig = Rig::new();
+    let (port, web_port) = (free_port(), free_port());
+    let app = rig.backend.addr;
+    let config = format!(
+        "global\n    maxconn 256\n\ndefaults\n    mode http\n    timeout connect 2s\n    timeout client 10s\n    timeout server 10s\n\n\
+         frontend fe_main\n    bind 127.0.0.1:{port}\n    use_backend be_api if {{ path_beg /api }}\n    default_backend be_web\n\n\
+         frontend fe_web_only\n    bind 127.0.0.1:{web_port}\n    default_backend be_web\n\n\
+         backend be_web\n    server web1 \"127.0.0.1:${{APP_PORT}}\"\n\n\
+         backend be_api\n    server api1 {app}\n"
+    );
+    let haproxy = Haproxy::start_with_env(&rig.comm, &config, port, &[("APP_PORT", app.port().to_string())]);
+    let agent = Agent::start(&rig.agent_env());
+    let mut main = Conn::connect(SocketAddr::from(([127, 0, 0, 1], port))).expect("connect");
+    let mut web_only = Conn::connect(SocketAddr::from(([127, 0, 0, 1], web_port))).expect("connect");
+    for i in 0..30 {
+        assert_eq!(main.get(&format!("/api/{i}"), &[]).expect("request").status, 200);
+        assert_eq!(main.get(&format!("/web/{i}"), &[]).expect("request").status, 200);
+        assert_eq!(web_only.get(&format!("/only/{i}"), &[]).expect("request").status, 200);
+    }
+    let spans = rig.receiver.wait_for_spans(180);
+    let clients: Vec<&Received> = spans.iter().filter(|s| !s.is_server()).collect();
+    assert_eq!(clients.len(), 90, "log:\n{}", agent.log());
+    let (mut unnamed, mut wrong) = (0, Vec::new());
+    for c in &clients {
+        let path = c.str_attr("url.path").unwrap_or("");
+        let want = if path.starts_with("/api") { ("be_api", "api1") } else { ("be_web", "web1") };
+        match (c.str_attr("haproxy.backend"), c.str_attr("haproxy.server")) {
+            (None, None) => unnamed += 1,
+            (Some(be), Some(srv)) if (be, srv) == want => {}
+            other => wrong.push((path.to_owned(), other)),
+        }
+    }
+    println!(
+        "[names] 90 CLIENT spans through two backends sharing an address: {unnamed} left unnamed, {} wrong",
+        wrong.len()
+    );
+    assert!(wrong.is_empty(), "wrong names: {wrong:?}");
+    assert_eq!(agent.metric("tracetap_server_names_ambiguous_total"), unnamed, "the counter agrees");
+    let only_named = clients
+        .iter()
+        .filter(|c| c.str_attr("url.path").is_some_and(|p| p.starts_with("/only")))
+        .all(|c| c.str_attr("haproxy.backend") == Some("be_web") && c.str_attr("haproxy.server") == Some("web1"));
+    assert!(only_named, "a frontend that reaches one of them names it");
+    assert_eq!(unnamed, 60, "fe_main reaches both: its 60 are left unnamed");
+    drop(haproxy);
+}

@@ -244,6 +244,7 @@ fn hand_out(
     let decided = builder.stats();
     metrics::set(&metrics.propagated, decided.propagated);
     metrics::set(&metrics.sampling_disagreements, decided.disagreements);
+    metrics::set(&metrics.server_names_ambiguous, decided.ambiguous_servers);
 }
 
 fn flush(batcher: &mut Batcher, builder: &mut SpanBuilder, tracker: &mut Tracker, queue: &Output) {
