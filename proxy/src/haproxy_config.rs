@@ -373,6 +373,15 @@ impl ConfigParser {
                         _ => names.skip(line),
                     }
                 }
+                "server-template" if matches!(section, Section::Backend | Section::Listen) => {
+                    let (prefix, slots) = (words.next().unwrap_or(""), words.next().and_then(template_slots));
+                    match (slots, words.next().and_then(parse_server_addr)) {
+                        (Some(slots), Some((ip, port))) if !prefix.is_empty() => {
+                            add_template(names, &name, prefix, slots, (ip, port), tcp);
+                        }
+                        _ => names.skip(line),
+                    }
+                }
                 _ => {}
             }
         }
@@ -387,6 +396,36 @@ impl ConfigParser {
         let names = self.names;
         names.server_index.0.get_or_init(|| index_servers(&names.servers));
         names
+    }
+}
+
+/// The slot numbers of a `server-template`: `N` (1 to N) or `A-B`.
+fn template_slots(spec: &str) -> Option<std::ops::RangeInclusive<u32>> {
+    let (first, last) = match spec.split_once('-') {
+        Some((a, b)) => (a.parse().ok()?, b.parse().ok()?),
+        None => (1, spec.parse().ok()?),
+    };
+    (first <= last).then_some(first..=last)
+}
+
+/// The servers of a `server-template` line, `PREFIX1`, `PREFIX2`, ..., all at the line's address
+/// (the runtime API or DNS move them later; here they share it, so a connection to it is named
+/// only if one slot remains). Stops at the names budget, however many slots the line asks for.
+fn add_template(
+    names: &mut ProxyNames,
+    backend: &str,
+    prefix: &str,
+    slots: std::ops::RangeInclusive<u32>,
+    (ip, port): (IpAddr, Option<u16>),
+    tcp: bool,
+) {
+    for slot in slots {
+        let server = format!("{prefix}{slot}");
+        if !names.take(size_of::<ServerLine>() + backend.len() + server.len()) {
+            names.over_limit_lines += 1;
+            return;
+        }
+        names.servers.push(ServerLine { backend: backend.to_owned(), server, tcp, ip, port });
     }
 }
 
@@ -570,6 +609,24 @@ backend be_app
         assert_eq!(n.server_for(listen, Some("li")), ServerMatch::Named { backend: "li", server: "l1" });
         assert_eq!(n.server_for(shared, Some("li")), ServerMatch::Ambiguous, "not reachable from li: not ours to name");
         assert_eq!(n.server_for("10.9.9.9:80".parse().unwrap(), Some("fe_main")), ServerMatch::Unknown);
+    }
+
+    #[test]
+    fn server_templates_name_their_slots_and_stay_within_the_budget() {
+        let n = parse(
+            "backend be_t\n server-template SRV_ 3 10.0.0.9:80 disabled\n server-template r 5-6 10.0.0.8:81\n\
+             server-template bad 0-x 10.0.0.7:80\n server-template dns 2 app.svc:80\n",
+        );
+        let names: Vec<&str> = n.servers.iter().map(|s| s.server.as_str()).collect();
+        assert_eq!(names, ["SRV_1", "SRV_2", "SRV_3", "r5", "r6"]);
+        assert_eq!(
+            n.server_for("10.0.0.8:81".parse().unwrap(), None),
+            ServerMatch::Ambiguous,
+            "two slots, one address"
+        );
+        assert_eq!(n.skipped_lines, 2, "a bad range and a hostname are skipped, not guessed");
+        let huge = parse("backend b\n server-template s 4000000000 10.0.0.1:80\n");
+        assert!(huge.bytes <= MAX_NAMES_BYTES && huge.over_limit_lines == 1);
     }
 
     #[test]
