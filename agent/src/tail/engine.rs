@@ -488,14 +488,10 @@ impl<S: TailStore> Engine<S> {
                 // earlier part is decided now, and this one follows it when due.
                 self.counts.early += 1;
                 if !self.decide_logged(*trace, now)
-                    && let Some(lost) = self.pending.remove(trace)
+                    && let Some(lost) = self.untrack(trace)
                 {
                     // Not decided (the store refused): counted lost here; the next start meets it again.
                     self.counts.spans_lost += u64::from(lost.span_count);
-                    self.spans_pending -= u64::from(lost.span_count);
-                    if let Some(state) = self.partitions.get_mut(&lost.spans().partition) {
-                        state.pending -= 1;
-                    }
                 }
             }
             let spans = self.store.spans(trace, &p.spans)?;
@@ -515,6 +511,16 @@ impl<S: TailStore> Engine<S> {
         }
         self.flush_export();
         Ok(())
+    }
+
+    /// Stops tracking a recovered trace (decided, or given up), with the counts that include it.
+    fn untrack(&mut self, trace: &TraceId) -> Option<Pending> {
+        let p = self.pending.remove(trace)?;
+        self.spans_pending -= u64::from(p.span_count);
+        if let Some(state) = self.partitions.get_mut(&p.spans().partition) {
+            state.pending -= 1;
+        }
+        Some(p)
     }
 
     fn track(&mut self, trace: TraceId, pending: Pending) {
@@ -1129,12 +1135,8 @@ impl<S: TailStore> Engine<S> {
                     return false;
                 }
                 self.decide_failures.remove(&trace);
-                if let Some(p) = self.pending.remove(&trace) {
-                    self.spans_pending -= u64::from(p.span_count);
+                if let Some(p) = self.untrack(&trace) {
                     self.counts.spans_lost += u64::from(p.span_count);
-                    if let Some(state) = self.partitions.get_mut(&p.spans().partition) {
-                        state.pending -= 1;
-                    }
                 }
                 // Given up: nothing to retry.
                 true
@@ -1153,11 +1155,7 @@ impl<S: TailStore> Engine<S> {
         if let Some(cached) = self.cache.get(&trace).copied() {
             // Another part of it (in another partition) was decided first: this one follows.
             let decision = self.follow(trace, range, cached)?;
-            self.pending.remove(&trace);
-            self.spans_pending -= u64::from(p.span_count);
-            if let Some(state) = self.partitions.get_mut(&range.partition) {
-                state.pending -= 1;
-            }
+            self.untrack(&trace);
             if cached.kept {
                 self.counts.late_kept += stored.len() as u64;
                 self.partitions.entry(range.partition).or_default().outbox += 1;
@@ -1174,12 +1172,8 @@ impl<S: TailStore> Engine<S> {
         drop(facts);
         let outcome = if keep { Outcome::Kept { threshold } } else { Outcome::Dropped };
         let seq = self.store.decide(&trace, &range, outcome)?;
-        self.pending.remove(&trace);
-        self.spans_pending -= u64::from(p.span_count);
-        if let Some(state) = self.partitions.get_mut(&range.partition) {
-            state.pending -= 1;
-        }
         count_decision(&mut self.counts, verdict.policy, keep);
+        self.untrack(&trace);
         self.unflushed_decisions = true;
         let (first, last) = (range.first, range.last);
         self.remember(trace, Cached { partition: range.partition, seq, kept: keep, threshold, first, last });
