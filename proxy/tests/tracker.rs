@@ -1126,3 +1126,53 @@ fn a_retry_haproxy_resends_with_its_own_traceparent_stays_with_its_request() {
     // abort, would have left it with the second request).
     assert_eq!(t.stats().relinked_backend_exchanges, 0);
 }
+
+#[test]
+fn a_relay_prefers_a_backend_exchange_in_its_own_trace_to_an_earlier_identical_response() {
+    // Found in the connected-traces scenario (two HAProxy threads): two clients send one shared
+    // traceparent at once while two others send none; HAProxy forwards the shared trace id under
+    // new parent ids and gives the others new traces. The responses are byte-identical and read
+    // in another order than relayed, and the earliest unclaimed one read belongs to a request
+    // without context. A request of the shared trace must still get a backend exchange of its
+    // trace: the trace id is evidence the headers and the read order are not.
+    let shared = "traceparent: 00-eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee-b7ad6b7169203331-01\r\n";
+    let forwarded =
+        |t: char, p: char| format!("traceparent: 00-{}-{}-01\r\n", t.to_string().repeat(32), p.to_string().repeat(16));
+    let mut t = Tracker::default();
+    let mut s = Script::default();
+    for fd in 10..=13 {
+        s.push(1, fd, OwnedOp::Accept(client()));
+    }
+    s.push(1, 12, OwnedOp::Read(req_with("/same", "")))
+        .push(1, 13, OwnedOp::Read(req_with("/same", "")))
+        .push(1, 10, OwnedOp::Read(req_with("/same", shared)))
+        .push(1, 11, OwnedOp::Read(req_with("/same", shared)));
+    for fd in 20..=23 {
+        s.push(1, fd, OwnedOp::Connect(server()));
+    }
+    s.push(1, 20, OwnedOp::Write(req_with("/same", &forwarded('a', '1'))))
+        .push(1, 21, OwnedOp::Write(req_with("/same", &forwarded('e', '2'))))
+        .push(1, 22, OwnedOp::Write(req_with("/same", &forwarded('e', '3'))))
+        .push(1, 23, OwnedOp::Write(req_with("/same", &forwarded('b', '4'))));
+    for fd in [22, 20, 21, 23] {
+        s.push(1, fd, OwnedOp::Read(resp(200, "x")));
+    }
+    for fd in [10, 11, 12, 13] {
+        s.push(1, fd, OwnedOp::Write(resp(200, "x")));
+    }
+    let out = s.run(&mut t);
+    assert_eq!(out.len(), 4);
+    let trace = |tp: &TraceparentField| match tp {
+        TraceparentField::One(v) => parse_traceparent(v).map(|p| p.trace_id),
+        _ => None,
+    };
+    for e in &out {
+        assert_eq!(e.clients.len(), 1, "{e:?}");
+        let own = trace(&e.request.as_ref().unwrap().traceparent);
+        let backend = trace(&e.clients[0].request.traceparent).unwrap();
+        match own {
+            Some(own) => assert_eq!(backend, own, "a request of the shared trace gets a backend exchange of it"),
+            None => assert_ne!(backend, [0xee; 16], "a request without context gets a new trace"),
+        }
+    }
+}

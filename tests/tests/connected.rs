@@ -295,6 +295,28 @@ impl<'a> Exported<'a> {
         }
         Self { servers, clients }
     }
+
+    /// Every exported span of `trace`, one per line, for a failure message.
+    fn trace(&self, trace: &[u8]) -> String {
+        use std::fmt::Write as _;
+        let mut out = String::new();
+        for s in self.servers.values().chain(self.clients.values()).filter(|s| s.span.trace_id == trace) {
+            let _ = write!(
+                out,
+                "  {} span {} parent {} start {} end {}",
+                if s.is_server() { "SERVER" } else { "CLIENT" },
+                hex(&s.span.span_id),
+                hex(&s.span.parent_span_id),
+                s.span.start_time_unix_nano,
+                s.span.end_time_unix_nano,
+            );
+            for kv in &s.span.attributes {
+                let _ = write!(out, " {}={:?}", kv.key, kv.value.as_ref().and_then(|v| v.value.as_ref()));
+            }
+            out.push('\n');
+        }
+        out
+    }
 }
 
 #[test]
@@ -371,7 +393,11 @@ fn check(what: &str, sent: &[Exchange], seen: &[Continuation], receiver: &Receiv
     println!("[{what}] sampled continuations without their CLIENT span, among those not held to it: {unmatched}");
     for c in sampled.iter().filter(|c| strict(&c.trace_id)) {
         let client = exported.clients.get(&c.parent_span_id[..]).unwrap_or_else(|| {
-            panic!("{what}: no CLIENT span {} for the sampled continuation {c:?}", hex(&c.parent_span_id))
+            panic!(
+                "{what}: no CLIENT span {} for the sampled continuation {c:?}\n{}",
+                hex(&c.parent_span_id),
+                exported.trace(&c.trace_id)
+            )
         });
         assert_eq!(client.span.trace_id, c.trace_id, "{what}: the backend's span is in the CLIENT span's trace");
         let server = exported
@@ -381,9 +407,13 @@ fn check(what: &str, sent: &[Exchange], seen: &[Continuation], receiver: &Receiv
         assert_eq!(server.span.trace_id, c.trace_id, "{what}");
     }
     for (id, client) in exported.clients.iter().filter(|(_, c)| strict(&c.span.trace_id)) {
-        let c = continued
-            .get(&id[..])
-            .unwrap_or_else(|| panic!("{what}: CLIENT span {} continued by no backend span", hex(id)));
+        let c = continued.get(&id[..]).unwrap_or_else(|| {
+            panic!(
+                "{what}: CLIENT span {} continued by no backend span\n{}",
+                hex(id),
+                exported.trace(&client.span.trace_id)
+            )
+        });
         assert!(c.sampled, "{what}: exported, so the forwarded flag said sampled: {c:?}");
         assert_eq!(client.span.trace_id, c.trace_id);
     }

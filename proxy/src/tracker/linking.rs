@@ -6,7 +6,8 @@
 //!   rewritten target) by alike headers alone;
 //! - for good when `HAProxy` relays its response ([`Tracker::claim_relay`]): a frontend response
 //!   head that carries the `traceparent` a backend request carried claims that one; otherwise it
-//!   claims the earliest unclaimed backend response of its thread with the same status.
+//!   claims an unclaimed backend response of its thread with the same status, one in its own
+//!   trace first, then the closest headers, then the earliest read.
 //!
 //! Invariants:
 //! - A backend exchange is filed (exported under a frontend request) at most once, and only when
@@ -105,6 +106,11 @@ pub(super) struct BackRecord {
     pub(super) tgid: u32,
     /// Hash of its request's single `traceparent` value: a retry resends the same one.
     pub(super) traceparent_key: Option<u64>,
+    /// Hash of that value's trace id, when valid (as [`Candidate::trace_key`]).
+    pub(super) trace_key: Option<u64>,
+    /// That trace id was no waiting request's when it was written: `HAProxy` started a new trace
+    /// (the snippet's lines do, for a request without a valid `traceparent`).
+    pub(super) new_trace: bool,
     pub(super) relay: Relay,
     /// What the link rests on.
     pub(super) evidence: Evidence,
@@ -151,20 +157,22 @@ impl Candidate {
         let (request_key, (traceparent_key, trace_key), method_key, header_sig) = match request {
             Some(r) => (
                 FxBuildHasher.hash_one((&r.method, &r.target)),
-                (
-                    traceparent_key(r),
-                    // A valid one only: `HAProxy` keeps the trace of a valid parent alone.
-                    match &r.traceparent {
-                        TraceparentField::One(v) => parse_traceparent(v).map(|p| FxBuildHasher.hash_one(p.trace_id)),
-                        _ => None,
-                    },
-                ),
+                // A valid one only: `HAProxy` keeps the trace of a valid parent alone.
+                (traceparent_key(r), trace_key(r)),
                 FxBuildHasher.hash_one(&r.method),
                 r.header_sig,
             ),
             None => (0, (None, None), 0, 0),
         };
         Self { id, tgid: ctx.key.0, tid: ctx.tid, request_key, traceparent_key, trace_key, method_key, header_sig }
+    }
+}
+
+/// Hash of the trace id of a request's single valid `traceparent` (as [`Candidate`] keys it).
+pub(super) fn trace_key(request: &RequestHead) -> Option<u64> {
+    match &request.traceparent {
+        TraceparentField::One(v) => parse_traceparent(v).map(|p| FxBuildHasher.hash_one(p.trace_id)),
+        _ => None,
     }
 }
 
@@ -219,7 +227,7 @@ impl Tracker {
             });
         let pos = match exact {
             Some(pos) => pos,
-            None => match self.best_relay(id, ctx, relayed, links, front_start, &relayable) {
+            None => match self.best_relay(id, ctx, relayed, (links, own), front_start, &relayable) {
                 Some(pos) => pos,
                 None => return,
             },
@@ -234,7 +242,7 @@ impl Tracker {
         id: u64,
         ctx: Ctx,
         relayed: ResponseHead,
-        links: LinkStrength,
+        (links, own): (LinkStrength, Option<TraceParent>),
         front_start: u64,
         relayable: &dyn Fn(&BackRecord) -> bool,
     ) -> Option<usize> {
@@ -258,14 +266,24 @@ impl Tracker {
                 && (b.front == Some(id) || recent(b))
                 && b.exchange.start_ns >= front_start
         };
+        // A backend request in this request's trace first (`HAProxy` keeps a valid incoming trace
+        // id, and starts a new trace only for a request without one): that is evidence, where
+        // identical requests and responses leave only the read order. Where the trace ids tell
+        // nothing (no propagation, or a scheme that restarts every trace) all rank alike.
+        let own_trace = own.map(|o| FxBuildHasher.hash_one(o.trace_id));
+        let in_own_trace = |b: &BackRecord| match own_trace {
+            Some(k) => b.trace_key == Some(k),
+            None => b.new_trace,
+        };
         // Among those, the response relayed unchanged (same header lines) first, else the most
         // alike headers, else the earliest read: HAProxy does not always relay responses of one
         // thread in the order it read them, and identical requests often get responses that only
         // their headers (`Date`, `ETag`, a request id, `Content-Length`) tell apart.
         let closeness = |b: &BackRecord| {
-            b.exchange.response.map_or((false, 0), |r| {
+            let (same, alike) = b.exchange.response.map_or((false, 0), |r| {
                 (r.header_digest == relayed.header_digest, (r.header_sig & relayed.header_sig).count_ones())
-            })
+            });
+            (in_own_trace(b), same, alike)
         };
         let best = |accept: &dyn Fn(&BackRecord) -> bool| {
             self.relays

@@ -953,6 +953,9 @@ impl Tracker {
     fn new_backend(&mut self, ctx: Ctx, request: RequestHead, started: u64) -> u64 {
         self.stats.backend_requests += 1;
         let quarantined = self.quarantined(ctx.ts);
+        let trace_key = linking::trace_key(&request);
+        let new_trace =
+            trace_key.is_some() && !self.candidates.iter().any(|c| c.tgid == ctx.key.0 && c.trace_key == trace_key);
         let link = if quarantined { None } else { self.link(ctx, &request) };
         let front = link.map(|l| l.id);
         if let Some(id) = front {
@@ -978,6 +981,8 @@ impl Tracker {
                 front,
                 tgid: ctx.key.0,
                 traceparent_key: linking::traceparent_key(&request),
+                trace_key,
+                new_trace,
                 relay: Relay::Awaiting,
                 evidence: if quarantined { Evidence::Tainted } else { Evidence::of(link) },
                 ended: false,
