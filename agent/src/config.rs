@@ -83,6 +83,9 @@ pub struct Config {
     /// `TRACETAP_EXCHANGE_IDLE_TIMEOUT`: an exchange without activity for this long is expired.
     /// Its nanoseconds fit in a `u64` (the tracker's clock).
     pub exchange_idle_timeout: Duration,
+    /// `TRACETAP_HAPROXY_RUNTIME_API`: read server names from `HAProxy`'s runtime API (`show
+    /// servers state` on its `stats socket`) rather than from its configuration file alone.
+    pub runtime_api: bool,
 }
 
 /// Every variable the agent reads, with its default and meaning. The README's table is this list.
@@ -221,6 +224,11 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
         "comma-separated pids to trace with their children, instead of by command name",
     ),
     ("TRACETAP_RING_BYTES", "8388608", "ring buffer size: a power of two, at least 65536"),
+    (
+        "TRACETAP_HAPROXY_RUNTIME_API",
+        "true",
+        "`false` stops reading server names from HAProxy's runtime API (`show servers state` on the configuration's `stats socket`, read-only, every second and when a backend address is unknown); names then come from the configuration file only",
+    ),
     (
         "TRACETAP_PROBE_STATS",
         "false",
@@ -569,6 +577,7 @@ impl Config {
             pod_selector: parse_pod_selector(&src)?,
             attribute_value_length_limit: parse_value_length_limit(&src)?,
             exchange_idle_timeout: parse_exchange_idle_timeout(&src)?,
+            runtime_api: src.flag("TRACETAP_HAPROXY_RUNTIME_API", true)?,
         })
     }
 }

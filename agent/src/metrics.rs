@@ -140,6 +140,10 @@ metrics! {
     tail_spans_buffered: "gauge", "tracetap_tail_spans_buffered", "Spans of traces waiting for a tail decision";
     tail_buffered_bytes: "gauge", "tracetap_tail_buffered_bytes", "Bytes of spans held in live partitions of the tail store (what TRACETAP_TAIL_MAX_DISK_BYTES bounds)";
     tail_disk_bytes: "gauge", "tracetap_tail_disk_bytes", "Bytes the tail store occupies on disk (sled's own figure, space amplification included)";
+    server_names_waiting: "gauge", "tracetap_server_names_waiting", "Kept exchanges whose spans wait for the next runtime API table read, so that they report the server names true when their request was sent";
+    server_names_unsettled: "counter", "tracetap_server_names_unsettled_total", "Kept exchanges that waited the longest (3 s) for a runtime API table read and were named with the newest table then";
+    runtime_api_reads: "counter", "tracetap_haproxy_runtime_api_reads_total", "Server tables read from HAProxy's runtime API (show servers state on its stats socket)";
+    runtime_api_errors: "counter", "tracetap_haproxy_runtime_api_errors_total", "Runtime API reads that failed (socket missing, permission denied, refused, no answer in time, not a server table); server names then come from the configuration file, and the first failure per process is logged with what to change";
     config_read_errors: "counter", "tracetap_config_read_errors_total", "HAProxy configuration files (or command lines) that could not be read: missing, not a regular file, over the size caps, or no answer in time; the spans they would name carry addresses";
     k8s_api_errors: "counter", "tracetap_k8s_api_errors_total", "Failed requests of the pod watch (retried with backoff)";
     k8s_api_up: "gauge", "tracetap_k8s_api_up", "1 while the pod watch is in sync with the API server";

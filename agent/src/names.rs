@@ -46,9 +46,14 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::time::{Duration, Instant};
 
 use tracetap_proxy::haproxy_config::{ConfigParser, ProxyNames};
+use tracetap_proxy::haproxy_runtime::{RuntimeServer, ServersState};
 use tracetap_proxy::haproxy_words::Environment;
 
 use crate::metrics::{self, Metrics};
+
+mod runtime_api;
+
+pub use runtime_api::{RuntimeApiError, read_servers_state};
 
 /// Most configuration bytes read for one process, all its files together (so also for any one
 /// file). HAProxy configurations are kilobytes, and even generated ones with thousands of
@@ -76,12 +81,33 @@ pub const MAX_SYMLINKS: usize = 40;
 pub const MAX_LOADERS: usize = 2;
 /// A load that has not answered by then (counted from the request) is given up.
 pub const LOAD_TIMEOUT: Duration = Duration::from_secs(10);
+/// The runtime API's server table is read again this often without traffic.
+pub const RUNTIME_REFRESH: Duration = Duration::from_secs(2);
+/// While spans wait for a table read after their request, reads come this often (each one
+/// settles every span waiting when it started).
+pub const RUNTIME_MIN_GAP: Duration = Duration::from_millis(200);
+/// After a failed read, the next one comes this much later.
+pub const RUNTIME_RETRY: Duration = Duration::from_secs(10);
+/// A read that has not answered by then is given up (on the reading thread).
+pub const RUNTIME_TIMEOUT: Duration = Duration::from_secs(2);
+/// Runtime API reads running at once (a process whose socket hangs holds one until the timeout).
+pub const MAX_RUNTIME_READS: usize = 2;
 /// How long the state of a process that is not (or no longer) a target is kept: events may name
 /// a process before discovery sees it, and one that exits before then is never forgotten otherwise.
 const FORGET_AFTER: Duration = Duration::from_secs(10);
 
+/// See [`Names::settled_at`].
+#[derive(Debug)]
+pub enum NamesAt {
+    Ready(Option<Arc<ProxyNames>>),
+    Wait,
+}
+
 /// Reads the configuration of a process (`load`, or a stand-in in tests).
 type Loader = fn(&Path, u32) -> Outcome;
+/// Reads a process's server table from one of its stats sockets ([`read_servers_state`], or a
+/// stand-in in tests).
+type RuntimeReader = fn(&Path, u32, &str, Duration) -> Result<ServersState, RuntimeApiError>;
 
 /// Per-process names, loaded in the background.
 #[derive(Debug)]
@@ -98,6 +124,14 @@ pub struct Names {
     read_errors: u64,
     loader: Loader,
     timeout: Duration,
+    /// Read the runtime API's server table (`TRACETAP_HAPROXY_RUNTIME_API`).
+    runtime_api: bool,
+    runtime_reader: RuntimeReader,
+    runtime_sender: Sender<RuntimeRead>,
+    runtime_results: Receiver<RuntimeRead>,
+    runtime_running: usize,
+    runtime_reads: u64,
+    runtime_errors: u64,
 }
 
 #[derive(Debug)]
@@ -105,7 +139,38 @@ enum State {
     /// Load `id` asked for at `since`.
     Pending { id: u64, since: Instant },
     /// Loaded (`None`: nothing could be read), at `since`.
-    Done { names: Option<Arc<ProxyNames>>, since: Instant },
+    Done { names: Option<Arc<ProxyNames>>, runtime: Runtime, since: Instant },
+}
+
+/// What the runtime API gave for one process.
+///
+/// A span reports the names that were true when its request was sent. Each table read is taken
+/// as true from the moment its read started (`current.0`, monotonic ns). For a request sent
+/// before that, the change may have come before or after it: `before` holds the newest table and
+/// the one read before it together, so that a server whose name changed between the two is
+/// ambiguous (no name, counted) rather than possibly wrong.
+#[derive(Debug, Default)]
+struct Runtime {
+    current: Option<(u64, Arc<ProxyNames>)>,
+    before: Option<Arc<ProxyNames>>,
+    /// The newest table, to join with the next one.
+    table: Option<ServersState>,
+    reading: bool,
+    /// When the last read started.
+    started: Option<Instant>,
+    /// No read before this (after a failure).
+    not_before: Option<Instant>,
+    /// A backend address the table did not know was seen: read again soon.
+    wanted: bool,
+    /// The failure was logged (once, until a read succeeds again).
+    failing: bool,
+}
+
+#[derive(Debug)]
+struct RuntimeRead {
+    pid: u32,
+    started_ns: u64,
+    result: Result<ServersState, RuntimeApiError>,
 }
 
 impl State {
@@ -143,12 +208,13 @@ impl Outcome {
 
 impl Names {
     #[must_use]
-    pub fn new(proc_root: &Path) -> Self {
-        Self::with_loader(proc_root, load, LOAD_TIMEOUT)
+    pub fn new(proc_root: &Path, runtime_api: bool) -> Self {
+        Self { runtime_api, ..Self::with_loader(proc_root, load, LOAD_TIMEOUT) }
     }
 
     fn with_loader(proc_root: &Path, loader: Loader, timeout: Duration) -> Self {
         let (sender, results) = mpsc::channel();
+        let (runtime_sender, runtime_results) = mpsc::channel();
         Self {
             proc_root: proc_root.to_owned(),
             by_pid: HashMap::new(),
@@ -160,27 +226,71 @@ impl Names {
             read_errors: 0,
             loader,
             timeout,
+            runtime_api: false,
+            runtime_reader: read_servers_state,
+            runtime_sender,
+            runtime_results,
+            runtime_running: 0,
+            runtime_reads: 0,
+            runtime_errors: 0,
         }
     }
 
     /// The names of process `pid`'s configuration, once loaded and if it could be read. Never
     /// waits: `None` while the load runs (which this starts if nothing asked for it yet).
     pub fn of(&mut self, pid: u32) -> Option<Arc<ProxyNames>> {
+        self.at(pid, u64::MAX)
+    }
+
+    /// The names of process `pid` as they were when a request was sent at `sent_ns` (monotonic
+    /// ns): with the runtime API's table where there is one (see [`Runtime`]), else the
+    /// configuration's. Never waits, as [`Names::of`].
+    pub fn at(&mut self, pid: u32, sent_ns: u64) -> Option<Arc<ProxyNames>> {
         match self.by_pid.get(&pid) {
-            Some(State::Done { names, .. }) => return names.clone(),
-            Some(State::Pending { .. }) => {}
-            None => self.request(pid),
+            Some(State::Done { .. }) => {}
+            Some(State::Pending { .. }) => self.poll(),
+            None => {
+                self.request(pid);
+                self.poll();
+            }
         }
-        self.poll();
         match self.by_pid.get(&pid) {
-            Some(State::Done { names, .. }) => names.clone(),
+            Some(State::Done { names, runtime, .. }) => match (&runtime.current, &runtime.before) {
+                (Some((from, current)), _) if sent_ns >= *from => Some(current.clone()),
+                (Some(_), Some(before)) => Some(before.clone()),
+                _ => names.clone(),
+            },
             _ => None,
         }
     }
 
+    /// The names for spans of a request process `pid` sent at `sent_ns`, or [`NamesAt::Wait`] while
+    /// the runtime API is in use for it and no table read since then has come in: a span reports
+    /// the names true when its request was sent, and only a read that started after that can
+    /// say. Waiting asks for a read (at most every [`RUNTIME_MIN_GAP`], started by [`Names::tick`]).
+    /// Never waits itself.
+    pub fn settled_at(&mut self, pid: u32, sent_ns: u64) -> NamesAt {
+        if let Some(State::Done { names: Some(names), runtime, .. }) = self.by_pid.get_mut(&pid)
+            && self.runtime_api
+            && !names.stats_sockets.is_empty()
+            && !runtime.failing
+            && runtime.current.as_ref().is_none_or(|(from, _)| *from <= sent_ns)
+        {
+            runtime.wanted = true;
+            return NamesAt::Wait;
+        }
+        NamesAt::Ready(self.at(pid, sent_ns))
+    }
+
+    /// Starts the runtime API reads that are due and takes in those that finished (see
+    /// [`Names::settled_at`]). Call it often (every pass of the capture loop); it never blocks.
+    pub fn tick(&mut self, now_ns: u64) {
+        self.read_runtime_tables(now_ns);
+    }
+
     /// Housekeeping: asks for the names of new targets, collects finished loads, gives up on late
     /// ones, forgets what is no longer needed and publishes the error count.
-    pub fn refresh(&mut self, targets: &BTreeSet<u32>, metrics: &Metrics) {
+    pub fn refresh(&mut self, targets: &BTreeSet<u32>, metrics: &Metrics, now_ns: u64) {
         for &pid in targets {
             if !self.by_pid.contains_key(&pid) {
                 self.request(pid);
@@ -205,7 +315,118 @@ impl Names {
         self.by_pid.retain(|pid, s| targets.contains(pid) || now.duration_since(s.since()) < FORGET_AFTER);
         let by_pid = &self.by_pid;
         self.waiting.retain(|(pid, id)| matches!(by_pid.get(pid), Some(State::Pending { id: i, .. }) if i == id));
+        self.read_runtime_tables(now_ns);
         metrics::set(&metrics.config_read_errors, self.read_errors);
+        metrics::set(&metrics.runtime_api_reads, self.runtime_reads);
+        metrics::set(&metrics.runtime_api_errors, self.runtime_errors);
+    }
+
+    /// Starts the runtime API reads that are due: every [`RUNTIME_REFRESH`], sooner when an
+    /// unknown address asked for one, later after a failure; one per process at a time and at
+    /// most [`MAX_RUNTIME_READS`] in all.
+    fn read_runtime_tables(&mut self, now_ns: u64) {
+        self.poll_runtime();
+        if !self.runtime_api {
+            return;
+        }
+        let now = Instant::now();
+        let due: Vec<(u32, Vec<String>)> = self
+            .by_pid
+            .iter()
+            .filter_map(|(pid, s)| match s {
+                State::Done { names: Some(names), runtime, .. }
+                    if !names.stats_sockets.is_empty()
+                        && !runtime.reading
+                        && runtime.not_before.is_none_or(|t| now >= t)
+                        && runtime.started.is_none_or(|t| {
+                            let since = now.duration_since(t);
+                            since >= RUNTIME_REFRESH || (runtime.wanted && since >= RUNTIME_MIN_GAP)
+                        }) =>
+                {
+                    Some((*pid, names.stats_sockets.clone()))
+                }
+                _ => None,
+            })
+            .collect();
+        for (pid, sockets) in due {
+            if self.runtime_running >= MAX_RUNTIME_READS {
+                break;
+            }
+            let (root, sender, reader) = (self.proc_root.clone(), self.runtime_sender.clone(), self.runtime_reader);
+            let spawned = std::thread::Builder::new().name("names-runtime".into()).spawn(move || {
+                // The first socket that answers; else the first one's failure.
+                let mut first_error = None;
+                for path in &sockets {
+                    match reader(&root, pid, path, RUNTIME_TIMEOUT) {
+                        Ok(state) => {
+                            let _ = sender.send(RuntimeRead { pid, started_ns: now_ns, result: Ok(state) });
+                            return;
+                        }
+                        Err(e) => {
+                            first_error.get_or_insert(e);
+                        }
+                    }
+                }
+                if let Some(e) = first_error {
+                    let _ = sender.send(RuntimeRead { pid, started_ns: now_ns, result: Err(e) });
+                }
+            });
+            if let Some(State::Done { runtime, .. }) = self.by_pid.get_mut(&pid) {
+                runtime.started = Some(now);
+                runtime.wanted = false;
+                match spawned {
+                    Ok(_) => {
+                        runtime.reading = true;
+                        self.runtime_running += 1;
+                    }
+                    Err(e) => {
+                        tracing::warn!(pid, error = %e, "cannot start a thread to read HAProxy's runtime API");
+                        runtime.not_before = Some(now + RUNTIME_RETRY);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Takes in the runtime API reads that finished. Never blocks.
+    fn poll_runtime(&mut self) {
+        while let Ok(RuntimeRead { pid, started_ns, result }) = self.runtime_results.try_recv() {
+            self.runtime_running -= 1;
+            let Some(State::Done { names: Some(config), runtime, .. }) = self.by_pid.get_mut(&pid) else { continue };
+            runtime.reading = false;
+            match result {
+                Ok(state) => {
+                    self.runtime_reads += 1;
+                    if runtime.failing {
+                        tracing::info!(pid, "HAProxy's runtime API answers again; server names follow it");
+                        runtime.failing = false;
+                    }
+                    let previous = runtime.table.take().unwrap_or_else(|| configured_servers(config));
+                    let mut joined = previous;
+                    joined.servers.extend(state.servers.iter().cloned());
+                    runtime.before = Some(Arc::new(config.with_runtime_servers(&joined)));
+                    runtime.current = Some((started_ns, Arc::new(config.with_runtime_servers(&state))));
+                    runtime.table = Some(state);
+                }
+                Err(e) => {
+                    self.runtime_errors += 1;
+                    if !runtime.failing {
+                        tracing::warn!(
+                            pid,
+                            reason = e.reason(),
+                            "cannot read the server table from HAProxy's runtime API: {e}"
+                        );
+                        runtime.failing = true;
+                    }
+                    // Back to the configuration's names until a read succeeds.
+                    *runtime = Runtime {
+                        failing: true,
+                        not_before: Some(Instant::now() + RUNTIME_RETRY),
+                        ..Runtime::default()
+                    };
+                }
+            }
+        }
     }
 
     /// True when the names of at least one of `targets` are in, or known to be unavailable.
@@ -287,8 +508,28 @@ impl Names {
                 "parts of the HAProxy configuration could not be read; the spans they would name carry addresses only"
             );
         }
-        self.by_pid.insert(pid, State::Done { names: names.map(Arc::new), since: Instant::now() });
+        self.by_pid.insert(
+            pid,
+            State::Done { names: names.map(Arc::new), runtime: Runtime::default(), since: Instant::now() },
+        );
     }
+}
+
+/// The configuration's `server` lines as a runtime table (all active): what was known before the
+/// first read.
+fn configured_servers(names: &ProxyNames) -> ServersState {
+    let servers = names
+        .servers
+        .iter()
+        .map(|s| RuntimeServer {
+            backend: s.backend.clone(),
+            server: s.server.clone(),
+            ip: s.ip,
+            port: s.port,
+            maintenance: false,
+        })
+        .collect();
+    ServersState { servers, skipped_lines: 0 }
 }
 
 /// The `-f` arguments of a command line (`-f FILE`, `-fFILE`), in order.
@@ -808,17 +1049,98 @@ mod tests {
         let proc = FakeProc::new(None, "/", &["/etc/h.cfg", "/missing.cfg"]);
         std::fs::create_dir_all(proc.rootfs("etc")).unwrap();
         std::fs::write(proc.rootfs("etc/h.cfg"), FE).unwrap();
-        let mut names = Names::new(&proc.proc_root());
+        let mut names = Names::new(&proc.proc_root(), false);
         let metrics = Metrics::default();
-        names.refresh(&BTreeSet::from([PID]), &metrics);
+        names.refresh(&BTreeSet::from([PID]), &metrics, 0);
         assert!(!names.any_settled(&BTreeSet::from([PID])));
         let got = wait_for(&mut names, PID).expect("names arrive");
         assert!(names.any_settled(&BTreeSet::from([PID])));
         assert_eq!(got.frontend("127.0.0.1:7001".parse().unwrap()), Some("fe_good"));
-        names.refresh(&BTreeSet::from([PID]), &metrics);
+        names.refresh(&BTreeSet::from([PID]), &metrics, 0);
         assert_eq!(metrics.config_read_errors.load(std::sync::atomic::Ordering::Relaxed), 1, "the missing file");
         names.forget_process(PID);
         assert!(names.by_pid.is_empty());
+    }
+
+    static TABLES_READ: AtomicUsize = AtomicUsize::new(0);
+
+    /// A runtime API that answers two tables, then refuses: first `SRV_1` at :9001; then `SRV_1`
+    /// emptied and `SRV_2` at :9001 (a slot moved, as on a pod restart); then permission denied.
+    fn scripted_runtime(_: &Path, _: u32, path: &str, _: Duration) -> Result<ServersState, RuntimeApiError> {
+        assert_eq!(path, "/run/admin.sock");
+        let header = "1\n# be_name srv_name srv_addr srv_port srv_admin_state\n";
+        match TABLES_READ.fetch_add(1, SeqCst) {
+            0 => Ok(tracetap_proxy::haproxy_runtime::parse_servers_state(&format!(
+                "{header}be SRV_1 127.0.0.1 9001 0\nbe SRV_2 127.0.0.1 1 4\n"
+            ))
+            .unwrap()),
+            1 => Ok(tracetap_proxy::haproxy_runtime::parse_servers_state(&format!(
+                "{header}be SRV_1 127.0.0.1 1 4\nbe SRV_2 127.0.0.1 9001 0\n"
+            ))
+            .unwrap()),
+            _ => Err(RuntimeApiError::Denied {
+                path: path.to_owned(),
+                source: io::Error::from(io::ErrorKind::PermissionDenied),
+            }),
+        }
+    }
+
+    #[test]
+    fn runtime_tables_name_servers_as_they_were_when_sent_and_failures_fall_back() {
+        use tracetap_proxy::haproxy_config::ServerMatch;
+        let proc = FakeProc::new(None, "/", &["/etc/h.cfg"]);
+        std::fs::create_dir_all(proc.rootfs("etc")).unwrap();
+        std::fs::write(
+            proc.rootfs("etc/h.cfg"),
+            "global\n    stats socket /run/admin.sock mode 600 level admin\n\
+             frontend f\n    bind 127.0.0.1:7001\n    default_backend be\n\
+             backend be\n    server-template SRV_ 2 127.0.0.1:1 disabled\n",
+        )
+        .unwrap();
+        let mut names = Names { runtime_reader: scripted_runtime, ..Names::new(&proc.proc_root(), true) };
+        let metrics = Metrics::default();
+        let pids = BTreeSet::from([PID]);
+        let app: std::net::SocketAddr = "127.0.0.1:9001".parse().unwrap();
+        let server = |n: &Option<Arc<ProxyNames>>| match n.as_ref().unwrap().server_for(app, Some("f")) {
+            ServerMatch::Named { server, .. } => Some(server.to_owned()),
+            ServerMatch::Ambiguous => Some("ambiguous".to_owned()),
+            ServerMatch::Unknown => None,
+        };
+        // Waits (ticking at `now_ns`) until the names for a request sent at `sent` are settled.
+        let settled = |names: &mut Names, sent: u64, now_ns: u64| {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                names.tick(now_ns);
+                if let NamesAt::Ready(n) = names.settled_at(PID, sent) {
+                    return server(&n);
+                }
+                assert!(Instant::now() < deadline, "settled in time");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
+        names.refresh(&pids, &metrics, 1_000);
+        assert!(wait_for(&mut names, PID).is_some());
+        assert!(matches!(names.settled_at(PID, 1_500), NamesAt::Wait), "the first table is not read yet");
+        assert_eq!(server(&names.at(PID, 1_500)), None, "the configuration alone does not know :9001");
+        assert_eq!(settled(&mut names, 1_500, 2_000), Some("SRV_1".into()), "the read started after the request");
+        assert_eq!(names.runtime_reads, 1);
+        // A request sent after that read waits for the next one, which sees the slot moved.
+        assert!(matches!(names.settled_at(PID, 2_500), NamesAt::Wait));
+        assert_eq!(
+            settled(&mut names, 2_500, 3_000),
+            Some("ambiguous".into()),
+            "moved between the reads: either, so neither"
+        );
+        assert_eq!(names.runtime_reads, 2, "read again after {RUNTIME_MIN_GAP:?}, not {RUNTIME_REFRESH:?}");
+        assert_eq!(server(&names.at(PID, 3_000)), Some("SRV_2".into()), "after the move");
+        assert_eq!(server(&names.at(PID, 1_500)), Some("ambiguous".into()));
+        // A refused read: the configuration's names, at once, counted.
+        assert_eq!(settled(&mut names, 3_500, 4_000), None);
+        assert_eq!(names.runtime_errors, 1);
+        assert!(matches!(names.settled_at(PID, 5_000), NamesAt::Ready(_)), "no waiting for a refusing socket");
+        names.refresh(&pids, &metrics, 4_000);
+        assert_eq!(metrics.runtime_api_errors.load(std::sync::atomic::Ordering::Relaxed), 1);
+        assert_eq!(metrics.runtime_api_reads.load(std::sync::atomic::Ordering::Relaxed), 2);
     }
 
     static RELEASE: AtomicUsize = AtomicUsize::new(0);
@@ -842,13 +1164,13 @@ mod tests {
         for pid in &pids {
             assert!(names.of(*pid).is_none());
         }
-        names.refresh(&pids, &metrics);
+        names.refresh(&pids, &metrics, 0);
         assert!(started.elapsed() < Duration::from_secs(5), "asking never waits for a load");
         while STARTED.load(SeqCst) < MAX_LOADERS {
             std::thread::sleep(Duration::from_millis(5));
         }
         std::thread::sleep(Duration::from_millis(250));
-        names.refresh(&pids, &metrics);
+        names.refresh(&pids, &metrics, 0);
         assert_eq!(STARTED.load(SeqCst), MAX_LOADERS, "no more threads than loader slots");
         assert_eq!(names.running, MAX_LOADERS);
         for pid in &pids {

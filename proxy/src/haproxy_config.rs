@@ -12,10 +12,11 @@
 //! connection HAProxy opens), with std's randomly keyed hasher so that chosen addresses cannot
 //! make it slow.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::OnceLock;
 
+use crate::haproxy_runtime::ServersState;
 use crate::haproxy_words::{self, Environment};
 
 /// Most bytes the names of one configuration (every file of it) may take, entries and strings,
@@ -26,6 +27,8 @@ pub const MAX_NAMES_BYTES: usize = 4 << 20;
 /// Most `bind` addresses kept: they are matched by a scan on every accepted connection, and real
 /// configurations have a few dozen at most.
 pub const MAX_BINDS: usize = 1024;
+/// Most `stats socket` paths kept (the first one that answers is read).
+pub const MAX_STATS_SOCKETS: usize = 4;
 /// Skipped lines kept for the warning (all are counted in [`ProxyNames::skipped_lines`]).
 pub const MAX_SKIPPED_KEPT: usize = 16;
 /// Bytes kept of each skipped line.
@@ -96,6 +99,10 @@ pub struct ProxyNames {
     /// `use_backend`, and a `listen` section's own servers), for telling apart `server` lines that
     /// share an address.
     pub routes: HashMap<String, Routes>,
+    /// The unix socket paths of the `global` section's `stats socket` lines (at most
+    /// [`MAX_STATS_SOCKETS`]), as the process sees them: the runtime API, where the live server
+    /// table can be read.
+    pub stats_sockets: Vec<String>,
     /// What the entries take, as counted against [`MAX_NAMES_BYTES`].
     bytes: usize,
     server_index: ServerIndex,
@@ -227,6 +234,82 @@ impl ProxyNames {
     }
 }
 
+/// A `server` line's entry, within the names budget.
+fn add_server(names: &mut ProxyNames, backend: &str, server: &str, (ip, port): (IpAddr, Option<u16>), tcp: bool) {
+    // The cost of `server_cost`, checked before anything is cloned.
+    if names.take(size_of::<ServerLine>() + backend.len() + server.len()) {
+        names.servers.push(ServerLine { backend: backend.to_owned(), server: server.to_owned(), tcp, ip, port });
+    } else {
+        names.over_limit_lines += 1;
+    }
+}
+
+/// A `stats socket` line's unix socket path, within the names budget.
+fn add_stats_socket(names: &mut ProxyNames, spec: &str) {
+    if let Some(path) = unix_socket_path(spec)
+        && names.stats_sockets.len() < MAX_STATS_SOCKETS
+        && names.take(path.len())
+    {
+        names.stats_sockets.push(path.to_owned());
+    }
+}
+
+/// A `stats socket` address that is a unix socket path (`/run/haproxy/admin.sock`,
+/// `unix@/path`); TCP, abstract and inherited sockets are not read.
+fn unix_socket_path(spec: &str) -> Option<&str> {
+    let path = spec.strip_prefix("unix@").unwrap_or(spec);
+    (path.starts_with('/') && !path.contains('@')).then_some(path)
+}
+
+impl ProxyNames {
+    /// These names with the servers of the runtime API's table instead of the configuration's
+    /// `server` lines: the table is the truth at run time (filled template slots, added servers,
+    /// resolved addresses). A server in maintenance is left out where an active one shares its
+    /// address (a slot emptied for another). Backends keep the mode their configuration gives
+    /// them (HTTP where it gives none); the names budget applies as for the configuration.
+    #[must_use]
+    pub fn with_runtime_servers(&self, state: &ServersState) -> Self {
+        let tcp_backends: HashSet<&str> = self.servers.iter().filter(|s| s.tcp).map(|s| s.backend.as_str()).collect();
+        let active: HashSet<(IpAddr, Option<u16>)> =
+            state.servers.iter().filter(|s| !s.maintenance).map(|s| (mapped(s.ip), s.port)).collect();
+        let mut names = Self {
+            frontends: self.frontends.clone(),
+            servers: Vec::with_capacity(state.servers.len()),
+            skipped: self.skipped.clone(),
+            skipped_lines: self.skipped_lines,
+            over_limit_lines: self.over_limit_lines,
+            routes: self.routes.clone(),
+            stats_sockets: self.stats_sockets.clone(),
+            bytes: self.bytes - self.servers.iter().map(server_cost).sum::<usize>(),
+            server_index: ServerIndex::default(),
+        };
+        for s in &state.servers {
+            if s.maintenance && active.contains(&(mapped(s.ip), s.port)) {
+                continue;
+            }
+            let line = ServerLine {
+                backend: s.backend.clone(),
+                server: s.server.clone(),
+                tcp: tcp_backends.contains(s.backend.as_str()),
+                ip: s.ip,
+                port: s.port,
+            };
+            if names.take(server_cost(&line)) {
+                names.servers.push(line);
+            } else {
+                names.over_limit_lines += 1;
+            }
+        }
+        names.server_index.0.get_or_init(|| index_servers(&names.servers));
+        names
+    }
+}
+
+/// What a server entry counts against [`MAX_NAMES_BYTES`].
+fn server_cost(s: &ServerLine) -> usize {
+    size_of::<ServerLine>() + s.backend.len() + s.server.len()
+}
+
 fn index_servers(servers: &[ServerLine]) -> ServerMap {
     let mut index = ServerMap::with_capacity(servers.len());
     for (i, s) in servers.iter().enumerate() {
@@ -238,6 +321,7 @@ fn index_servers(servers: &[ServerLine]) -> ServerMap {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Section {
     Other,
+    Global,
     Frontend,
     Backend,
     Listen,
@@ -321,7 +405,7 @@ impl ConfigParser {
                     finish_section(names, binds_from, servers_from, tcp);
                     (binds_from, servers_from) = (names.frontends.len(), names.servers.len());
                     in_defaults = keyword == "defaults";
-                    section = Section::Other;
+                    section = if keyword == "global" { Section::Global } else { Section::Other };
                 }
                 "mode" => {
                     let is_tcp = words.next() == Some("tcp");
@@ -351,25 +435,18 @@ impl ConfigParser {
                     }
                     names.over_limit_lines += usize::from(over_limit);
                 }
+                "stats" if section == Section::Global => {
+                    if let (Some("socket"), Some(path)) = (words.next(), words.next()) {
+                        add_stats_socket(names, path);
+                    }
+                }
                 "default_backend" | "use_backend" if matches!(section, Section::Frontend | Section::Listen) => {
                     add_route(names, &name, words.next().unwrap_or(""));
                 }
                 "server" if matches!(section, Section::Backend | Section::Listen) => {
                     let server = words.next().unwrap_or("");
                     match words.next().and_then(parse_server_addr) {
-                        Some((ip, port)) if !server.is_empty() => {
-                            if names.take(size_of::<ServerLine>() + name.len() + server.len()) {
-                                names.servers.push(ServerLine {
-                                    backend: name.clone(),
-                                    server: server.to_owned(),
-                                    tcp,
-                                    ip,
-                                    port,
-                                });
-                            } else {
-                                names.over_limit_lines += 1;
-                            }
-                        }
+                        Some(addr) if !server.is_empty() => add_server(names, &name, server, addr, tcp),
                         _ => names.skip(line),
                     }
                 }
@@ -688,5 +765,39 @@ backend be_app
         {
             let _ = parse(text);
         }
+    }
+
+    #[test]
+    fn stats_sockets_are_read_from_global_only_and_unix_only() {
+        let names = parse(
+            "global\n    stats socket /run/haproxy/admin.sock mode 660 level admin\n    stats socket ipv4@127.0.0.1:9999 level user\n    stats socket unix@/tmp/b.sock\n    stats timeout 30s\n\
+             frontend f\n    stats socket /not/here.sock\n    bind :80\n",
+        );
+        assert_eq!(names.stats_sockets, ["/run/haproxy/admin.sock", "/tmp/b.sock"]);
+    }
+
+    #[test]
+    fn runtime_servers_replace_the_configured_ones_and_keep_the_rest() {
+        use crate::haproxy_runtime::parse_servers_state;
+        let config = parse(
+            "frontend f\n    bind :80\n    default_backend echo\n\
+             backend echo\n    server-template SRV_ 3 127.0.0.1:1 disabled\n\
+             backend raw\n    mode tcp\n    server r1 10.0.0.9:5432\n",
+        );
+        let state = parse_servers_state(
+            "1\n# be_name srv_name srv_addr srv_port srv_admin_state\n\
+             echo SRV_1 127.0.0.1 9000 1\necho SRV_2 127.0.0.1 9000 0\necho SRV_3 127.0.0.1 1 4\nraw r1 10.0.0.9 5432 0\n",
+        )
+        .unwrap();
+        let names = config.with_runtime_servers(&state);
+        let at = |a: &str| names.server_for(a.parse().unwrap(), Some("f"));
+        // SRV_1 was emptied (maintenance) and SRV_2 took its address: only SRV_2 names it.
+        assert_eq!(at("127.0.0.1:9000"), ServerMatch::Named { backend: "echo", server: "SRV_2" });
+        assert_eq!(at("127.0.0.1:1"), ServerMatch::Named { backend: "echo", server: "SRV_3" });
+        assert_eq!(names.server_line("10.0.0.9:5432".parse().unwrap()).map(|s| s.tcp), Some(true));
+        assert_eq!(names.frontend("127.0.0.1:80".parse().unwrap()), Some("f"));
+        // The budget is the configuration's, with its server lines given back.
+        // Three entries of the same lengths where the configuration had four: one entry's cost less.
+        assert_eq!(names.bytes, config.bytes - size_of::<ServerLine>() - "echoSRV_1".len());
     }
 }

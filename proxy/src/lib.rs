@@ -9,6 +9,7 @@ pub mod exchange;
 pub mod framing;
 pub mod h2;
 pub mod haproxy_config;
+pub mod haproxy_runtime;
 pub mod haproxy_words;
 pub mod head;
 pub mod proxy_protocol;

@@ -198,8 +198,7 @@ impl Haproxy {
             }
             Version::Debian13 => {
                 let root = trixie_root();
-                let inner = PathBuf::from("/").join(CHROOT_INSTANCES).join(dir_name);
-                let host = host_path(&root, &inner);
+                let (inner, host) = instance_paths(version, dir_name);
                 let _ = std::fs::remove_dir_all(&host);
                 std::fs::create_dir_all(&host).expect("instance dir in the trixie tree");
                 std::os::unix::fs::symlink("/usr/sbin/haproxy", host.join(comm)).expect("symlink haproxy");
@@ -330,6 +329,24 @@ impl Haproxy {
 }
 
 /// `root` joined with the absolute path `inner` (as seen inside the chroot).
+/// The directory of the instance [`Haproxy::start_on`] starts under command name `comm`: as
+/// `HAProxy` sees it (for paths in its configuration, such as a `stats socket`) and as the host
+/// sees it. Created (afresh) when the instance starts.
+#[must_use]
+pub fn instance_paths(version: Version, comm: &str) -> (PathBuf, PathBuf) {
+    match version {
+        Version::Debian12 => {
+            let dir = std::env::temp_dir().join(format!("tracetap-e2e-{comm}"));
+            (dir.clone(), dir)
+        }
+        Version::Debian13 => {
+            let inner = PathBuf::from("/").join(CHROOT_INSTANCES).join(comm);
+            let host = host_path(&trixie_root(), &inner);
+            (inner, host)
+        }
+    }
+}
+
 fn host_path(root: &std::path::Path, inner: &std::path::Path) -> PathBuf {
     root.join(inner.strip_prefix("/").unwrap_or(inner))
 }

@@ -7,6 +7,7 @@
 //! probes force a wake-up because the ring is filling, and does its housekeeping (discovery,
 //! expiry, loss counters) every 250 ms.
 
+mod awaiting;
 pub mod decode;
 pub mod discovery;
 pub mod loader;
@@ -22,6 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use tracetap_ebpf_common::Loss;
+use tracetap_proxy::haproxy_config::ProxyNames;
 use tracetap_proxy::{Limits, ServerExchange, Tracker};
 
 use crate::batch::Batcher;
@@ -31,8 +33,9 @@ use crate::metrics::{self, Metrics};
 use crate::names::Names;
 use crate::pipeline::EncodedBatch;
 use crate::sampling::randomness;
-use crate::spans::SpanBuilder;
+use crate::spans::{Decision, SpanBuilder};
 use crate::tail::TailQueue;
+use awaiting::Staging;
 use loader::Probes;
 use pods::Pods;
 use sockets::ListenAddrs;
@@ -104,9 +107,9 @@ pub fn run(
         .with_value_length_limit(config.attribute_value_length_limit);
     let mut targets: BTreeSet<u32> = BTreeSet::new();
     let mut batcher = Batcher::new(config.max_export_batch_size, queue.batch_delay(config), config.resource());
-    let mut scratch = Vec::with_capacity(256);
+    let mut staging = Staging::default();
     let mut listeners = ListenAddrs::new(Path::new("/proc"));
-    let mut names = Names::new(Path::new("/proc"));
+    let mut names = Names::new(Path::new("/proc"), config.runtime_api);
     let mut last_housekeeping: Option<Instant> = None;
     // Walking /proc happens on the discovery thread; until its first result, nothing is selected.
     // A command filter also acts in the kernel, which traces a new HAProxy from its first
@@ -147,7 +150,7 @@ pub fn run(
                 pods.forget(pid);
             }
             pods.refresh(&targets, &mut batcher);
-            names.refresh(&targets, metrics);
+            names.refresh(&targets, metrics, loader::monotonic_ns());
             // Ready once a target's configuration names are in (or known unreadable), so that the
             // connections made after /readyz are named and their mode known.
             metrics.ready.store(probes.attached > 0 && names.any_settled(&targets), Relaxed);
@@ -189,18 +192,20 @@ pub fn run(
                 Err(_) => metrics::add(&metrics.events_malformed, 1),
             }
             if events.is_multiple_of(64) {
-                hand_out(&mut tracker, &mut scratch, &mut builder, &mut names, &mut batcher, &queue, metrics);
+                hand_out(&mut tracker, &mut staging, &mut builder, &mut names, &mut batcher, &queue, metrics);
             }
         }
         poll = if events == 0 { (poll * 2).min(IDLE_POLL) } else { POLL };
         metrics::add(&metrics.events_captured, events);
         metrics::add(&metrics.payload_bytes_captured, std::mem::take(&mut payload_bytes));
-        let marks = opaque.stats();
-        metrics::set(&metrics.opaque_marks, marks.marked);
-        metrics::set(&metrics.opaque_marks_refused, marks.refused);
-        hand_out(&mut tracker, &mut scratch, &mut builder, &mut names, &mut batcher, &queue, metrics);
+        publish_marks(&opaque, metrics);
+        hand_out(&mut tracker, &mut staging, &mut builder, &mut names, &mut batcher, &queue, metrics);
         publish_tracker(&tracker, metrics);
     }
+    // What waits for its names goes with the best table so far.
+    staging.release_all(&mut names, &mut |ex, decision, n| {
+        add_and_flush(ex, decision, n, &mut batcher, &mut builder, &mut tracker, &queue);
+    });
     flush(&mut batcher, &mut builder, &mut tracker, &queue);
     publish(&probes, &tracker, metrics);
     if tracker.open_exchanges() > 0 {
@@ -212,13 +217,20 @@ pub fn run(
 /// batches that are due. Dropped exchanges go straight back to the tracker for reuse.
 fn hand_out(
     tracker: &mut Tracker,
-    scratch: &mut Vec<ServerExchange>,
+    staging: &mut Staging,
     builder: &mut SpanBuilder,
     names: &mut Names,
     batcher: &mut Batcher,
     queue: &Output,
     metrics: &Metrics,
 ) {
+    names.tick(loader::monotonic_ns());
+    let add = |ex, decision, n, batcher: &mut Batcher, builder: &mut SpanBuilder, tracker: &mut Tracker| {
+        let spans = add_and_flush(ex, decision, n, batcher, builder, tracker, queue);
+        metrics::add(&metrics.spans_built, spans as u64);
+    };
+    staging.release(names, &mut |ex, decision, n| add(ex, decision, n, batcher, builder, tracker));
+    let mut scratch = std::mem::take(&mut staging.scratch);
     scratch.extend(tracker.drain());
     for ex in scratch.drain(..) {
         match builder.decide(&ex) {
@@ -229,15 +241,15 @@ fn hand_out(
             Some(decision) if queue.sheds(&decision.trace_id) => tracker.recycle(ex),
             Some(decision) => {
                 metrics::add(&metrics.sampled_in, 1);
-                let names = names.of(ex.tgid);
-                let spans = batcher.add(ex, decision, names);
-                metrics::add(&metrics.spans_built, spans as u64);
+                // Named as HAProxy's servers were when it sent the backend request: with the
+                // runtime API in use, that may mean waiting for its next table read.
+                if let Some((ex, decision, n)) = staging.names_for(names, ex, decision) {
+                    add(ex, decision, n, batcher, builder, tracker);
+                }
             }
         }
-        if batcher.is_full() {
-            flush(batcher, builder, tracker, queue);
-        }
     }
+    staging.scratch = scratch;
     if batcher.is_due(Instant::now()) {
         flush(batcher, builder, tracker, queue);
     }
@@ -245,6 +257,31 @@ fn hand_out(
     metrics::set(&metrics.propagated, decided.propagated);
     metrics::set(&metrics.sampling_disagreements, decided.disagreements);
     metrics::set(&metrics.server_names_ambiguous, decided.ambiguous_servers);
+    metrics::set(&metrics.server_names_waiting, staging.waiting() as u64);
+    metrics::set(&metrics.server_names_unsettled, staging.unsettled);
+}
+
+fn publish_marks(opaque: &opaque::OpaqueMarks, metrics: &Metrics) {
+    let marks = opaque.stats();
+    metrics::set(&metrics.opaque_marks, marks.marked);
+    metrics::set(&metrics.opaque_marks_refused, marks.refused);
+}
+
+/// Adds a kept exchange's spans to the batch (flushed when full); returns how many.
+fn add_and_flush(
+    ex: ServerExchange,
+    decision: Decision,
+    names: Option<Arc<ProxyNames>>,
+    batcher: &mut Batcher,
+    builder: &mut SpanBuilder,
+    tracker: &mut Tracker,
+    queue: &Output,
+) -> usize {
+    let spans = batcher.add(ex, decision, names);
+    if batcher.is_full() {
+        flush(batcher, builder, tracker, queue);
+    }
+    spans
 }
 
 fn flush(batcher: &mut Batcher, builder: &mut SpanBuilder, tracker: &mut Tracker, queue: &Output) {
@@ -255,9 +292,8 @@ fn flush(batcher: &mut Batcher, builder: &mut SpanBuilder, tracker: &mut Tracker
 
 /// True for a connection accepted by, or opened for, a `mode tcp` section of HAProxy's config.
 fn is_tcp_mode(ev: &tracetap_proxy::SyscallEvent<'_>, names: &mut Names) -> bool {
-    let addr_is_tcp = |names: &mut Names, check: &dyn Fn(&tracetap_proxy::haproxy_config::ProxyNames) -> bool| {
-        names.of(ev.tgid).is_some_and(|n| check(&n))
-    };
+    let addr_is_tcp =
+        |names: &mut Names, check: &dyn Fn(&ProxyNames) -> bool| names.of(ev.tgid).is_some_and(|n| check(&n));
     match ev.op {
         Op::Accept { local: Some(local), .. } => addr_is_tcp(names, &|n| n.bind(local).is_some_and(|b| b.tcp)),
         Op::Connect { server: Some(server) } => addr_is_tcp(names, &|n| n.server_line(server).is_some_and(|s| s.tcp)),

@@ -1,0 +1,107 @@
+//! Kept exchanges whose spans wait for their names: while `HAProxy`'s runtime API is read for a
+//! process, a span reports the server names a table read *after* its request was sent gives (see
+//! [`Names::settled_at`]), so a slot moved just before the request is not named after its old
+//! server. The wait is one table read (a few hundred milliseconds, well inside the export batch
+//! delay); it never exceeds [`MAX_NAME_WAIT`], past which the best table so far names the spans
+//! and the exchange is counted.
+//!
+//! Exchanges that need no wait (no runtime API in use, or no backend connection) do not queue
+//! behind those that do; the waiting ones leave in the order they came.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tracetap_proxy::ServerExchange;
+use tracetap_proxy::haproxy_config::ProxyNames;
+
+use crate::names::{Names, NamesAt};
+use crate::spans::Decision;
+
+/// Longest wait for a table read (longer than a read's own timeout, so a hung socket costs one
+/// timeout, then the configuration's names).
+pub const MAX_NAME_WAIT: Duration = Duration::from_secs(3);
+
+/// Exchanges handed out by the tracker, and those waiting for their names.
+#[derive(Default)]
+pub struct Staging {
+    /// Reused for the tracker's hand-out.
+    pub scratch: Vec<ServerExchange>,
+    awaiting: VecDeque<Awaiting>,
+    /// Exchanges that waited [`MAX_NAME_WAIT`] and were named with the best table so far.
+    pub unsettled: u64,
+}
+
+struct Awaiting {
+    exchange: ServerExchange,
+    decision: Decision,
+    sent_ns: u64,
+    since: Instant,
+}
+
+/// When `HAProxy` sent the exchange's (first) backend request: the moment its names must be true for.
+#[must_use]
+pub fn sent_ns(ex: &ServerExchange) -> u64 {
+    ex.clients.first().map_or(ex.start_ns, |c| c.start_ns)
+}
+
+impl Staging {
+    /// Names for a kept exchange, or `None` when it now waits here.
+    pub fn names_for(
+        &mut self,
+        names: &mut Names,
+        exchange: ServerExchange,
+        decision: Decision,
+    ) -> Option<(ServerExchange, Decision, Option<Arc<ProxyNames>>)> {
+        let sent = sent_ns(&exchange);
+        if exchange.clients.is_empty() {
+            // No backend connection, no server to name.
+            let n = names.at(exchange.tgid, sent);
+            return Some((exchange, decision, n));
+        }
+        if let NamesAt::Ready(n) = names.settled_at(exchange.tgid, sent) {
+            return Some((exchange, decision, n));
+        }
+        self.awaiting.push_back(Awaiting { exchange, decision, sent_ns: sent, since: Instant::now() });
+        None
+    }
+
+    /// The waiting exchanges whose names are now known (or that waited too long), in order, to
+    /// `out`.
+    pub fn release(
+        &mut self,
+        names: &mut Names,
+        out: &mut dyn FnMut(ServerExchange, Decision, Option<Arc<ProxyNames>>),
+    ) {
+        let now = Instant::now();
+        for _ in 0..self.awaiting.len() {
+            let Some(a) = self.awaiting.pop_front() else { break };
+            match names.settled_at(a.exchange.tgid, a.sent_ns) {
+                NamesAt::Ready(n) => out(a.exchange, a.decision, n),
+                NamesAt::Wait if now.duration_since(a.since) >= MAX_NAME_WAIT => {
+                    self.unsettled += 1;
+                    let n = names.at(a.exchange.tgid, a.sent_ns);
+                    out(a.exchange, a.decision, n);
+                }
+                NamesAt::Wait => self.awaiting.push_back(a),
+            }
+        }
+    }
+
+    /// Everything still waiting, named with the best table so far (at shutdown).
+    pub fn release_all(
+        &mut self,
+        names: &mut Names,
+        out: &mut dyn FnMut(ServerExchange, Decision, Option<Arc<ProxyNames>>),
+    ) {
+        while let Some(a) = self.awaiting.pop_front() {
+            let n = names.at(a.exchange.tgid, a.sent_ns);
+            out(a.exchange, a.decision, n);
+        }
+    }
+
+    #[must_use]
+    pub fn waiting(&self) -> usize {
+        self.awaiting.len()
+    }
+}

@@ -1,0 +1,202 @@
+//! Reading a traced `HAProxy`'s live server table through its runtime API (`stats socket`).
+//!
+//! - One command only, `show servers state`: read-only, it changes nothing in `HAProxy`.
+//! - The socket path is the process's, resolved inside its root (`/proc/PID/root`) the way its
+//!   configuration files are ([`super::open_in_root`]), so it works for `HAProxy` in containers;
+//!   the connection goes through `/proc/self/fd/N` of that `O_PATH` descriptor, which also spares
+//!   the 108-byte limit of a socket path.
+//! - Connecting to a unix socket needs write permission on it. The agent's four capabilities do
+//!   not include `CAP_DAC_OVERRIDE`, so a socket that root (uid 0) may not write is refused: the
+//!   error says so and what to change.
+//! - Runs on a loader thread, never on the capture thread; the socket has a deadline for every
+//!   read and write, and the answer is capped at [`MAX_ANSWER_BYTES`].
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read as _, Write as _};
+use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use tracetap_proxy::haproxy_runtime::{SHOW_SERVERS_STATE, ServersState, StateError, parse_servers_state};
+
+use super::{fd_path, open_in_root};
+
+/// Most bytes of one answer read: 100 000 servers of ~100 bytes each fit.
+pub const MAX_ANSWER_BYTES: u64 = 16 << 20;
+
+/// Why the table could not be read. The message names the socket and what an operator can do.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeApiError {
+    #[error("the stats socket {path} cannot be opened in the process's root: {source}")]
+    Open { path: String, source: io::Error },
+    #[error("{path} is not a unix socket")]
+    NotASocket { path: String },
+    #[error(
+        "the stats socket {path} refuses the agent: {source}. Connecting to a unix socket needs write permission \
+         on it, and the agent's capabilities (CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH) do not \
+         override file permissions: give the `stats socket` line `mode 666`, or a `uid`/`gid` the agent runs as, \
+         or set TRACETAP_HAPROXY_RUNTIME_API=false. Server names come from the configuration file meanwhile"
+    )]
+    Denied { path: String, source: io::Error },
+    #[error(
+        "nothing answers on the stats socket {path}: {source} (a socket file left by an earlier process?); \
+         server names come from the configuration file meanwhile"
+    )]
+    Connect { path: String, source: io::Error },
+    #[error("reading the stats socket {path}: {source}")]
+    Io { path: String, source: io::Error },
+    #[error("the stats socket {path} answered more than {MAX_ANSWER_BYTES} bytes")]
+    TooLong { path: String },
+    #[error("the stats socket {path}: {source}")]
+    Answer { path: String, source: StateError },
+}
+
+impl RuntimeApiError {
+    /// A short reason for the metric's label.
+    #[must_use]
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Open { .. } | Self::NotASocket { .. } => "not_found",
+            Self::Denied { .. } => "permission_denied",
+            Self::Connect { .. } => "refused",
+            Self::Io { .. } | Self::TooLong { .. } => "io",
+            Self::Answer { .. } => "bad_answer",
+        }
+    }
+}
+
+/// Sends `show servers state` on the stats socket at `path` (as process `pid` sees it) and
+/// parses the answer. Gives up when `timeout` has passed.
+///
+/// # Errors
+/// See [`RuntimeApiError`].
+pub fn read_servers_state(
+    proc_root: &Path,
+    pid: u32,
+    path: &str,
+    timeout: Duration,
+) -> Result<ServersState, RuntimeApiError> {
+    let deadline = Instant::now() + timeout;
+    let root = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+        .open(proc_root.join(pid.to_string()).join("root"))
+        .map_err(|source| RuntimeApiError::Open { path: path.to_owned(), source })?;
+    let socket: File = open_in_root(&root, Path::new(path))
+        .map_err(|source| RuntimeApiError::Open { path: path.to_owned(), source })?;
+    let is_socket = socket.metadata().is_ok_and(|m| m.file_type().is_socket());
+    if !is_socket {
+        return Err(RuntimeApiError::NotASocket { path: path.to_owned() });
+    }
+    let mut stream = UnixStream::connect(fd_path(&socket)).map_err(|source| {
+        if source.kind() == io::ErrorKind::PermissionDenied {
+            RuntimeApiError::Denied { path: path.to_owned(), source }
+        } else {
+            RuntimeApiError::Connect { path: path.to_owned(), source }
+        }
+    })?;
+    let io_err = |source| RuntimeApiError::Io { path: path.to_owned(), source };
+    let left = || deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+    stream.set_write_timeout(Some(left())).map_err(io_err)?;
+    stream.write_all(SHOW_SERVERS_STATE.as_bytes()).map_err(io_err)?;
+    // HAProxy closes the connection after answering a command sent without `prompt`.
+    let mut answer = Vec::new();
+    let mut buf = vec![0u8; 16 << 10];
+    loop {
+        if Instant::now() >= deadline {
+            return Err(io_err(io::Error::from(io::ErrorKind::TimedOut)));
+        }
+        stream.set_read_timeout(Some(left())).map_err(io_err)?;
+        match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                if answer.len() as u64 + n as u64 > MAX_ANSWER_BYTES {
+                    return Err(RuntimeApiError::TooLong { path: path.to_owned() });
+                }
+                answer.extend_from_slice(&buf[..n]);
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(io_err(e)),
+        }
+    }
+    parse_servers_state(&String::from_utf8_lossy(&answer))
+        .map_err(|source| RuntimeApiError::Answer { path: path.to_owned(), source })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::net::UnixListener;
+
+    use super::*;
+
+    /// A fake `/proc` whose process `pid` has `root` as its root directory.
+    fn fake_proc(dir: &Path, pid: u32, root: &Path) -> std::path::PathBuf {
+        let proc_root = dir.join("proc");
+        std::fs::create_dir_all(proc_root.join(pid.to_string())).unwrap();
+        std::os::unix::fs::symlink(root, proc_root.join(pid.to_string()).join("root")).unwrap();
+        proc_root
+    }
+
+    #[test]
+    fn reads_the_table_through_the_process_root_and_sends_only_the_read_command() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("rootfs");
+        // A long path inside the root: longer than a socket address can hold from outside it.
+        let deep = root.join("run").join("x".repeat(100));
+        std::fs::create_dir_all(&deep).unwrap();
+        // Bound through the directory's descriptor: the full path is too long for a socket address.
+        let dir_fd = File::open(&deep).unwrap();
+        let listener = UnixListener::bind(fd_path(&dir_fd).join("admin.sock")).unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            let mut command = [0u8; 64];
+            let n = conn.read(&mut command).unwrap();
+            conn.write_all(b"1\n# be_id be_name srv_id srv_name srv_addr srv_port\n3 be 1 s1 10.1.2.3 8080\n").unwrap();
+            String::from_utf8_lossy(&command[..n]).into_owned()
+        });
+        let proc_root = fake_proc(dir.path(), 42, &root);
+        let path = format!("/run/{}/admin.sock", "x".repeat(100));
+        let state = read_servers_state(&proc_root, 42, &path, Duration::from_secs(5)).unwrap();
+        assert_eq!(state.servers.len(), 1);
+        assert_eq!(state.servers[0].server, "s1");
+        assert_eq!(server.join().unwrap(), "show servers state\n");
+    }
+
+    #[test]
+    fn failures_name_the_socket_and_the_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("rootfs");
+        std::fs::create_dir_all(root.join("run")).unwrap();
+        std::fs::write(root.join("run/file"), b"").unwrap();
+        // A socket file nobody listens on any more.
+        drop(UnixListener::bind(root.join("run/stale.sock")).unwrap());
+        let proc_root = fake_proc(dir.path(), 7, &root);
+        let read = |p: &str| read_servers_state(&proc_root, 7, p, Duration::from_secs(1)).unwrap_err();
+        assert_eq!(read("/run/missing.sock").reason(), "not_found");
+        assert_eq!(read("/run/file").reason(), "not_found");
+        let stale = read("/run/stale.sock");
+        assert_eq!(stale.reason(), "refused");
+        assert!(stale.to_string().contains("/run/stale.sock"), "{stale}");
+    }
+
+    #[test]
+    fn a_peer_that_never_answers_or_answers_junk_is_given_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("rootfs");
+        std::fs::create_dir_all(&root).unwrap();
+        let silent = UnixListener::bind(root.join("silent.sock")).unwrap();
+        let junk = UnixListener::bind(root.join("junk.sock")).unwrap();
+        std::thread::spawn(move || {
+            let (mut conn, _) = junk.accept().unwrap();
+            let _ = conn.read(&mut [0u8; 64]);
+            let _ = conn.write_all(b"Unknown command. Please enter one of the following commands only :\n");
+        });
+        let proc_root = fake_proc(dir.path(), 9, &root);
+        let e = read_servers_state(&proc_root, 9, "/silent.sock", Duration::from_millis(200)).unwrap_err();
+        assert_eq!(e.reason(), "io");
+        drop(silent);
+        let e = read_servers_state(&proc_root, 9, "/junk.sock", Duration::from_secs(1)).unwrap_err();
+        assert_eq!(e.reason(), "bad_answer");
+    }
+}

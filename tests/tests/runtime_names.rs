@@ -1,0 +1,212 @@
+//! Server names from `HAProxy`'s runtime API (`show servers state` on its `stats socket`), through
+//! a real `HAProxy` (Debian 12's 2.6, and Debian 13's 3.0 in its own root and namespaces). Needs
+//! root.
+//!
+//! The hard case is the one ingress controllers make: `server-template` slots that the
+//! configuration gives a placeholder address, filled through the runtime API, and moved to another
+//! slot (a pod restart) while traffic flows. A CLIENT span must carry the server `HAProxy` used
+//! or no name (counted as ambiguous), never another's.
+
+use std::io::{Read as _, Write as _};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::SeqCst};
+use std::time::Duration;
+
+use tracetap_tests::agent::Agent;
+use tracetap_tests::client::Conn;
+use tracetap_tests::haproxy::{self, Haproxy};
+use tracetap_tests::otlp::Received;
+use tracetap_tests::{Rig, free_port, require_root, wait_for};
+
+/// One runtime API command, as an operator or a controller sends it; returns the answer.
+fn cli(socket: &Path, command: &str) -> String {
+    let mut s = UnixStream::connect(socket).unwrap_or_else(|e| panic!("connect {}: {e}", socket.display()));
+    s.write_all(format!("{command}\n").as_bytes()).expect("send command");
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).expect("read answer");
+    answer
+}
+
+/// Points a template slot at `addr` and lets traffic in, as the HAProxy Kubernetes Ingress
+/// Controller does.
+fn fill_slot(socket: &Path, slot: &str, addr: std::net::SocketAddr) {
+    let set = cli(socket, &format!("set server default_echo_8080/{slot} addr {} port {}", addr.ip(), addr.port()));
+    assert!(!set.contains("No such") && !set.contains("Require"), "set server addr: {set}");
+    let ready = cli(socket, &format!("set server default_echo_8080/{slot} state ready"));
+    assert!(ready.trim().is_empty(), "set server state ready: {ready}");
+}
+
+/// Requests through `front`, one at a time on a keep-alive connection, while the address `app`
+/// moves from slot `SRV_2` to `SRV_3`; for each request, the phase before it was sent and after it
+/// was answered: 0 while `SRV_2` serves, 2 once the address moved to `SRV_3`, 1 while the commands
+/// run.
+fn traffic_through_a_move(
+    socket: &Path,
+    front: std::net::SocketAddr,
+    app: std::net::SocketAddr,
+    agent: &Agent,
+) -> Vec<(u32, u32)> {
+    let phase = AtomicU32::new(0);
+    let done = AtomicUsize::new(0);
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let client = scope.spawn(|| {
+            let mut conn = Conn::connect(front).expect("connect");
+            let mut phases = Vec::new();
+            while !stop.load(SeqCst) {
+                let before = phase.load(SeqCst);
+                let i = phases.len();
+                assert_eq!(conn.get(&format!("/ing/{i}"), &[]).expect("request").status, 200);
+                phases.push((before, phase.load(SeqCst)));
+                done.fetch_add(1, SeqCst);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            phases
+        });
+        let served = |n: usize| wait_for(Duration::from_secs(30), || (done.load(SeqCst) >= n).then_some(()));
+        served(80).expect("traffic through SRV_2");
+        // Until two tables were read since the fill, so that later requests post-date one.
+        let reads = || agent.metric("tracetap_haproxy_runtime_api_reads_total");
+        let read_twice = |from: u64| wait_for(Duration::from_secs(30), || (reads() >= from + 2).then_some(()));
+        read_twice(reads()).expect("runtime API reads while traffic flows");
+        // The pod restarts and comes back in another slot, at the same address.
+        phase.store(1, SeqCst);
+        fill_slot(socket, "SRV_3", app);
+        let maint = cli(socket, "set server default_echo_8080/SRV_2 state maint");
+        assert!(maint.trim().is_empty(), "set server state maint: {maint}");
+        phase.store(2, SeqCst);
+        let moved = done.load(SeqCst);
+        served(moved + 80).expect("traffic through SRV_3");
+        read_twice(reads()).expect("runtime API reads after the move");
+        stop.store(true, SeqCst);
+        client.join().expect("client thread")
+    })
+}
+
+const GLOBAL_AND_DEFAULTS: &str =
+    "defaults\n    mode http\n    timeout connect 2s\n    timeout client 10s\n    timeout server 10s\n\n";
+
+#[test]
+fn ingress_slots_filled_and_moved_through_the_runtime_api_are_named() {
+    if !require_root() {
+        return;
+    }
+    for version in haproxy::versions() {
+        let rig = Rig::new();
+        let port = free_port();
+        let (inside, host) = haproxy::instance_paths(version, &rig.comm);
+        let config = format!(
+            "global\n    maxconn 256\n    stats socket {}/admin.sock mode 600 level admin\n\n{GLOBAL_AND_DEFAULTS}\
+             frontend fe_ingress\n    bind 127.0.0.1:{port}\n    default_backend default_echo_8080\n\n\
+             backend default_echo_8080\n    balance roundrobin\n    server-template SRV_ 4 127.0.0.1:1 disabled\n",
+            inside.display()
+        );
+        let haproxy = Haproxy::start_on(version, &rig.comm, &config, port);
+        let socket = host.join("admin.sock");
+        // With the DaemonSet's four capabilities: the socket is root's (HAProxy made it), and the
+        // agent is uid 0.
+        let agent = Agent::start_with_daemonset_capabilities(&rig.agent_env());
+        let app = rig.backend.addr;
+        fill_slot(&socket, "SRV_2", app);
+
+        let phases = traffic_through_a_move(&socket, std::net::SocketAddr::from(([127, 0, 0, 1], port)), app, &agent);
+        let sent = phases.len();
+        let spans = rig.receiver.wait_for_spans(2 * sent);
+        let clients: Vec<&Received> = spans.iter().filter(|s| s.is_client()).collect();
+        assert_eq!(clients.len(), sent, "{version}: one CLIENT span per request\n{}", agent.log());
+        let (mut unnamed, mut wrong, mut by_phase, mut unnamed_by_phase) = (0u64, Vec::new(), [0usize; 3], [0usize; 3]);
+        for c in &clients {
+            let path = c.str_attr("url.path").expect("url.path");
+            let i: usize = path.trim_start_matches("/ing/").parse().expect("request number");
+            let truth = match phases[i] {
+                (0, 0) => vec!["SRV_2"],
+                (2, 2) => vec!["SRV_3"],
+                _ => vec!["SRV_2", "SRV_3"],
+            };
+            by_phase[phases[i].1 as usize] += 1;
+            match (c.str_attr("haproxy.backend"), c.str_attr("haproxy.server")) {
+                (None, None) => {
+                    unnamed += 1;
+                    unnamed_by_phase[phases[i].1 as usize] += 1;
+                }
+                (Some("default_echo_8080"), Some(server)) if truth.contains(&server) => {}
+                other => wrong.push((path.to_owned(), phases[i], other)),
+            }
+        }
+        println!(
+            "[{version}] ingress slots: {sent} CLIENT spans ({} before the move, {} after), {unnamed} unnamed \
+             ({unnamed_by_phase:?} by phase), {} wrong; \
+             runtime API reads {}, errors {}, ambiguous {}, waited past the limit {}",
+            by_phase[0],
+            by_phase[2],
+            wrong.len(),
+            agent.metric("tracetap_haproxy_runtime_api_reads_total"),
+            agent.metric("tracetap_haproxy_runtime_api_errors_total"),
+            agent.metric("tracetap_server_names_ambiguous_total"),
+            agent.metric("tracetap_server_names_unsettled_total"),
+        );
+        assert!(wrong.is_empty(), "{version}: wrong names: {wrong:?}");
+        assert_eq!(
+            agent.metric("tracetap_server_names_ambiguous_total"),
+            unnamed,
+            "{version}: every span left unnamed is counted as ambiguous"
+        );
+        let named = |p: usize| by_phase[p] - unnamed_by_phase[p];
+        assert!(named(0) > 0 && named(2) > 0, "{version}: both slots are named in their time");
+        assert_eq!(agent.metric("tracetap_haproxy_runtime_api_errors_total"), 0, "{version}");
+        assert_eq!(
+            agent.metric("tracetap_server_names_unsettled_total"),
+            0,
+            "{version}: no span waited past the limit"
+        );
+        drop(haproxy);
+    }
+}
+
+/// The socket belongs to another user and only it may write it: the agent, uid 0 without
+/// `CAP_DAC_OVERRIDE`, is refused. One log line says why and what to change, the metric counts
+/// it, and the configuration names the servers meanwhile.
+#[test]
+fn a_stats_socket_the_agent_may_not_open_falls_back_to_the_configuration() {
+    if !require_root() {
+        return;
+    }
+    let version = haproxy::Version::Debian12;
+    let rig = Rig::new();
+    let port = free_port();
+    let (inside, _) = haproxy::instance_paths(version, &rig.comm);
+    let config = format!(
+        "global\n    maxconn 256\n    stats socket {}/admin.sock mode 600 uid 65534 level admin\n\n{GLOBAL_AND_DEFAULTS}\
+         frontend fe_main\n    bind 127.0.0.1:{port}\n    default_backend be_app\n\n\
+         backend be_app\n    server app1 {}\n",
+        inside.display(),
+        rig.backend.addr
+    );
+    let haproxy = Haproxy::start_on(version, &rig.comm, &config, port);
+    let agent = Agent::start_with_daemonset_capabilities(&rig.agent_env());
+    let mut conn = Conn::connect(std::net::SocketAddr::from(([127, 0, 0, 1], port))).expect("connect");
+    for i in 0..10 {
+        assert_eq!(conn.get(&format!("/cfg/{i}"), &[]).expect("request").status, 200);
+    }
+    let spans = rig.receiver.wait_for_spans(20);
+    let clients: Vec<&Received> = spans.iter().filter(|s| s.is_client()).collect();
+    assert_eq!(clients.len(), 10, "log:\n{}", agent.log());
+    for c in &clients {
+        assert_eq!((c.str_attr("haproxy.backend"), c.str_attr("haproxy.server")), (Some("be_app"), Some("app1")));
+    }
+    let counted = wait_for(Duration::from_secs(10), || {
+        (agent.metric("tracetap_haproxy_runtime_api_errors_total") >= 1).then_some(())
+    });
+    assert!(counted.is_some(), "the refusal is counted; log:\n{}", agent.log());
+    assert_eq!(agent.metric("tracetap_haproxy_runtime_api_reads_total"), 0);
+    let log = agent.log();
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains("runtime API")).collect();
+    assert_eq!(lines.len(), 1, "logged once:\n{log}");
+    assert!(
+        lines[0].contains("permission_denied") && lines[0].contains("mode 666") && lines[0].contains("admin.sock"),
+        "the line names the socket, the reason and the fix: {}",
+        lines[0]
+    );
+    drop(haproxy);
+}
