@@ -1176,3 +1176,44 @@ fn a_relay_prefers_a_backend_exchange_in_its_own_trace_to_an_earlier_identical_r
         }
     }
 }
+
+#[test]
+fn a_backend_request_in_a_shared_trace_goes_to_the_request_its_thread_read() {
+    // Found in the connected-traces scenario: two connections send one traceparent at once and
+    // HAProxy reads them on two threads; each thread writes its own backend request in that trace
+    // (new parent ids). The second thread writes first: its backend request is the second
+    // client request's, not the earliest one's, and each relay then finds its own.
+    let shared = "traceparent: 00-eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee-b7ad6b7169203331-01\r\n";
+    let forwarded = |p: char| format!("traceparent: 00-{}-{}-01\r\n", "e".repeat(32), p.to_string().repeat(16));
+    let mut t = Tracker::default();
+    let mut s = Script::default();
+    s.push(1, 10, OwnedOp::Accept(client()))
+        .push(2, 11, OwnedOp::Accept(client()))
+        .push(1, 10, OwnedOp::Read(req_with("/same", shared)))
+        .push(2, 11, OwnedOp::Read(req_with("/same", shared)))
+        .push(2, 21, OwnedOp::Connect(server()))
+        .push(2, 21, OwnedOp::Write(req_with("/same", &forwarded('2'))))
+        .push(1, 20, OwnedOp::Connect(server()))
+        .push(1, 20, OwnedOp::Write(req_with("/same", &forwarded('1'))))
+        .push(2, 21, OwnedOp::Read(resp(200, "x")))
+        .push(2, 11, OwnedOp::Write(resp(200, "x")))
+        .push(1, 20, OwnedOp::Read(resp(200, "x")))
+        .push(1, 10, OwnedOp::Write(resp(200, "x")));
+    let out = s.run(&mut t);
+    assert_eq!(out.len(), 2);
+    for e in &out {
+        assert_eq!(e.clients.len(), 1, "each request has its own backend exchange: {e:?}");
+    }
+    let parent = |e: &ServerExchange| match &e.clients[0].request.traceparent {
+        TraceparentField::One(v) => parse_traceparent(v).unwrap().parent_id,
+        _ => panic!("a traceparent"),
+    };
+    let mut by_start: Vec<(u64, [u8; 8])> = out.iter().map(|e| (e.start_ns, parent(e))).collect();
+    by_start.sort_unstable();
+    assert_eq!(
+        by_start.iter().map(|(_, p)| *p).collect::<Vec<_>>(),
+        [[0x11; 8], [0x22; 8]],
+        "thread 1's request (read first) under thread 1's backend request"
+    );
+    assert_eq!(t.stats().relinked_backend_exchanges, 0, "linked right when written");
+}

@@ -409,10 +409,17 @@ impl Tracker {
             // request without any header line is no client request that had some: a health check.
             let forwarded = |c: &Candidate| keys.header_sig != 0 || c.header_sig == 0;
             let same_key = |c: &Candidate| c.tid == ctx.tid && c.request_key == keys.request_key && forwarded(c);
+            // A backend request in the trace of a waiting request is one of that trace's requests;
+            // when none of them can take it on the first pass (they hold links already), the
+            // retry pass looks again rather than give it to a request of another trace.
+            let by_trace_only = !retry && !new_trace && keys.trace_key.is_some();
             let found = by_traceparent
                 .map(|id| Link { id, strength: LinkStrength::Sole })
                 .or_else(|| self.link_by_trace(&keys, request, &eligible))
                 .or_else(|| {
+                    if by_trace_only {
+                        return None;
+                    }
                     // Among the same target's requests, the one whose header lines the backend
                     // request carries most of (a cookie, a token, a request id tell clients apart),
                     // earliest among equals; a rival is another as alike.
@@ -435,6 +442,9 @@ impl Tracker {
                     })
                 })
                 .or_else(|| {
+                    if by_trace_only {
+                        return None;
+                    }
                     // A rewritten target: the most alike headers among the same method's requests.
                     self.candidates
                         .iter()
@@ -527,7 +537,12 @@ impl Tracker {
                     matches!(&f.exchange.request, Some(r) if matches!(&r.traceparent, TraceparentField::One(v) if trace_id_field(v) == Some(trace)))
                 })
         };
-        let alike = |c: &Candidate| (c.request_key == keys.request_key, (c.header_sig & keys.header_sig).count_ones());
+        // HAProxy writes a backend request on the thread that read its client's request: with two
+        // connections sending one trace at once, the thread tells them apart before the target
+        // and headers do.
+        let alike = |c: &Candidate| {
+            (c.tid == keys.tid, c.request_key == keys.request_key, (c.header_sig & keys.header_sig).count_ones())
+        };
         let chosen = self
             .candidates
             .iter()
