@@ -441,37 +441,7 @@ impl Tracker {
                         strength: if rivals { LinkStrength::Target } else { LinkStrength::Sole },
                     })
                 })
-                .or_else(|| {
-                    if by_trace_only {
-                        return None;
-                    }
-                    // A rewritten target: the most alike headers among the same method's requests.
-                    self.candidates
-                        .iter()
-                        .filter(|c| {
-                            c.tgid == tgid
-                                && c.tid == ctx.tid
-                                && c.method_key == keys.method_key
-                                && head::shares_headers(c.header_sig, keys.header_sig)
-                        })
-                        .filter(|c| {
-                            self.fronts.get(&c.id).is_some_and(|f| {
-                                !retry
-                                    && f.links == LinkStrength::None
-                                    && matches!(&f.exchange.request, Some(r) if r.method == request.method)
-                            })
-                        })
-                        .max_by_key(|c| {
-                            // Earliest among the most alike: `max_by_key` keeps the last maximum.
-                            (
-                                !new_trace || c.trace_key.is_none(),
-                                (c.header_sig & keys.header_sig).count_ones(),
-                                std::cmp::Reverse((c.header_sig ^ keys.header_sig).count_ones()),
-                                std::cmp::Reverse(c.id),
-                            )
-                        })
-                        .map(|c| Link { id: c.id, strength: LinkStrength::Guessed })
-                });
+                .or_else(|| if by_trace_only || retry { None } else { self.link_rewritten(&keys, request, new_trace) });
             if let Some(link) = found {
                 // Only a request that holds a guessed link has any to drop (this scans open backend
                 // exchanges, so it is not done per request).
@@ -487,6 +457,35 @@ impl Tracker {
             }
         }
         None
+    }
+
+    /// A rewritten target (first pass only): the most alike headers among the same method's
+    /// requests of the thread that have no link yet; a *guessed* link.
+    fn link_rewritten(&self, keys: &Candidate, request: &RequestHead, new_trace: bool) -> Option<Link> {
+        self.candidates
+            .iter()
+            .filter(|c| {
+                c.tgid == keys.tgid
+                    && c.tid == keys.tid
+                    && c.method_key == keys.method_key
+                    && head::shares_headers(c.header_sig, keys.header_sig)
+            })
+            .filter(|c| {
+                self.fronts.get(&c.id).is_some_and(|f| {
+                    f.links == LinkStrength::None
+                        && matches!(&f.exchange.request, Some(r) if r.method == request.method)
+                })
+            })
+            .max_by_key(|c| {
+                // Earliest among the most alike: `max_by_key` keeps the last maximum.
+                (
+                    !new_trace || c.trace_key.is_none(),
+                    (c.header_sig & keys.header_sig).count_ones(),
+                    std::cmp::Reverse((c.header_sig ^ keys.header_sig).count_ones()),
+                    std::cmp::Reverse(c.id),
+                )
+            })
+            .map(|c| Link { id: c.id, strength: LinkStrength::Guessed })
     }
 
     /// A backend request carrying the very `traceparent` of an earlier backend exchange of a
