@@ -73,6 +73,8 @@ pub const MAX_CMDLINE_BYTES: u64 = 128 << 10;
 /// Bytes of `/proc/PID/environ` read (for `"${VAR}"` in the configuration); Linux caps a
 /// process's arguments and environment together at a quarter of its stack limit.
 pub const MAX_ENVIRON_BYTES: u64 = 2 << 20;
+/// Bytes of the process root's `/etc/hosts` read (for `server` lines that give a hostname).
+pub const MAX_HOSTS_BYTES: u64 = 1 << 20;
 /// Path components walked to open one path, those of symbolic links included.
 pub const MAX_PATH_STEPS: usize = 128;
 /// Symbolic links followed to open one path (the kernel's own `MAXSYMLINKS`).
@@ -532,13 +534,19 @@ fn configured_servers(names: &ProxyNames) -> ServersState {
     ServersState { servers, skipped_lines: 0 }
 }
 
-/// The `-f` arguments of a command line (`-f FILE`, `-fFILE`), in order.
+/// The configuration files of a command line, in the order HAProxy loads them: each `-f FILE`
+/// (or `-fFILE`), and every argument after `--` (haproxy(1): "all the arguments following it
+/// are config files").
 #[must_use]
 pub fn config_paths(cmdline: &[u8]) -> Vec<String> {
     let args: Vec<&str> = cmdline.split(|b| *b == 0).filter_map(|a| std::str::from_utf8(a).ok()).collect();
     let mut out = Vec::new();
     let mut i = 1;
     while i < args.len() {
+        if args[i] == "--" {
+            out.extend(args[i + 1..].iter().filter(|a| !a.is_empty()).map(|a| (*a).to_owned()));
+            break;
+        }
         if args[i] == "-f" {
             if let Some(p) = args.get(i + 1) {
                 out.push((*p).to_owned());
@@ -590,8 +598,35 @@ fn load(proc_root: &Path, pid: u32) -> Outcome {
         let inside = if Path::new(&p).is_absolute() { PathBuf::from(&p) } else { cwd.join(&p) };
         reader.argument(&inside);
     }
-    let Reader { parser, read_any, problems, problem_count, .. } = reader;
-    Outcome { names: read_any.then(|| parser.finish()), problems, problem_count }
+    let Reader { root, parser, read_any, problems, problem_count, .. } = reader;
+    let names = read_any.then(|| {
+        let mut names = parser.finish();
+        if !names.host_servers.is_empty() {
+            // Hostnames as the process resolved them at start, from its own root's /etc/hosts
+            // (unreadable: they stay unnamed, counted as skipped lines).
+            let hosts = read_hosts(&root);
+            names.resolve_hosts(|h| hosts.get(h).copied());
+        }
+        names
+    });
+    Outcome { names, problems, problem_count }
+}
+
+/// `/etc/hosts` inside the process's root, at most [`MAX_HOSTS_BYTES`] of it.
+fn read_hosts(root: &File) -> HashMap<String, std::net::IpAddr> {
+    let mut text = Vec::new();
+    let read = open_in_root(root, Path::new("/etc/hosts")).and_then(|f| {
+        // Reopened for reading through the O_PATH descriptor, non-blocking (a FIFO there must not hang).
+        let file = OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(fd_path(&f))?;
+        if !file.metadata()?.is_file() {
+            return Err(io::Error::other("not a regular file"));
+        }
+        file.take(MAX_HOSTS_BYTES).read_to_end(&mut text)
+    });
+    match read {
+        Ok(_) => tracetap_proxy::hosts::parse_hosts(&String::from_utf8_lossy(&text)),
+        Err(_) => HashMap::new(),
+    }
 }
 
 /// The files of one process's configuration, read within the limits.
@@ -816,6 +851,11 @@ mod tests {
         );
         assert_eq!(config_paths(b"haproxy\0-f/etc/a.cfg\0-Ws\0"), vec!["/etc/a.cfg"]);
         assert!(config_paths(b"haproxy\0-f").is_empty());
+        assert_eq!(
+            config_paths(b"haproxy\0-W\0-f\0/etc/a.cfg\0--\0/etc/b.cfg\0-f\0"),
+            vec!["/etc/a.cfg", "/etc/b.cfg", "-f"],
+            "after `--` every argument is a file, in order"
+        );
     }
 
     /// A fake `/proc` with process 7 whose root is `root` (a directory of the test, or `/`) and

@@ -77,6 +77,13 @@ pub struct ServerLine {
     pub port: Option<u16>,
 }
 
+/// A `server` line whose address is a hostname.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostServer {
+    pub line: ServerLine,
+    pub host: String,
+}
+
 /// Names found in a configuration.
 ///
 /// The server lookup uses an index built from `servers` on the first lookup (by
@@ -103,6 +110,10 @@ pub struct ProxyNames {
     /// [`MAX_STATS_SOCKETS`]), as the process sees them: the runtime API, where the live server
     /// table can be read.
     pub stats_sockets: Vec<String>,
+    /// `server` lines that give a hostname (`server app1 app.svc:8080`): named once the process's
+    /// own `/etc/hosts` resolves them ([`ProxyNames::resolve_hosts`]), as HAProxy would have at
+    /// start (DNS names are the runtime API's to tell).
+    pub host_servers: Vec<HostServer>,
     /// What the entries take, as counted against [`MAX_NAMES_BYTES`].
     bytes: usize,
     server_index: ServerIndex,
@@ -244,6 +255,35 @@ fn add_server(names: &mut ProxyNames, backend: &str, server: &str, (ip, port): (
     }
 }
 
+/// A `server` line with a hostname, within the names budget.
+fn add_host_server(names: &mut ProxyNames, backend: &str, server: &str, host: &str, port: Option<u16>, tcp: bool) {
+    if names.take(size_of::<HostServer>() + backend.len() + server.len() + host.len()) {
+        let line = ServerLine {
+            backend: backend.to_owned(),
+            server: server.to_owned(),
+            tcp,
+            ip: IpAddr::from([0, 0, 0, 0]),
+            port,
+        };
+        names.host_servers.push(HostServer { line, host: host.to_ascii_lowercase() });
+    } else {
+        names.over_limit_lines += 1;
+    }
+}
+
+/// `HOST[:PORT]` where `HOST` is a hostname (letters, digits, `-`, `.`, `_`; at most 253 bytes).
+fn host_port(spec: &str) -> Option<(&str, Option<u16>)> {
+    let (host, port) = match spec.rsplit_once(':') {
+        Some((host, port)) => (host, if port.is_empty() { None } else { Some(port.parse().ok()?) }),
+        None => (spec, None),
+    };
+    let valid = !host.is_empty()
+        && host.len() <= 253
+        && host.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'))
+        && host.bytes().any(|b| b.is_ascii_alphabetic());
+    valid.then_some((host, port))
+}
+
 /// A `stats socket` line's unix socket path, within the names budget.
 fn add_stats_socket(names: &mut ProxyNames, spec: &str) {
     if let Some(path) = unix_socket_path(spec)
@@ -262,6 +302,19 @@ fn unix_socket_path(spec: &str) -> Option<&str> {
 }
 
 impl ProxyNames {
+    /// Names the `server` lines that gave a hostname, with `lookup` (the process's `/etc/hosts`);
+    /// those it does not resolve stay unnamed, counted as skipped lines.
+    pub fn resolve_hosts(&mut self, lookup: impl Fn(&str) -> Option<IpAddr>) {
+        for h in std::mem::take(&mut self.host_servers) {
+            match lookup(&h.host) {
+                Some(ip) => self.servers.push(ServerLine { ip, ..h.line }),
+                None => self.skip(&format!("server {} {}", h.line.server, h.host)),
+            }
+        }
+        self.server_index = ServerIndex::default();
+        self.server_index.0.get_or_init(|| index_servers(&self.servers));
+    }
+
     /// These names with the servers of the runtime API's table instead of the configuration's
     /// `server` lines: the table is the truth at run time (filled template slots, added servers,
     /// resolved addresses). A server in maintenance is left out where an active one shares its
@@ -280,6 +333,7 @@ impl ProxyNames {
             over_limit_lines: self.over_limit_lines,
             routes: self.routes.clone(),
             stats_sockets: self.stats_sockets.clone(),
+            host_servers: Vec::new(),
             bytes: self.bytes - self.servers.iter().map(server_cost).sum::<usize>(),
             server_index: ServerIndex::default(),
         };
@@ -375,7 +429,7 @@ impl ConfigParser {
         let mut in_defaults = false;
         let mut tcp = self.default_tcp;
         // bind/server lines of the current section, which learn its mode when the section ends.
-        let (mut binds_from, mut servers_from) = (names.frontends.len(), names.servers.len());
+        let mut from = section_start(names);
         for raw in text.lines() {
             let line = raw.trim();
             let split = haproxy_words::split(line, &self.env);
@@ -383,8 +437,8 @@ impl ConfigParser {
             let Some(keyword) = words.next() else { continue };
             match keyword {
                 "frontend" | "backend" | "listen" => {
-                    finish_section(names, binds_from, servers_from, tcp);
-                    (binds_from, servers_from) = (names.frontends.len(), names.servers.len());
+                    finish_section(names, from, tcp);
+                    from = section_start(names);
                     in_defaults = false;
                     tcp = self.default_tcp;
                     section = match keyword {
@@ -402,8 +456,8 @@ impl ConfigParser {
                 }
                 "global" | "defaults" | "resolvers" | "peers" | "userlist" | "cache" | "program" | "http-errors"
                 | "ring" | "mailers" | "fcgi-app" | "crt-store" | "traces" | "log-forward" => {
-                    finish_section(names, binds_from, servers_from, tcp);
-                    (binds_from, servers_from) = (names.frontends.len(), names.servers.len());
+                    finish_section(names, from, tcp);
+                    from = section_start(names);
                     in_defaults = keyword == "defaults";
                     section = if keyword == "global" { Section::Global } else { Section::Other };
                 }
@@ -445,8 +499,12 @@ impl ConfigParser {
                 }
                 "server" if matches!(section, Section::Backend | Section::Listen) => {
                     let server = words.next().unwrap_or("");
-                    match words.next().and_then(parse_server_addr) {
-                        Some(addr) if !server.is_empty() => add_server(names, &name, server, addr, tcp),
+                    let spec = words.next().unwrap_or("");
+                    match (parse_server_addr(spec), host_port(spec)) {
+                        (Some(addr), _) if !server.is_empty() => add_server(names, &name, server, addr, tcp),
+                        (None, Some((host, port))) if !server.is_empty() => {
+                            add_host_server(names, &name, server, host, port, tcp);
+                        }
                         _ => names.skip(line),
                     }
                 }
@@ -462,7 +520,7 @@ impl ConfigParser {
                 _ => {}
             }
         }
-        finish_section(names, binds_from, servers_from, tcp);
+        finish_section(names, from, tcp);
         names.server_index = ServerIndex::default();
     }
 
@@ -526,13 +584,21 @@ fn add_route(names: &mut ProxyNames, frontend: &str, target: &str) {
 }
 
 /// `mode` may come after `bind`/`server` in a section: apply the section's final mode.
-fn finish_section(names: &mut ProxyNames, binds_from: usize, servers_from: usize, tcp: bool) {
+fn finish_section(names: &mut ProxyNames, (binds_from, servers_from, hosts_from): (usize, usize, usize), tcp: bool) {
     for b in &mut names.frontends[binds_from..] {
         b.tcp = tcp;
     }
     for s in &mut names.servers[servers_from..] {
         s.tcp = tcp;
     }
+    for h in &mut names.host_servers[hosts_from..] {
+        h.line.tcp = tcp;
+    }
+}
+
+/// Where the current section's entries start in each list.
+fn section_start(names: &ProxyNames) -> (usize, usize, usize) {
+    (names.frontends.len(), names.servers.len(), names.host_servers.len())
 }
 
 /// `ADDR:PORT`, `:PORT`, `*:PORT`, `[V6]:PORT`, `ipv4@...`, `ipv6@...`, port ranges `A-B`.
@@ -613,7 +679,15 @@ backend be_app
         assert_eq!(n.server("10.0.0.2:8080".parse().unwrap()), Some(("be_app", "app2")));
         assert_eq!(n.server("127.0.0.1:9000".parse().unwrap()), Some(("stats", "local")));
         assert_eq!(n.server("10.0.0.3:80".parse().unwrap()), None);
-        assert_eq!(n.skipped, vec!["server dyn app.internal:80".to_owned()]);
+        assert!(n.skipped.is_empty());
+        assert_eq!(n.host_servers.len(), 1, "the hostname waits for the process's /etc/hosts");
+        let mut resolved = n.clone();
+        resolved.resolve_hosts(|h| (h == "app.internal").then(|| "10.0.0.3".parse().unwrap()));
+        assert_eq!(resolved.server("10.0.0.3:80".parse().unwrap()), Some(("be_app", "dyn")));
+        let mut unresolved = n;
+        unresolved.resolve_hosts(|_| None);
+        assert_eq!(unresolved.skipped, vec!["server dyn app.internal".to_owned()]);
+        assert!(unresolved.host_servers.is_empty());
     }
 
     #[test]
@@ -656,7 +730,7 @@ backend be_app
         let n = parse(&long);
         assert_eq!(n.skipped_lines, 1, "one line, however many addresses it lists");
         assert!(n.skipped[0].len() <= MAX_SKIPPED_LINE_BYTES);
-        let many = format!("backend b\n{}", " server s host.example:80 é\n".repeat(100));
+        let many = format!("backend b\n{}", " server s /run/app.sock é\n".repeat(100));
         let n = parse(&many);
         assert_eq!((n.skipped_lines, n.skipped.len()), (100, MAX_SKIPPED_KEPT));
         let cut = parse(&format!("backend b\n server s {}\n", "é".repeat(200)));

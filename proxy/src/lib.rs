@@ -12,6 +12,7 @@ pub mod haproxy_config;
 pub mod haproxy_runtime;
 pub mod haproxy_words;
 pub mod head;
+pub mod hosts;
 pub mod proxy_protocol;
 pub mod trace_context;
 pub mod tracker;

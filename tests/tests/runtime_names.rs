@@ -210,3 +210,46 @@ fn a_stats_socket_the_agent_may_not_open_falls_back_to_the_configuration() {
     );
     drop(haproxy);
 }
+
+/// A `server` line with a hostname, for HAProxy 3.0 in its own root: the agent resolves it from
+/// that root's `/etc/hosts` (as HAProxy's libc did at start), not from the host's, which does
+/// not know the name.
+#[test]
+fn a_server_hostname_resolves_from_the_process_roots_etc_hosts() {
+    if !require_root() {
+        return;
+    }
+    let version = haproxy::Version::Debian13;
+    let rig = Rig::new();
+    let port = free_port();
+    let host = format!("app-{}.tracetap.test", rig.comm);
+    let hosts_file = haproxy::trixie_root().join("etc/hosts");
+    let original = std::fs::read_to_string(&hosts_file).unwrap_or_default();
+    assert!(!std::fs::read_to_string("/etc/hosts").unwrap_or_default().contains(&host), "the host does not know it");
+    std::fs::write(&hosts_file, format!("{original}\n{} {host}\n", rig.backend.addr.ip()))
+        .expect("the root's /etc/hosts");
+    let config = format!(
+        "global\n    maxconn 256\n\n{GLOBAL_AND_DEFAULTS}\
+         frontend fe_main\n    bind 127.0.0.1:{port}\n    default_backend be_app\n\n\
+         backend be_app\n    server app1 {host}:{}\n",
+        rig.backend.addr.port()
+    );
+    let haproxy = Haproxy::start_on(version, &rig.comm, &config, port);
+    let agent = Agent::start_with_daemonset_capabilities(&rig.agent_env());
+    let mut conn = Conn::connect(std::net::SocketAddr::from(([127, 0, 0, 1], port))).expect("connect");
+    for i in 0..10 {
+        assert_eq!(conn.get(&format!("/host/{i}"), &[]).expect("request").status, 200);
+    }
+    let spans = rig.receiver.wait_for_spans(20);
+    std::fs::write(&hosts_file, original).expect("restore the root's /etc/hosts");
+    let clients: Vec<&Received> = spans.iter().filter(|s| s.is_client()).collect();
+    assert_eq!(clients.len(), 10, "log:\n{}", agent.log());
+    for c in &clients {
+        assert_eq!(
+            (c.str_attr("haproxy.backend"), c.str_attr("haproxy.server")),
+            (Some("be_app"), Some("app1")),
+            "named through the root's /etc/hosts"
+        );
+    }
+    drop(haproxy);
+}
