@@ -17,6 +17,7 @@ pub mod pipeline;
 pub mod resource;
 pub mod sampling;
 pub mod snippet;
+pub mod sockets;
 pub mod spans;
 pub mod tail;
 pub mod target;

@@ -601,6 +601,10 @@ fn load(proc_root: &Path, pid: u32) -> Outcome {
     let Reader { root, parser, read_any, problems, problem_count, .. } = reader;
     let names = read_any.then(|| {
         let mut names = parser.finish();
+        if !names.fd_binds.is_empty() {
+            // `bind fd@N`: the socket the process was given as descriptor N says its address.
+            names.resolve_fd_binds(|fd| crate::sockets::socket_addr(proc_root, pid, fd));
+        }
         if !names.host_servers.is_empty() {
             // Hostnames as the process resolved them at start, from its own root's /etc/hosts
             // (unreadable: they stay unnamed, counted as skipped lines).

@@ -77,6 +77,14 @@ pub struct ServerLine {
     pub port: Option<u16>,
 }
 
+/// A `bind fd@N` line's entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FdBind {
+    pub fd: i32,
+    pub frontend: String,
+    pub tcp: bool,
+}
+
 /// A `server` line whose address is a hostname.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HostServer {
@@ -114,6 +122,9 @@ pub struct ProxyNames {
     /// own `/etc/hosts` resolves them ([`ProxyNames::resolve_hosts`]), as HAProxy would have at
     /// start (DNS names are the runtime API's to tell).
     pub host_servers: Vec<HostServer>,
+    /// `bind fd@N` lines: a socket the process was given as descriptor N. Named once its address
+    /// is known ([`ProxyNames::resolve_fd_binds`]).
+    pub fd_binds: Vec<FdBind>,
     /// What the entries take, as counted against [`MAX_NAMES_BYTES`].
     bytes: usize,
     server_index: ServerIndex,
@@ -245,6 +256,42 @@ impl ProxyNames {
     }
 }
 
+/// A `bind` line's addresses (`ADDR:PORT` forms, and `fd@N` for later), within the names budget;
+/// a line with any unreadable address is counted as skipped, one over the budget as over limit.
+fn add_bind_line(names: &mut ProxyNames, frontend: &str, spec: &str, tcp: bool, line: &str) {
+    let (mut unreadable, mut over_limit) = (false, false);
+    for part in spec.split(',') {
+        if let Some(fd) = part.strip_prefix("fd@") {
+            match fd.parse::<i32>() {
+                Ok(fd)
+                    if fd >= 0
+                        && names.fd_binds.len() < MAX_BINDS
+                        && names.take(size_of::<FdBind>() + frontend.len()) =>
+                {
+                    names.fd_binds.push(FdBind { fd, frontend: frontend.to_owned(), tcp });
+                }
+                Ok(fd) if fd >= 0 => over_limit = true,
+                _ => unreadable = true,
+            }
+            continue;
+        }
+        let Some(addr) = parse_bind(part) else {
+            unreadable = true;
+            continue;
+        };
+        // Checked before the name is cloned: the clone is what a hostile line multiplies.
+        if names.frontends.len() >= MAX_BINDS || !names.take(size_of::<Bind>() + frontend.len()) {
+            over_limit = true;
+            continue;
+        }
+        names.frontends.push(Bind { addr, frontend: frontend.to_owned(), tcp });
+    }
+    if unreadable {
+        names.skip(line);
+    }
+    names.over_limit_lines += usize::from(over_limit);
+}
+
 /// A `server` line's entry, within the names budget.
 fn add_server(names: &mut ProxyNames, backend: &str, server: &str, (ip, port): (IpAddr, Option<u16>), tcp: bool) {
     // The cost of `server_cost`, checked before anything is cloned.
@@ -302,6 +349,21 @@ fn unix_socket_path(spec: &str) -> Option<&str> {
 }
 
 impl ProxyNames {
+    /// Names the `bind fd@N` lines with `lookup` (the address of the process's descriptor N);
+    /// those it cannot tell stay unnamed, counted as skipped lines.
+    pub fn resolve_fd_binds(&mut self, lookup: impl Fn(i32) -> Option<SocketAddr>) {
+        for b in std::mem::take(&mut self.fd_binds) {
+            match lookup(b.fd) {
+                Some(addr) => {
+                    let ip = (!addr.ip().is_unspecified()).then(|| addr.ip());
+                    let addr = BindAddr { ip, ports: (addr.port(), addr.port()) };
+                    self.frontends.push(Bind { addr, frontend: b.frontend, tcp: b.tcp });
+                }
+                None => self.skip(&format!("bind fd@{}", b.fd)),
+            }
+        }
+    }
+
     /// Names the `server` lines that gave a hostname, with `lookup` (the process's `/etc/hosts`);
     /// those it does not resolve stay unnamed, counted as skipped lines.
     pub fn resolve_hosts(&mut self, lookup: impl Fn(&str) -> Option<IpAddr>) {
@@ -334,6 +396,7 @@ impl ProxyNames {
             routes: self.routes.clone(),
             stats_sockets: self.stats_sockets.clone(),
             host_servers: Vec::new(),
+            fd_binds: Vec::new(),
             bytes: self.bytes - self.servers.iter().map(server_cost).sum::<usize>(),
             server_index: ServerIndex::default(),
         };
@@ -470,24 +533,7 @@ impl ConfigParser {
                     }
                 }
                 "bind" if matches!(section, Section::Frontend | Section::Listen) => {
-                    let spec = words.next().unwrap_or("");
-                    let (mut unreadable, mut over_limit) = (false, false);
-                    for part in spec.split(',') {
-                        let Some(addr) = parse_bind(part) else {
-                            unreadable = true;
-                            continue;
-                        };
-                        // Checked before the name is cloned: the clone is what a hostile line multiplies.
-                        if names.frontends.len() >= MAX_BINDS || !names.take(size_of::<Bind>() + name.len()) {
-                            over_limit = true;
-                            continue;
-                        }
-                        names.frontends.push(Bind { addr, frontend: name.clone(), tcp });
-                    }
-                    if unreadable {
-                        names.skip(line);
-                    }
-                    names.over_limit_lines += usize::from(over_limit);
+                    add_bind_line(names, &name, words.next().unwrap_or(""), tcp, line);
                 }
                 "stats" if section == Section::Global => {
                     if let (Some("socket"), Some(path)) = (words.next(), words.next()) {
@@ -584,7 +630,14 @@ fn add_route(names: &mut ProxyNames, frontend: &str, target: &str) {
 }
 
 /// `mode` may come after `bind`/`server` in a section: apply the section's final mode.
-fn finish_section(names: &mut ProxyNames, (binds_from, servers_from, hosts_from): (usize, usize, usize), tcp: bool) {
+fn finish_section(
+    names: &mut ProxyNames,
+    (binds_from, servers_from, hosts_from, fds_from): (usize, usize, usize, usize),
+    tcp: bool,
+) {
+    for f in &mut names.fd_binds[fds_from..] {
+        f.tcp = tcp;
+    }
     for b in &mut names.frontends[binds_from..] {
         b.tcp = tcp;
     }
@@ -597,8 +650,8 @@ fn finish_section(names: &mut ProxyNames, (binds_from, servers_from, hosts_from)
 }
 
 /// Where the current section's entries start in each list.
-fn section_start(names: &ProxyNames) -> (usize, usize, usize) {
-    (names.frontends.len(), names.servers.len(), names.host_servers.len())
+fn section_start(names: &ProxyNames) -> (usize, usize, usize, usize) {
+    (names.frontends.len(), names.servers.len(), names.host_servers.len(), names.fd_binds.len())
 }
 
 /// `ADDR:PORT`, `:PORT`, `*:PORT`, `[V6]:PORT`, `ipv4@...`, `ipv6@...`, port ranges `A-B`.
@@ -839,6 +892,19 @@ backend be_app
         {
             let _ = parse(text);
         }
+    }
+
+    #[test]
+    fn fd_binds_are_named_by_the_descriptor_address() {
+        let mut names =
+            parse("frontend fe_fd\n    mode tcp\n    bind fd@7,fd@x,127.0.0.1:81\nfrontend other\n    bind fd@9\n");
+        assert_eq!(names.fd_binds.len(), 2);
+        assert_eq!(names.skipped_lines, 1, "fd@x does not read");
+        names.resolve_fd_binds(|fd| (fd == 7).then(|| "127.0.0.1:8443".parse().unwrap()));
+        let bind = names.bind("127.0.0.1:8443".parse().unwrap()).expect("named");
+        assert_eq!((bind.frontend.as_str(), bind.tcp), ("fe_fd", true), "with its section's mode");
+        assert_eq!(names.frontend("127.0.0.1:81".parse().unwrap()), Some("fe_fd"));
+        assert!(names.skipped.iter().any(|l| l == "bind fd@9"), "one it cannot tell is skipped");
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! Server names from `HAProxy`'s runtime API (`show servers state` on its `stats socket`), through
+//! Names as `HAProxy` has them at run time: servers from its runtime API (`show servers state` on
+//! its `stats socket`), hostnames from its root's `/etc/hosts`, `fd@` binds; through
 //! a real `HAProxy` (Debian 12's 2.6, and Debian 13's 3.0 in its own root and namespaces). Needs
 //! root.
 //!
@@ -252,4 +253,60 @@ fn a_server_hostname_resolves_from_the_process_roots_etc_hosts() {
         );
     }
     drop(haproxy);
+}
+
+/// `bind fd@7`: HAProxy is given its listening socket as descriptor 7 (as systemd socket
+/// activation or a supervisor does); the agent asks that descriptor for its address, and every
+/// SERVER span names the frontend.
+#[test]
+fn a_bind_on_a_descriptor_haproxy_was_given_is_named() {
+    if !require_root() {
+        return;
+    }
+    let rig = Rig::new();
+    let port = free_port();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let bin = dir.path().join(&rig.comm);
+    std::os::unix::fs::symlink(haproxy::haproxy_binary(), &bin).expect("symlink haproxy");
+    let config = dir.path().join("haproxy.cfg");
+    std::fs::write(
+        &config,
+        format!(
+            "global\n    maxconn 256\n\n{GLOBAL_AND_DEFAULTS}\
+             frontend fe_fd\n    bind fd@7\n    default_backend be_app\n\n\
+             backend be_app\n    server app1 {}\n",
+            rig.backend.addr
+        ),
+    )
+    .expect("config");
+    // A supervisor: makes the listening socket, puts it at descriptor 7, and becomes HAProxy.
+    let supervisor = "import os, socket, sys\n\
+        s = socket.socket()\n\
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+        s.bind(('127.0.0.1', int(sys.argv[1])))\n\
+        s.listen(128)\n\
+        os.dup2(s.fileno(), 7)\n\
+        os.execv(sys.argv[2], sys.argv[2:])\n";
+    let child = std::process::Command::new("python3")
+        .args(["-c", supervisor, &port.to_string()])
+        .arg(&bin)
+        .args(["-db", "-f"])
+        .arg(&config)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("start HAProxy on descriptor 7");
+    let _haproxy = tracetap_tests::KillOnDrop(child);
+    let front = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    wait_for(Duration::from_secs(10), || std::net::TcpStream::connect(front).ok()).expect("HAProxy listens");
+    let agent = Agent::start_with_daemonset_capabilities(&rig.agent_env());
+    let mut conn = Conn::connect(front).expect("connect");
+    for i in 0..10 {
+        assert_eq!(conn.get(&format!("/fd/{i}"), &[]).expect("request").status, 200);
+    }
+    let spans = rig.receiver.wait_for_spans(20);
+    let servers: Vec<&Received> = spans.iter().filter(|s| s.is_server()).collect();
+    assert_eq!(servers.len(), 10, "log:\n{}", agent.log());
+    for s in &servers {
+        assert_eq!(s.str_attr("haproxy.frontend"), Some("fe_fd"), "the frontend of the descriptor's bind");
+    }
 }

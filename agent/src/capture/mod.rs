@@ -13,7 +13,6 @@ pub mod discovery;
 pub mod loader;
 pub mod opaque;
 pub mod pods;
-pub mod sockets;
 pub mod tls;
 
 use std::collections::BTreeSet;
@@ -33,12 +32,12 @@ use crate::metrics::{self, Metrics};
 use crate::names::Names;
 use crate::pipeline::EncodedBatch;
 use crate::sampling::randomness;
+use crate::sockets::ListenAddrs;
 use crate::spans::{Decision, SpanBuilder};
 use crate::tail::TailQueue;
 use awaiting::Staging;
 use loader::Probes;
 use pods::Pods;
-use sockets::ListenAddrs;
 use tracetap_proxy::Op;
 
 const HOUSEKEEPING: Duration = Duration::from_millis(250);

@@ -1,5 +1,6 @@
 //! The bind address of a listening socket, found once per (process, fd). Used to name the
-//! frontend an accepted connection came through, and to know a `mode tcp` one.
+//! frontend an accepted connection came through, and to know a `mode tcp` one; and for a `bind
+//! fd@N` line, the address of the socket `HAProxy` was given as descriptor N ([`socket_addr`]).
 //!
 //! This runs on the capture thread, at the first `accept` of each listener, so it must be cheap
 //! whatever the host: it asks the socket itself, through a duplicate of the process's descriptor
@@ -44,6 +45,16 @@ impl ListenAddrs {
     /// Drops what is known of an exited process.
     pub fn forget_process(&mut self, tgid: u32) {
         self.cache.retain(|(t, _), _| *t != tgid);
+    }
+}
+
+/// The local address of socket `fd` of process `tgid`, asked once (`None`: not an IP socket,
+/// gone, or the question failed).
+#[must_use]
+pub fn socket_addr(proc_root: &Path, tgid: u32, fd: i32) -> Option<SocketAddr> {
+    match resolve(proc_root, tgid, fd) {
+        Resolved::Known(addr) => addr,
+        Resolved::Retry => None,
     }
 }
 
