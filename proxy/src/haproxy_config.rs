@@ -895,6 +895,20 @@ backend be_app
     }
 
     #[test]
+    fn default_server_lines_give_no_address_and_change_no_name() {
+        // `default-server` sets server options (checks, weights, the check `port`/`addr`), never
+        // the address traffic goes to: names come from the `server` lines alone.
+        let names = parse(
+            "defaults\n    mode http\n    default-server inter 2s port 9999 addr 10.9.9.9\n\
+             backend be\n    default-server check maxconn 10\n    server s1 10.0.0.1:8080\n",
+        );
+        assert_eq!(names.server("10.0.0.1:8080".parse().unwrap()), Some(("be", "s1")));
+        assert_eq!(names.server("10.9.9.9:9999".parse().unwrap()), None);
+        assert_eq!(names.servers.len(), 1);
+        assert_eq!(names.skipped_lines, 0);
+    }
+
+    #[test]
     fn fd_binds_are_named_by_the_descriptor_address() {
         let mut names =
             parse("frontend fe_fd\n    mode tcp\n    bind fd@7,fd@x,127.0.0.1:81\nfrontend other\n    bind fd@9\n");

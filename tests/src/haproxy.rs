@@ -303,6 +303,11 @@ impl Haproxy {
         std::fs::read_to_string(&self.config).expect("config")
     }
 
+    /// Replaces the configuration file (the next reload reads it).
+    pub fn rewrite_config(&self, config: &str) {
+        std::fs::write(&self.config, config).expect("write config");
+    }
+
     /// Host pid of the newest `HAProxy` process (the master, in master-worker mode).
     #[must_use]
     pub fn pid(&self) -> u32 {

@@ -310,3 +310,74 @@ fn a_bind_on_a_descriptor_haproxy_was_given_is_named() {
         assert_eq!(s.str_attr("haproxy.frontend"), Some("fe_fd"), "the frontend of the descriptor's bind");
     }
 }
+
+/// Master-worker mode, reloaded with a configuration that renames the server: each span carries
+/// the names of the worker that served it (the old worker's, then the new one's, which the agent
+/// reads when it finds the new worker), never the other's; once the new worker is named, every
+/// span is.
+#[test]
+fn names_follow_a_master_worker_reload() {
+    if !require_root() {
+        return;
+    }
+    let rig = Rig::new();
+    let port = free_port();
+    let config = |server: &str| {
+        format!(
+            "global\n    maxconn 256\n\n{GLOBAL_AND_DEFAULTS}\
+             frontend fe_main\n    bind 127.0.0.1:{port}\n    default_backend be_app\n\n\
+             backend be_app\n    server {server} {}\n",
+            rig.backend.addr
+        )
+    };
+    let haproxy = Haproxy::start_master_worker(&rig.comm, &config("before_reload"), port);
+    let agent = Agent::start_with_daemonset_capabilities(&rig.agent_env());
+    let front = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let get = |path: String| {
+        // A new connection each time: the old worker keeps its open connections.
+        assert_eq!(Conn::connect(front).expect("connect").get(&path, &[]).expect("request").status, 200);
+    };
+    for i in 0..10 {
+        get(format!("/a/{i}"));
+    }
+    haproxy.rewrite_config(&config("after_reload"));
+    haproxy.reload_master();
+    // Requests flow until one is served by a new worker and named after the new configuration.
+    let mut sent = 10;
+    let renamed = wait_for(Duration::from_secs(20), || {
+        get(format!("/b/{sent}"));
+        sent += 1;
+        std::thread::sleep(Duration::from_millis(20));
+        rig.receiver
+            .spans()
+            .iter()
+            .any(|s| s.is_client() && s.str_attr("haproxy.server") == Some("after_reload"))
+            .then_some(())
+    });
+    assert!(renamed.is_some(), "the new worker's names; log:\n{}", agent.log());
+    for i in 0..10 {
+        get(format!("/c/{i}"));
+    }
+    sent += 10;
+    let spans = rig.receiver.wait_for_spans(2 * sent);
+    let clients: Vec<&Received> = spans.iter().filter(|s| s.is_client()).collect();
+    assert_eq!(clients.len(), sent, "log:\n{}", agent.log());
+    // Every span of one worker has the names of that worker's configuration, or none.
+    let mut names_by_pid: std::collections::BTreeMap<i64, std::collections::BTreeSet<Option<&str>>> =
+        std::collections::BTreeMap::new();
+    for c in &clients {
+        names_by_pid.entry(c.pid).or_default().insert(c.str_attr("haproxy.server"));
+    }
+    println!("[reload] {sent} requests; server names by worker: {names_by_pid:?}");
+    assert!(names_by_pid.len() >= 2, "served by the old and the new worker");
+    for names in names_by_pid.values() {
+        let named: Vec<_> = names.iter().flatten().collect();
+        assert!(named.len() <= 1, "one worker, one configuration: {names:?}");
+    }
+    let first_worker = clients.iter().find(|c| c.str_attr("url.path") == Some("/a/0")).expect("first").pid;
+    assert!(!names_by_pid[&first_worker].contains(&Some("after_reload")), "the old worker never gets the new name");
+    for c in clients.iter().filter(|c| c.str_attr("url.path").is_some_and(|p| p.starts_with("/c/"))) {
+        assert_eq!(c.str_attr("haproxy.server"), Some("after_reload"), "named once the new worker is");
+    }
+    drop(haproxy);
+}
