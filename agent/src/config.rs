@@ -227,7 +227,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     (
         "TRACETAP_HAPROXY_RUNTIME_API",
         "true",
-        "`false` stops reading server names from HAProxy's runtime API (`show servers state` on the configuration's `stats socket`, read-only, every second and when a backend address is unknown); names then come from the configuration file only",
+        "`false` stops reading server names from HAProxy's runtime API (`show info;show servers state` on the configuration's `stats socket`, read-only: every 2 s, and every 200 ms to 1 s while kept spans wait for a table read after their request); names then come from the configuration file only",
     ),
     (
         "TRACETAP_PROBE_STATS",

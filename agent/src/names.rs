@@ -46,7 +46,7 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::time::{Duration, Instant};
 
 use tracetap_proxy::haproxy_config::{ConfigParser, ProxyNames};
-use tracetap_proxy::haproxy_runtime::{RuntimeServer, ServersState};
+use tracetap_proxy::haproxy_runtime::ServersState;
 use tracetap_proxy::haproxy_words::Environment;
 
 use crate::metrics::{self, Metrics};
@@ -141,6 +141,8 @@ pub struct Names {
     runtime_running: usize,
     runtime_reads: u64,
     runtime_errors: u64,
+    /// Reads answered by another process (after a reload): not failures.
+    runtime_superseded: u64,
 }
 
 #[derive(Debug)]
@@ -153,17 +155,26 @@ enum State {
 
 /// What the runtime API gave for one process.
 ///
-/// A span reports the names that were true when its request was sent. Each table read is taken
-/// as true from the moment its read started (`current.0`, monotonic ns). For a request sent
-/// before that, the change may have come before or after it: `before` holds the newest table and
-/// the one read before it together, so that a server whose name changed between the two is
-/// ambiguous (no name, counted) rather than possibly wrong.
+/// A span reports the names that were true when its request was sent. A table read is true from
+/// the moment its read started (`current.0`, monotonic ns) until the next read: so a span waits
+/// for a read that started after its request ([`Names::settled_at`]). And the names at each
+/// address hold from the start of the first read that showed them
+/// (`ProxyNames::server_since`): a request sent before that (a slow one, handed out several reads
+/// later) gets no name at that address, since it may have gone to the names before the change.
 #[derive(Debug, Default)]
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "independent flags of one state machine (reading, superseded, wanted, failing); an enum would \
+              have to spell out their combinations"
+)]
 struct Runtime {
     current: Option<(u64, Arc<ProxyNames>)>,
-    before: Option<Arc<ProxyNames>>,
-    /// The newest table, to join with the next one.
-    table: Option<Arc<ServersState>>,
+    /// The configuration's names without any server, for spans whose server names cannot be
+    /// known (a failing socket after tables were read, a wait that ran out, shutdown).
+    no_servers: Option<Arc<ProxyNames>>,
+    /// After a reload the socket path leads to the new process: this one's table no longer
+    /// changes through the runtime API, and its last table stays.
+    superseded: bool,
     reading: bool,
     /// When the last read started.
     started: Option<Instant>,
@@ -186,24 +197,18 @@ struct RuntimeRead {
     result: Result<Tables, RuntimeApiError>,
 }
 
-/// What a successful read gives, built on the reading thread (not the capture thread): names
-/// with the new table, with the new and the previous tables joined, and the new table.
+/// What a successful read gives, built on the reading thread (not the capture thread): the
+/// names with the new table, each address's names dated against the names in use before.
 #[derive(Debug)]
 struct Tables {
     current: Arc<ProxyNames>,
-    before: Arc<ProxyNames>,
-    table: Arc<ServersState>,
 }
 
 impl Tables {
-    fn build(config: &ProxyNames, previous: Option<&ServersState>, state: ServersState) -> Self {
-        let mut joined = previous.cloned().unwrap_or_else(|| configured_servers(config));
-        joined.servers.extend(state.servers.iter().cloned());
-        Self {
-            current: Arc::new(config.with_runtime_servers(&state)),
-            before: Arc::new(config.with_runtime_servers(&joined)),
-            table: Arc::new(state),
-        }
+    fn build(config: &ProxyNames, previous: Option<&ProxyNames>, state: &ServersState, read_ns: u64) -> Self {
+        let mut current = config.with_runtime_servers(state);
+        current.set_server_since(previous.unwrap_or(config), read_ns);
+        Self { current: Arc::new(current) }
     }
 }
 
@@ -267,19 +272,13 @@ impl Names {
             runtime_running: 0,
             runtime_reads: 0,
             runtime_errors: 0,
+            runtime_superseded: 0,
         }
     }
 
     /// The names of process `pid`'s configuration, once loaded and if it could be read. Never
     /// waits: `None` while the load runs (which this starts if nothing asked for it yet).
     pub fn of(&mut self, pid: u32) -> Option<Arc<ProxyNames>> {
-        self.at(pid, u64::MAX)
-    }
-
-    /// The names of process `pid` as they were when a request was sent at `sent_ns` (monotonic
-    /// ns): with the runtime API's table where there is one (see [`Runtime`]), else the
-    /// configuration's. Never waits, as [`Names::of`].
-    pub fn at(&mut self, pid: u32, sent_ns: u64) -> Option<Arc<ProxyNames>> {
         match self.by_pid.get(&pid) {
             Some(State::Done { .. }) => {}
             Some(State::Pending { .. }) => self.poll(),
@@ -289,12 +288,27 @@ impl Names {
             }
         }
         match self.by_pid.get(&pid) {
-            Some(State::Done { names, runtime, .. }) => match (&runtime.current, &runtime.before) {
-                (Some((from, current)), _) if sent_ns >= *from => Some(current.clone()),
-                (Some(_), Some(before)) => Some(before.clone()),
-                _ => names.clone(),
+            Some(State::Done { names, runtime, .. }) => match &runtime.current {
+                // The runtime API's newest table; its names are dated per address
+                // (`ProxyNames::server_for_sent` says what held when).
+                Some((_, current)) => Some(current.clone()),
+                None => names.clone(),
             },
             _ => None,
+        }
+    }
+
+    /// The names for a span whose server names cannot be known (its wait for a table read ran
+    /// out, or the agent stops): without servers where the runtime API is in use, else as
+    /// [`Names::at`].
+    pub fn unsettled(&mut self, pid: u32) -> Option<Arc<ProxyNames>> {
+        match self.by_pid.get_mut(&pid) {
+            Some(State::Done { names: Some(names), runtime, .. })
+                if self.runtime_api && !names.stats_sockets.is_empty() && !runtime.superseded =>
+            {
+                Some(runtime.no_servers.get_or_insert_with(|| Arc::new(names.without_servers())).clone())
+            }
+            _ => self.of(pid),
         }
     }
 
@@ -307,13 +321,26 @@ impl Names {
         if let Some(State::Done { names: Some(names), runtime, .. }) = self.by_pid.get_mut(&pid)
             && self.runtime_api
             && !names.stats_sockets.is_empty()
-            && !runtime.failing
-            && runtime.current.as_ref().is_none_or(|(from, _)| *from <= sent_ns)
+            && !runtime.superseded
         {
-            runtime.wanted = true;
-            return NamesAt::Wait;
+            if runtime.failing {
+                // Tables were read, and changes since cannot be known: no server names. Never
+                // read: the configuration's, as without a runtime API.
+                if runtime.current.is_some() {
+                    return NamesAt::Ready(self.unsettled(pid));
+                }
+            } else if runtime.current.as_ref().is_none_or(|(from, _)| *from <= sent_ns) {
+                runtime.wanted = true;
+                return NamesAt::Wait;
+            }
         }
-        NamesAt::Ready(self.at(pid, sent_ns))
+        NamesAt::Ready(self.of(pid))
+    }
+
+    /// Changes each time a runtime API read comes in: waiting spans need a look only then.
+    #[must_use]
+    pub fn generation(&self) -> u64 {
+        self.runtime_reads + self.runtime_errors + self.runtime_superseded
     }
 
     /// Starts the runtime API reads that are due and takes in those that finished (see
@@ -364,13 +391,14 @@ impl Names {
             return;
         }
         let now = Instant::now();
-        let due: Vec<(u32, Arc<ProxyNames>, Option<Arc<ServersState>>)> = self
+        let due: Vec<(u32, Arc<ProxyNames>, Option<Arc<ProxyNames>>)> = self
             .by_pid
             .iter()
             .filter_map(|(pid, s)| match s {
                 State::Done { names: Some(names), runtime, .. }
                     if !names.stats_sockets.is_empty()
                         && !runtime.reading
+                        && !runtime.superseded
                         && runtime.not_before.is_none_or(|t| now >= t)
                         && runtime.started.is_none_or(|t| {
                             let since = now.duration_since(t);
@@ -378,7 +406,7 @@ impl Names {
                                 || (runtime.wanted && since >= RUNTIME_MIN_GAP.max(runtime.min_gap))
                         }) =>
                 {
-                    Some((*pid, names.clone(), runtime.table.clone()))
+                    Some((*pid, names.clone(), runtime.current.as_ref().map(|(_, c)| c.clone())))
                 }
                 _ => None,
             })
@@ -389,14 +417,19 @@ impl Names {
             }
             let (root, sender, reader) = (self.proc_root.clone(), self.runtime_sender.clone(), self.runtime_reader);
             let spawned = std::thread::Builder::new().name("names-runtime".into()).spawn(move || {
-                // The first socket that answers; else the first one's failure.
+                // The first socket that answers; else the first one's failure. All within one
+                // timeout.
                 let began = Instant::now();
                 let mut first_error = None;
                 for path in &config.stats_sockets {
-                    match reader(&root, pid, path, RUNTIME_TIMEOUT) {
+                    let left = RUNTIME_TIMEOUT.saturating_sub(began.elapsed());
+                    if left.is_zero() {
+                        break;
+                    }
+                    match reader(&root, pid, path, left) {
                         Ok(state) => {
                             let took = began.elapsed();
-                            let tables = Tables::build(&config, previous.as_deref(), state);
+                            let tables = Tables::build(&config, previous.as_deref(), &state, now_ns);
                             let _ = sender.send(RuntimeRead { pid, started_ns: now_ns, took, result: Ok(tables) });
                             return;
                         }
@@ -433,16 +466,28 @@ impl Names {
             let Some(State::Done { names: Some(_), runtime, .. }) = self.by_pid.get_mut(&pid) else { continue };
             runtime.reading = false;
             match result {
-                Ok(Tables { current, before, table }) => {
+                Ok(Tables { current }) => {
                     self.runtime_reads += 1;
                     if runtime.failing {
                         tracing::info!(pid, "HAProxy's runtime API answers again; server names follow it");
                         runtime.failing = false;
                     }
-                    runtime.before = Some(before);
                     runtime.current = Some((started_ns, current));
-                    runtime.table = Some(table);
                     runtime.min_gap = took.saturating_mul(RUNTIME_GAP_PER_READ_TIME).min(RUNTIME_MAX_GAP);
+                }
+                // The socket file went away after tables were read: a reload or an exit took it
+                // (the new process binds its own), as when another process answers.
+                Err(e @ RuntimeApiError::Open { .. }) if runtime.current.is_some() => {
+                    self.runtime_superseded += 1;
+                    tracing::debug!(pid, "{e}; keeping the last server table read for this process");
+                    runtime.superseded = true;
+                }
+                Err(e @ RuntimeApiError::OtherProcess { .. }) => {
+                    // A reload: the new process answers on the path now. This one's table stays
+                    // as last read (its servers change through the new process's socket).
+                    self.runtime_superseded += 1;
+                    tracing::debug!(pid, "{e}; keeping the last server table read for this process");
+                    runtime.superseded = true;
                 }
                 Err(e) => {
                     self.runtime_errors += 1;
@@ -454,12 +499,10 @@ impl Names {
                         );
                         runtime.failing = true;
                     }
-                    // Back to the configuration's names until a read succeeds.
-                    *runtime = Runtime {
-                        failing: true,
-                        not_before: Some(Instant::now() + RUNTIME_RETRY),
-                        ..Runtime::default()
-                    };
+                    // Until a read succeeds: no server names if tables were read (what changed
+                    // since cannot be known), else the configuration's (`settled_at`).
+                    runtime.not_before = Some(Instant::now() + RUNTIME_RETRY);
+                    runtime.started = None;
                 }
             }
         }
@@ -479,8 +522,20 @@ impl Names {
         self.read_errors
     }
 
+    /// A process exited: its names are kept for [`FORGET_AFTER`] more (spans of its last
+    /// requests may still wait for them), then dropped by [`Names::refresh`].
     pub fn forget_process(&mut self, pid: u32) {
-        self.by_pid.remove(&pid);
+        match self.by_pid.get_mut(&pid) {
+            Some(State::Done { since, runtime, .. }) => {
+                *since = Instant::now();
+                // Nothing answers for it any more.
+                runtime.superseded = true;
+            }
+            Some(State::Pending { .. }) => {
+                self.by_pid.remove(&pid);
+            }
+            None => {}
+        }
     }
 
     fn request(&mut self, pid: u32) {
@@ -549,23 +604,6 @@ impl Names {
             State::Done { names: names.map(Arc::new), runtime: Runtime::default(), since: Instant::now() },
         );
     }
-}
-
-/// The configuration's `server` lines as a runtime table (all active): what was known before the
-/// first read.
-fn configured_servers(names: &ProxyNames) -> ServersState {
-    let servers = names
-        .servers
-        .iter()
-        .map(|s| RuntimeServer {
-            backend: s.backend.clone(),
-            server: s.server.clone(),
-            ip: s.ip,
-            port: s.port,
-            maintenance: false,
-        })
-        .collect();
-    ServersState { servers, skipped_lines: 0 }
 }
 
 /// The configuration files of a command line, in the order HAProxy loads them: each `-f FILE`
@@ -1137,7 +1175,9 @@ mod tests {
         names.refresh(&BTreeSet::from([PID]), &metrics, 0);
         assert_eq!(metrics.config_read_errors.load(std::sync::atomic::Ordering::Relaxed), 1, "the missing file");
         names.forget_process(PID);
-        assert!(names.by_pid.is_empty());
+        assert!(names.of(PID).is_some(), "kept a while for the spans of its last requests");
+        names.refresh(&BTreeSet::new(), &metrics, 0);
+        assert!(names.by_pid.contains_key(&PID), "not a target any more, forgotten only after FORGET_AFTER");
     }
 
     static TABLES_READ: AtomicUsize = AtomicUsize::new(0);
@@ -1179,18 +1219,19 @@ mod tests {
         let metrics = Metrics::default();
         let pids = BTreeSet::from([PID]);
         let app: std::net::SocketAddr = "127.0.0.1:9001".parse().unwrap();
-        let server = |n: &Option<Arc<ProxyNames>>| match n.as_ref().unwrap().server_for(app, Some("f")) {
-            ServerMatch::Named { server, .. } => Some(server.to_owned()),
-            ServerMatch::Ambiguous => Some("ambiguous".to_owned()),
-            ServerMatch::Unknown => None,
-        };
+        let server =
+            |n: &Option<Arc<ProxyNames>>, sent: u64| match n.as_ref().unwrap().server_for_sent(app, Some("f"), sent) {
+                ServerMatch::Named { server, .. } => Some(server.to_owned()),
+                ServerMatch::Ambiguous => Some("ambiguous".to_owned()),
+                ServerMatch::Unknown => None,
+            };
         // Waits (ticking at `now_ns`) until the names for a request sent at `sent` are settled.
         let settled = |names: &mut Names, sent: u64, now_ns: u64| {
             let deadline = Instant::now() + Duration::from_secs(10);
             loop {
                 names.tick(now_ns);
                 if let NamesAt::Ready(n) = names.settled_at(PID, sent) {
-                    return server(&n);
+                    return server(&n, sent);
                 }
                 assert!(Instant::now() < deadline, "settled in time");
                 std::thread::sleep(Duration::from_millis(5));
@@ -1199,8 +1240,12 @@ mod tests {
         names.refresh(&pids, &metrics, 1_000);
         assert!(wait_for(&mut names, PID).is_some());
         assert!(matches!(names.settled_at(PID, 1_500), NamesAt::Wait), "the first table is not read yet");
-        assert_eq!(server(&names.at(PID, 1_500)), None, "the configuration alone does not know :9001");
-        assert_eq!(settled(&mut names, 1_500, 2_000), Some("SRV_1".into()), "the read started after the request");
+        assert_eq!(server(&names.of(PID), 1_500), None, "the configuration alone does not know :9001");
+        assert_eq!(
+            settled(&mut names, 1_500, 2_000),
+            Some("SRV_1".into()),
+            "the read started after the request; the address is new, so the request went there under this name"
+        );
         assert_eq!(names.runtime_reads, 1);
         // A request sent after that read waits for the next one, which sees the slot moved.
         assert!(matches!(names.settled_at(PID, 2_500), NamesAt::Wait));
@@ -1210,9 +1255,10 @@ mod tests {
             "moved between the reads: either, so neither"
         );
         assert_eq!(names.runtime_reads, 2, "read again after {RUNTIME_MIN_GAP:?}, not {RUNTIME_REFRESH:?}");
-        assert_eq!(server(&names.at(PID, 3_000)), Some("SRV_2".into()), "after the move");
-        assert_eq!(server(&names.at(PID, 1_500)), Some("ambiguous".into()));
-        // A refused read: the configuration's names, at once, counted.
+        assert_eq!(server(&names.of(PID), 3_000), Some("SRV_2".into()), "after the move");
+        assert_eq!(server(&names.of(PID), 1_500), Some("ambiguous".into()), "a slow request sent before it");
+        // A refused read after tables were read: no server names (what changed since cannot be
+        // known), at once, counted.
         assert_eq!(settled(&mut names, 3_500, 4_000), None);
         assert_eq!(names.runtime_errors, 1);
         assert!(matches!(names.settled_at(PID, 5_000), NamesAt::Ready(_)), "no waiting for a refusing socket");

@@ -278,7 +278,8 @@ impl SpanBuilder {
         names: Option<&'a ProxyNames>,
         frontend: Option<&str>,
     ) -> Option<(&'a str, &'a str)> {
-        match names.zip(ex.server).map(|(n, server)| n.server_for(server, frontend)) {
+        // Dated: names the runtime API showed only after the request was sent are no answer.
+        match names.zip(ex.server).map(|(n, server)| n.server_for_sent(server, frontend, ex.start_ns)) {
             Some(ServerMatch::Named { backend, server }) => Some((backend, server)),
             Some(ServerMatch::Ambiguous) => {
                 // Never a wrong name: an operator reading one would debug the wrong service.

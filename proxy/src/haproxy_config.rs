@@ -125,6 +125,11 @@ pub struct ProxyNames {
     /// `bind fd@N` lines: a socket the process was given as descriptor N. Named once its address
     /// is known ([`ProxyNames::resolve_fd_binds`]).
     pub fd_binds: Vec<FdBind>,
+    /// For names from the runtime API: per server address (as the index keys it), the monotonic
+    /// time (ns) from which its names are known to hold, the start of the first table read that
+    /// showed them. A request sent before that may have gone to the names before a change:
+    /// [`ProxyNames::server_for_sent`] gives it none. Empty for names from the configuration.
+    pub server_since: HashMap<(IpAddr, Option<u16>), u64>,
     /// What the entries take, as counted against [`MAX_NAMES_BYTES`].
     bytes: usize,
     server_index: ServerIndex,
@@ -196,9 +201,79 @@ impl ProxyNames {
 
     /// The lines with this address and port, else those with this address and no port.
     fn candidates(&self, addr: SocketAddr) -> &[usize] {
-        let index = self.server_index.0.get_or_init(|| index_servers(&self.servers));
+        self.index_key(addr).and_then(|k| self.index().get(&k)).map_or(&[], Vec::as_slice)
+    }
+
+    fn index(&self) -> &ServerMap {
+        self.server_index.0.get_or_init(|| index_servers(&self.servers))
+    }
+
+    /// The index key `addr` is found under: with its port, else without.
+    fn index_key(&self, addr: SocketAddr) -> Option<(IpAddr, Option<u16>)> {
+        let index = self.index();
         let ip = mapped(addr.ip());
-        index.get(&(ip, Some(addr.port()))).or_else(|| index.get(&(ip, None))).map_or(&[], Vec::as_slice)
+        [(ip, Some(addr.port())), (ip, None)].into_iter().find(|k| index.contains_key(k))
+    }
+
+    /// [`ProxyNames::server_for`] for a request sent at `sent_ns` (monotonic): ambiguous when the
+    /// names at the address are only known to hold since after that (see `server_since`).
+    #[must_use]
+    pub fn server_for_sent(&self, addr: SocketAddr, frontend: Option<&str>, sent_ns: u64) -> ServerMatch<'_> {
+        if !self.server_since.is_empty()
+            && let Some(key) = self.index_key(addr)
+            && self.server_since.get(&key).is_some_and(|since| *since > sent_ns)
+        {
+            return ServerMatch::Ambiguous;
+        }
+        self.server_for(addr, frontend)
+    }
+
+    /// The (backend, server) pairs at each indexed address, sorted: what names an address.
+    fn pairs_at(&self, key: (IpAddr, Option<u16>)) -> Vec<(&str, &str)> {
+        let mut pairs: Vec<(&str, &str)> = self
+            .index()
+            .get(&key)
+            .into_iter()
+            .flatten()
+            .filter_map(|i| self.servers.get(*i))
+            .map(|s| (s.backend.as_str(), s.server.as_str()))
+            .collect();
+        pairs.sort_unstable();
+        pairs.dedup();
+        pairs
+    }
+
+    /// Sets `server_since` for names from a table whose read started at `read_ns`: an address
+    /// named as in `previous` (the names in use before this table) keeps the time `previous` had
+    /// for it (0 when `previous` is the configuration's); one `previous` did not have gets 0 too
+    /// (HAProxy cannot have sent a request to an address it did not know: a request that went
+    /// there went after it appeared, under these names); one whose names changed gets `read_ns`.
+    pub fn set_server_since(&mut self, previous: &ProxyNames, read_ns: u64) {
+        let keys: Vec<(IpAddr, Option<u16>)> = self.index().keys().copied().collect();
+        let since: HashMap<_, _> = keys
+            .into_iter()
+            .map(|key| {
+                let before = previous.pairs_at(key);
+                let t = if before.is_empty() {
+                    0
+                } else if before == self.pairs_at(key) {
+                    previous.server_since.get(&key).copied().unwrap_or(0)
+                } else {
+                    read_ns
+                };
+                (key, t)
+            })
+            .collect();
+        self.server_since = since;
+    }
+
+    /// These names without any server: for spans whose server names cannot be known (see
+    /// `Names` in the agent). Frontends and routes stay.
+    #[must_use]
+    pub fn without_servers(&self) -> Self {
+        let mut names = self.with_runtime_servers(&ServersState::default());
+        names.server_since.clear();
+        names
     }
 
     /// The backend and server a connection to `addr` went to, never a guess: when several
@@ -354,6 +429,7 @@ impl ProxyNames {
     pub fn resolve_fd_binds(&mut self, lookup: impl Fn(i32) -> Option<SocketAddr>) {
         for b in std::mem::take(&mut self.fd_binds) {
             match lookup(b.fd) {
+                Some(_) if self.frontends.len() >= MAX_BINDS => self.over_limit_lines += 1,
                 Some(addr) => {
                     let ip = (!addr.ip().is_unspecified()).then(|| addr.ip());
                     let addr = BindAddr { ip, ports: (addr.port(), addr.port()) };
@@ -397,6 +473,7 @@ impl ProxyNames {
             stats_sockets: self.stats_sockets.clone(),
             host_servers: Vec::new(),
             fd_binds: Vec::new(),
+            server_since: HashMap::new(),
             bytes: self.bytes - self.servers.iter().map(server_cost).sum::<usize>(),
             server_index: ServerIndex::default(),
         };

@@ -16,8 +16,23 @@ use std::net::IpAddr;
 /// each by default; the names budget of [`crate::haproxy_config::MAX_NAMES_BYTES`] applies too).
 pub const MAX_RUNTIME_SERVERS: usize = 100_000;
 
-/// The one command sent: read-only, it changes nothing in `HAProxy`.
-pub const SHOW_SERVERS_STATE: &str = "show servers state\n";
+/// The one line sent: two read-only commands, which change nothing in `HAProxy`. `show info`
+/// says which process answers (its `Pid`): after a reload the socket path leads to the new
+/// process, whose table is not the old one's.
+pub const SHOW_SERVERS_STATE: &str = "show info;show servers state\n";
+
+/// The answer to [`SHOW_SERVERS_STATE`] cut in two: the pid `show info` gave (as the process
+/// sees itself, in its own pid namespace), and the text of the server table.
+#[must_use]
+pub fn split_answer(answer: &str) -> (Option<u32>, &str) {
+    let table_at = if answer.starts_with("1\n#") { Some(0) } else { answer.find("\n1\n#").map(|i| i + 1) };
+    let (info, table) = match table_at {
+        Some(i) => answer.split_at(i),
+        None => (answer, ""),
+    };
+    let pid = info.lines().find_map(|l| l.strip_prefix("Pid:")).and_then(|v| v.trim().parse().ok());
+    (pid, table)
+}
 
 /// Admin-state bits of maintenance: forced, inherited, configured (`disabled`), resolution (DNS) and
 /// hostname maintenance (`srv_admin_state`, HAProxy's `SRV_ADMF_*`).
@@ -154,6 +169,16 @@ mod tests {
         );
         // The unresolved DNS server has no address: skipped as unreadable, counted.
         assert_eq!(state.skipped_lines, 1);
+    }
+
+    #[test]
+    fn the_answering_pid_and_the_table_are_told_apart() {
+        let answer = format!("Name: HAProxy\nVersion: 2.6.12\nPid: 7\nProcess_num: 1\n\n{ANSWER}");
+        let (pid, table) = split_answer(&answer);
+        assert_eq!(pid, Some(7));
+        assert_eq!(parse_servers_state(table).unwrap().servers.len(), 4);
+        assert_eq!(split_answer(ANSWER), (None, ANSWER));
+        assert_eq!(split_answer("Pid: x\n"), (None, ""));
     }
 
     #[test]

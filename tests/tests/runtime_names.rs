@@ -116,6 +116,12 @@ fn ingress_slots_filled_and_moved_through_the_runtime_api_are_named() {
         let spans = rig.receiver.wait_for_spans(2 * sent);
         let clients: Vec<&Received> = spans.iter().filter(|s| s.is_client()).collect();
         assert_eq!(clients.len(), sent, "{version}: one CLIENT span per request\n{}", agent.log());
+        let servers = spans.iter().filter(|s| s.is_server());
+        assert!(servers.clone().count() == sent, "{version}: one SERVER span per request");
+        assert!(
+            servers.clone().all(|s| s.str_attr("haproxy.frontend") == Some("fe_ingress")),
+            "{version}: every SERVER span names its frontend"
+        );
         let (mut unnamed, mut wrong, mut by_phase, mut unnamed_by_phase) = (0u64, Vec::new(), [0usize; 3], [0usize; 3]);
         for c in &clients {
             let path = c.str_attr("url.path").expect("url.path");
@@ -196,13 +202,14 @@ fn a_stats_socket_the_agent_may_not_open_falls_back_to_the_configuration() {
     for c in &clients {
         assert_eq!((c.str_attr("haproxy.backend"), c.str_attr("haproxy.server")), (Some("be_app"), Some("app1")));
     }
+    assert!(spans.iter().filter(|s| s.is_server()).all(|s| s.str_attr("haproxy.frontend") == Some("fe_main")));
     let counted = wait_for(Duration::from_secs(10), || {
         (agent.metric("tracetap_haproxy_runtime_api_errors_total") >= 1).then_some(())
     });
     assert!(counted.is_some(), "the refusal is counted; log:\n{}", agent.log());
     assert_eq!(agent.metric("tracetap_haproxy_runtime_api_reads_total"), 0);
     let log = agent.log();
-    let lines: Vec<&str> = log.lines().filter(|l| l.contains("runtime API")).collect();
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains("cannot read the server table")).collect();
     assert_eq!(lines.len(), 1, "logged once:\n{log}");
     assert!(
         lines[0].contains("permission_denied") && lines[0].contains("mode 666") && lines[0].contains("admin.sock"),
@@ -252,6 +259,7 @@ fn a_server_hostname_resolves_from_the_process_roots_etc_hosts() {
             "named through the root's /etc/hosts"
         );
     }
+    assert!(spans.iter().filter(|s| s.is_server()).all(|s| s.str_attr("haproxy.frontend") == Some("fe_main")));
     drop(haproxy);
 }
 
@@ -322,11 +330,15 @@ fn names_follow_a_master_worker_reload() {
     }
     let rig = Rig::new();
     let port = free_port();
+    // With the runtime API in use: after the reload the socket path leads to the new worker,
+    // whose table the old worker's spans must not take.
+    let (inside, _) = haproxy::instance_paths(haproxy::Version::from_env(), &rig.comm);
     let config = |server: &str| {
         format!(
-            "global\n    maxconn 256\n\n{GLOBAL_AND_DEFAULTS}\
+            "global\n    maxconn 256\n    stats socket {}/admin.sock mode 600 level admin\n\n{GLOBAL_AND_DEFAULTS}\
              frontend fe_main\n    bind 127.0.0.1:{port}\n    default_backend be_app\n\n\
              backend be_app\n    server {server} {}\n",
+            inside.display(),
             rig.backend.addr
         )
     };
@@ -337,13 +349,23 @@ fn names_follow_a_master_worker_reload() {
         // A new connection each time: the old worker keeps its open connections.
         assert_eq!(Conn::connect(front).expect("connect").get(&path, &[]).expect("request").status, 200);
     };
-    for i in 0..10 {
-        get(format!("/a/{i}"));
-    }
+    // Requests flow until the first worker is named (its configuration read: the agent is ready
+    // once any process's is, here perhaps the master's).
+    let mut sent = 0;
+    let named = wait_for(Duration::from_secs(20), || {
+        get(format!("/a/{sent}"));
+        sent += 1;
+        std::thread::sleep(Duration::from_millis(20));
+        rig.receiver
+            .spans()
+            .iter()
+            .any(|s| s.is_client() && s.str_attr("haproxy.server") == Some("before_reload"))
+            .then_some(())
+    });
+    assert!(named.is_some(), "the first worker's names; log:\n{}", agent.log());
     haproxy.rewrite_config(&config("after_reload"));
     haproxy.reload_master();
     // Requests flow until one is served by a new worker and named after the new configuration.
-    let mut sent = 10;
     let renamed = wait_for(Duration::from_secs(20), || {
         get(format!("/b/{sent}"));
         sent += 1;
@@ -368,7 +390,13 @@ fn names_follow_a_master_worker_reload() {
     for c in &clients {
         names_by_pid.entry(c.pid).or_default().insert(c.str_attr("haproxy.server"));
     }
-    println!("[reload] {sent} requests; server names by worker: {names_by_pid:?}");
+    println!(
+        "[reload] {sent} requests; server names by worker: {names_by_pid:?}; runtime API reads {}, errors {}, ambiguous {}, unsettled {}",
+        agent.metric("tracetap_haproxy_runtime_api_reads_total"),
+        agent.metric("tracetap_haproxy_runtime_api_errors_total"),
+        agent.metric("tracetap_server_names_ambiguous_total"),
+        agent.metric("tracetap_server_names_unsettled_total"),
+    );
     assert!(names_by_pid.len() >= 2, "served by the old and the new worker");
     for names in names_by_pid.values() {
         let named: Vec<_> = names.iter().flatten().collect();
@@ -379,5 +407,11 @@ fn names_follow_a_master_worker_reload() {
     for c in clients.iter().filter(|c| c.str_attr("url.path").is_some_and(|p| p.starts_with("/c/"))) {
         assert_eq!(c.str_attr("haproxy.server"), Some("after_reload"), "named once the new worker is");
     }
+    assert_eq!(
+        agent.metric("tracetap_haproxy_runtime_api_errors_total"),
+        0,
+        "a reload is no failure:\n{}",
+        agent.log()
+    );
     drop(haproxy);
 }

@@ -2,8 +2,10 @@
 //! process, a span reports the server names a table read *after* its request was sent gives (see
 //! [`Names::settled_at`]), so a slot moved just before the request is not named after its old
 //! server. The wait is one table read (a few hundred milliseconds, well inside the export batch
-//! delay); it never exceeds [`MAX_NAME_WAIT`], past which the best table so far names the spans
-//! and the exchange is counted.
+//! delay); it never exceeds [`MAX_NAME_WAIT`], past which the exchange's spans carry no server
+//! names (its frontend's, yes) and it is counted; nor do more than [`MAX_AWAITING`] wait (past
+//! that, the same). The queue is looked at only when a table read came in or its oldest entry's
+//! wait ran out, so waiting costs the capture thread nothing per event.
 //!
 //! Exchanges that need no wait (no runtime API in use, or no backend connection) do not queue
 //! behind those that do; the waiting ones leave in the order they came.
@@ -21,6 +23,8 @@ use crate::spans::Decision;
 /// Longest wait for a table read (longer than a read's own timeout, so a hung socket costs one
 /// timeout, then the configuration's names).
 pub const MAX_NAME_WAIT: Duration = Duration::from_secs(3);
+/// Most exchanges waiting at once (at 20 000 kept requests a second, a second and a half of them).
+pub const MAX_AWAITING: usize = 32_768;
 
 /// Exchanges handed out by the tracker, and those waiting for their names.
 #[derive(Default)]
@@ -28,8 +32,11 @@ pub struct Staging {
     /// Reused for the tracker's hand-out.
     pub scratch: Vec<ServerExchange>,
     awaiting: VecDeque<Awaiting>,
-    /// Exchanges that waited [`MAX_NAME_WAIT`] and were named with the best table so far.
+    /// Exchanges whose spans went without server names: they waited [`MAX_NAME_WAIT`], did not
+    /// fit in [`MAX_AWAITING`], or were still waiting at shutdown.
     pub unsettled: u64,
+    /// [`Names::generation`] when the queue was last looked at.
+    seen_generation: u64,
 }
 
 struct Awaiting {
@@ -56,10 +63,15 @@ impl Staging {
         let sent = sent_ns(&exchange);
         if exchange.clients.is_empty() {
             // No backend connection, no server to name.
-            let n = names.at(exchange.tgid, sent);
+            let n = names.of(exchange.tgid);
             return Some((exchange, decision, n));
         }
         if let NamesAt::Ready(n) = names.settled_at(exchange.tgid, sent) {
+            return Some((exchange, decision, n));
+        }
+        if self.awaiting.len() >= MAX_AWAITING {
+            self.unsettled += 1;
+            let n = names.unsettled(exchange.tgid);
             return Some((exchange, decision, n));
         }
         self.awaiting.push_back(Awaiting { exchange, decision, sent_ns: sent, since: Instant::now() });
@@ -74,13 +86,19 @@ impl Staging {
         out: &mut dyn FnMut(ServerExchange, Decision, Option<Arc<ProxyNames>>),
     ) {
         let now = Instant::now();
+        let generation = names.generation();
+        let oldest_due = self.awaiting.front().is_some_and(|a| now.duration_since(a.since) >= MAX_NAME_WAIT);
+        if generation == self.seen_generation && !oldest_due {
+            return;
+        }
+        self.seen_generation = generation;
         for _ in 0..self.awaiting.len() {
             let Some(a) = self.awaiting.pop_front() else { break };
             match names.settled_at(a.exchange.tgid, a.sent_ns) {
                 NamesAt::Ready(n) => out(a.exchange, a.decision, n),
                 NamesAt::Wait if now.duration_since(a.since) >= MAX_NAME_WAIT => {
                     self.unsettled += 1;
-                    let n = names.at(a.exchange.tgid, a.sent_ns);
+                    let n = names.unsettled(a.exchange.tgid);
                     out(a.exchange, a.decision, n);
                 }
                 NamesAt::Wait => self.awaiting.push_back(a),
@@ -88,14 +106,15 @@ impl Staging {
         }
     }
 
-    /// Everything still waiting, named with the best table so far (at shutdown).
+    /// Everything still waiting, without server names (at shutdown).
     pub fn release_all(
         &mut self,
         names: &mut Names,
         out: &mut dyn FnMut(ServerExchange, Decision, Option<Arc<ProxyNames>>),
     ) {
         while let Some(a) = self.awaiting.pop_front() {
-            let n = names.at(a.exchange.tgid, a.sent_ns);
+            self.unsettled += 1;
+            let n = names.unsettled(a.exchange.tgid);
             out(a.exchange, a.decision, n);
         }
     }

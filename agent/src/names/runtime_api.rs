@@ -1,6 +1,8 @@
 //! Reading a traced `HAProxy`'s live server table through its runtime API (`stats socket`).
 //!
-//! - One command only, `show servers state`: read-only, it changes nothing in `HAProxy`.
+//! - One line only, `show info;show servers state`: read-only commands, which change nothing in
+//!   `HAProxy`. `show info` names the answering process: after a reload the path leads to the new
+//!   process, and the old one's table is not read from it ([`RuntimeApiError::OtherProcess`]).
 //! - The socket path is the process's, resolved inside its root (`/proc/PID/root`) the way its
 //!   configuration files are ([`super::open_in_root`]), so it works for `HAProxy` in containers;
 //!   the connection goes through `/proc/self/fd/N` of that `O_PATH` descriptor, which also spares
@@ -18,7 +20,9 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use tracetap_proxy::haproxy_runtime::{SHOW_SERVERS_STATE, ServersState, StateError, parse_servers_state};
+use tracetap_proxy::haproxy_runtime::{
+    SHOW_SERVERS_STATE, ServersState, StateError, parse_servers_state, split_answer,
+};
 
 use super::{fd_path, open_in_root};
 
@@ -50,6 +54,10 @@ pub enum RuntimeApiError {
     TooLong { path: String },
     #[error("the stats socket {path}: {source}")]
     Answer { path: String, source: StateError },
+    /// Not a failure: after a reload the path leads to the new process's socket, whose table is
+    /// not this process's.
+    #[error("the stats socket {path} belongs to another process now (it answers as pid {answered})")]
+    OtherProcess { path: String, answered: u32 },
 }
 
 impl RuntimeApiError {
@@ -62,12 +70,14 @@ impl RuntimeApiError {
             Self::Connect { .. } => "refused",
             Self::Io { .. } | Self::TooLong { .. } => "io",
             Self::Answer { .. } => "bad_answer",
+            Self::OtherProcess { .. } => "other_process",
         }
     }
 }
 
-/// Sends `show servers state` on the stats socket at `path` (as process `pid` sees it) and
-/// parses the answer. Gives up when `timeout` has passed.
+/// Sends `show info;show servers state` on the stats socket at `path` (as process `pid` sees it)
+/// and parses the answer, checking that `pid` is the process that answered. Gives up when
+/// `timeout` has passed (the connect included).
 ///
 /// # Errors
 /// See [`RuntimeApiError`].
@@ -89,7 +99,7 @@ pub fn read_servers_state(
     if !is_socket {
         return Err(RuntimeApiError::NotASocket { path: path.to_owned() });
     }
-    let mut stream = UnixStream::connect(fd_path(&socket)).map_err(|source| {
+    let mut stream = connect(&socket, deadline).map_err(|source| {
         if source.kind() == io::ErrorKind::PermissionDenied {
             RuntimeApiError::Denied { path: path.to_owned(), source }
         } else {
@@ -120,8 +130,33 @@ pub fn read_servers_state(
             Err(e) => return Err(io_err(e)),
         }
     }
-    parse_servers_state(&String::from_utf8_lossy(&answer))
-        .map_err(|source| RuntimeApiError::Answer { path: path.to_owned(), source })
+    let answer = String::from_utf8_lossy(&answer);
+    let (answered, table) = split_answer(&answer);
+    // The process as it sees itself (its own pid namespace): what `show info` says.
+    if let (Some(answered), Some(own)) = (answered, namespace_pid(proc_root, pid))
+        && answered != own
+    {
+        return Err(RuntimeApiError::OtherProcess { path: path.to_owned(), answered });
+    }
+    parse_servers_state(table).map_err(|source| RuntimeApiError::Answer { path: path.to_owned(), source })
+}
+
+/// Connects to the socket behind `socket` (an `O_PATH` descriptor), giving up at `deadline`: a
+/// listener whose backlog is full (a stopped process, or one that never accepts) would otherwise
+/// block the connect for good.
+fn connect(socket: &File, deadline: Instant) -> io::Result<UnixStream> {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketType, sockopt};
+    let fd = rustix::net::socket(AddressFamily::UNIX, SocketType::STREAM, None)?;
+    let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+    sockopt::set_socket_timeout(&fd, sockopt::Timeout::Send, Some(left))?;
+    rustix::net::connect(&fd, &SocketAddrUnix::new(fd_path(socket))?)?;
+    Ok(UnixStream::from(fd))
+}
+
+/// Process `pid`'s id in its own pid namespace (the last `NSpid` of its status).
+fn namespace_pid(proc_root: &Path, pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(proc_root.join(pid.to_string()).join("status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("NSpid:"))?.split_ascii_whitespace().last()?.parse().ok()
 }
 
 #[cfg(test)]
@@ -160,7 +195,54 @@ mod tests {
         let state = read_servers_state(&proc_root, 42, &path, Duration::from_secs(5)).unwrap();
         assert_eq!(state.servers.len(), 1);
         assert_eq!(state.servers[0].server, "s1");
-        assert_eq!(server.join().unwrap(), "show servers state\n");
+        assert_eq!(server.join().unwrap(), "show info;show servers state\n");
+    }
+
+    #[test]
+    fn a_socket_another_process_answers_is_not_read_as_this_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("rootfs");
+        std::fs::create_dir_all(&root).unwrap();
+        let listener = UnixListener::bind(root.join("admin.sock")).unwrap();
+        std::thread::spawn(move || {
+            for answering in [9, 7] {
+                let (mut conn, _) = listener.accept().unwrap();
+                let _ = conn.read(&mut [0u8; 64]);
+                let table = "1\n# be_name srv_name srv_addr srv_port\nbe s1 10.1.2.3 8080\n";
+                let _ = conn.write_all(format!("Name: HAProxy\nPid: {answering}\n\n{table}").as_bytes());
+            }
+        });
+        let proc_root = fake_proc(dir.path(), 42, &root);
+        // Host pid 42 is pid 7 in its container.
+        std::fs::write(proc_root.join("42/status"), "Name:\thaproxy\nNSpid:\t42\t7\n").unwrap();
+        let read = || read_servers_state(&proc_root, 42, "/admin.sock", Duration::from_secs(5));
+        assert_eq!(read().unwrap_err().reason(), "other_process", "pid 9 answered");
+        assert_eq!(read().unwrap().servers.len(), 1, "pid 7 answered");
+    }
+
+    #[test]
+    fn a_listener_that_never_accepts_does_not_hang_the_connect() {
+        use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("rootfs");
+        std::fs::create_dir_all(&root).unwrap();
+        let listener = rustix::net::socket(AddressFamily::UNIX, SocketType::STREAM, None).unwrap();
+        rustix::net::bind(&listener, &SocketAddrUnix::new(root.join("full.sock")).unwrap()).unwrap();
+        rustix::net::listen(&listener, 0).unwrap();
+        // Fill the backlog with connections nobody accepts.
+        let mut queued = Vec::new();
+        loop {
+            let c =
+                rustix::net::socket_with(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::NONBLOCK, None).unwrap();
+            if rustix::net::connect(&c, &SocketAddrUnix::new(root.join("full.sock")).unwrap()).is_err() {
+                break;
+            }
+            queued.push(c);
+        }
+        let proc_root = fake_proc(dir.path(), 5, &root);
+        let e = read_servers_state(&proc_root, 5, "/full.sock", Duration::from_millis(200)).unwrap_err();
+        assert_eq!(e.reason(), "refused", "{e}");
+        drop(queued);
     }
 
     #[test]

@@ -376,7 +376,8 @@ impl Tracker {
         // A backend request whose valid traceparent names no waiting request's trace was given a
         // new trace by `HAProxy` (the snippet's lines), which it does only for a request without a
         // valid one: among alike requests, those come first.
-        let new_trace = keys.trace_key.is_some_and(|k| !self.candidates.iter().any(|c| c.trace_key == Some(k)));
+        let new_trace =
+            keys.trace_key.is_some_and(|k| !self.candidates.iter().any(|c| c.tgid == tgid && c.trace_key == Some(k)));
         let same_traceparent = |c: &Candidate, f: &FrontRecord| match (&request.traceparent, &f.exchange.request) {
             (TraceparentField::One(value), Some(r)) => {
                 c.traceparent_key == keys.traceparent_key
