@@ -188,6 +188,14 @@ struct Runtime {
     failing: bool,
 }
 
+impl Runtime {
+    /// The runtime API names this process's servers: reading is on, its configuration declares a
+    /// stats socket, and no newer process took the socket over.
+    fn in_use(&self, runtime_api: bool, names: &ProxyNames) -> bool {
+        runtime_api && !names.stats_sockets.is_empty() && !self.superseded
+    }
+}
+
 #[derive(Debug)]
 struct RuntimeRead {
     pid: u32,
@@ -300,12 +308,11 @@ impl Names {
 
     /// The names for a span whose server names cannot be known (its wait for a table read ran
     /// out, or the agent stops): without servers where the runtime API is in use, else as
-    /// [`Names::at`].
+    /// [`Names::of`].
     pub fn unsettled(&mut self, pid: u32) -> Option<Arc<ProxyNames>> {
+        let runtime_api = self.runtime_api;
         match self.by_pid.get_mut(&pid) {
-            Some(State::Done { names: Some(names), runtime, .. })
-                if self.runtime_api && !names.stats_sockets.is_empty() && !runtime.superseded =>
-            {
+            Some(State::Done { names: Some(names), runtime, .. }) if runtime.in_use(runtime_api, names) => {
                 Some(runtime.no_servers.get_or_insert_with(|| Arc::new(names.without_servers())).clone())
             }
             _ => self.of(pid),
@@ -318,10 +325,9 @@ impl Names {
     /// say. Waiting asks for a read (at most every [`RUNTIME_MIN_GAP`], started by [`Names::tick`]).
     /// Never waits itself.
     pub fn settled_at(&mut self, pid: u32, sent_ns: u64) -> NamesAt {
+        let runtime_api = self.runtime_api;
         if let Some(State::Done { names: Some(names), runtime, .. }) = self.by_pid.get_mut(&pid)
-            && self.runtime_api
-            && !names.stats_sockets.is_empty()
-            && !runtime.superseded
+            && runtime.in_use(runtime_api, names)
         {
             if runtime.failing {
                 // Tables were read, and changes since cannot be known: no server names. Never

@@ -450,7 +450,8 @@ impl ProxyNames {
             }
         }
         self.server_index = ServerIndex::default();
-        self.server_index.0.get_or_init(|| index_servers(&self.servers));
+        // Built here, off the capture thread.
+        self.index();
     }
 
     /// These names with the servers of the runtime API's table instead of the configuration's
@@ -494,7 +495,8 @@ impl ProxyNames {
                 names.over_limit_lines += 1;
             }
         }
-        names.server_index.0.get_or_init(|| index_servers(&names.servers));
+        // Built here, off the capture thread.
+        names.index();
         names
     }
 }
@@ -652,7 +654,7 @@ impl ConfigParser {
     #[must_use]
     pub fn finish(self) -> ProxyNames {
         let names = self.names;
-        names.server_index.0.get_or_init(|| index_servers(&names.servers));
+        names.index();
         names
     }
 }

@@ -42,7 +42,6 @@ pub struct Staging {
 struct Awaiting {
     exchange: ServerExchange,
     decision: Decision,
-    sent_ns: u64,
     since: Instant,
 }
 
@@ -74,7 +73,7 @@ impl Staging {
             let n = names.unsettled(exchange.tgid);
             return Some((exchange, decision, n));
         }
-        self.awaiting.push_back(Awaiting { exchange, decision, sent_ns: sent, since: Instant::now() });
+        self.awaiting.push_back(Awaiting { exchange, decision, since: Instant::now() });
         None
     }
 
@@ -94,7 +93,7 @@ impl Staging {
         self.seen_generation = generation;
         for _ in 0..self.awaiting.len() {
             let Some(a) = self.awaiting.pop_front() else { break };
-            match names.settled_at(a.exchange.tgid, a.sent_ns) {
+            match names.settled_at(a.exchange.tgid, sent_ns(&a.exchange)) {
                 NamesAt::Ready(n) => out(a.exchange, a.decision, n),
                 NamesAt::Wait if now.duration_since(a.since) >= MAX_NAME_WAIT => {
                     self.unsettled += 1;

@@ -367,17 +367,13 @@ impl Tracker {
     /// Earliest first. A frontend request that already has a backend exchange is taken only for a
     /// re-sent request (HAProxy's `retry-on`): when no unlinked one matches and its earlier
     /// attempts are over.
-    pub(super) fn link(&mut self, ctx: Ctx, request: &RequestHead) -> Option<Link> {
+    /// `keys` are the backend request's (`Candidate::new(0, ctx, Some(request))`), `new_trace`
+    /// what [`Tracker::is_new_trace`] says of them.
+    pub(super) fn link(&mut self, ctx: Ctx, request: &RequestHead, keys: &Candidate, new_trace: bool) -> Option<Link> {
         let tgid = ctx.key.0;
-        let keys = Candidate::new(0, ctx, Some(request));
-        if let Some(link) = self.link_retry(&keys) {
+        if let Some(link) = self.link_retry(keys) {
             return Some(link);
         }
-        // A backend request whose valid traceparent names no waiting request's trace was given a
-        // new trace by `HAProxy` (the snippet's lines), which it does only for a request without a
-        // valid one: among alike requests, those come first.
-        let new_trace =
-            keys.trace_key.is_some_and(|k| !self.candidates.iter().any(|c| c.tgid == tgid && c.trace_key == Some(k)));
         let same_traceparent = |c: &Candidate, f: &FrontRecord| match (&request.traceparent, &f.exchange.request) {
             (TraceparentField::One(value), Some(r)) => {
                 c.traceparent_key == keys.traceparent_key
@@ -416,7 +412,7 @@ impl Tracker {
             let by_trace_only = !retry && !new_trace && keys.trace_key.is_some();
             let found = by_traceparent
                 .map(|id| Link { id, strength: LinkStrength::Sole })
-                .or_else(|| self.link_by_trace(&keys, request, &eligible))
+                .or_else(|| self.link_by_trace(keys, request, &eligible))
                 .or_else(|| {
                     if by_trace_only {
                         return None;
@@ -442,7 +438,7 @@ impl Tracker {
                         strength: if rivals { LinkStrength::Target } else { LinkStrength::Sole },
                     })
                 })
-                .or_else(|| if by_trace_only || retry { None } else { self.link_rewritten(&keys, request, new_trace) });
+                .or_else(|| if by_trace_only || retry { None } else { self.link_rewritten(keys, request, new_trace) });
             if let Some(link) = found {
                 // Only a request that holds a guessed link has any to drop (this scans open backend
                 // exchanges, so it is not done per request).
@@ -458,6 +454,14 @@ impl Tracker {
             }
         }
         None
+    }
+
+    /// A backend request whose valid traceparent names no waiting request's trace (of its
+    /// process) was given a new trace by `HAProxy` (the snippet's lines), which it does only for a
+    /// request without a valid one: among alike requests, those come first, and a relay prefers
+    /// such backend exchanges for them.
+    pub(super) fn is_new_trace(&self, keys: &Candidate) -> bool {
+        keys.trace_key.is_some_and(|k| !self.candidates.iter().any(|c| c.tgid == keys.tgid && c.trace_key == Some(k)))
     }
 
     /// A rewritten target (first pass only): the most alike headers among the same method's

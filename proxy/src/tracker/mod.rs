@@ -953,10 +953,10 @@ impl Tracker {
     fn new_backend(&mut self, ctx: Ctx, request: RequestHead, started: u64) -> u64 {
         self.stats.backend_requests += 1;
         let quarantined = self.quarantined(ctx.ts);
-        let trace_key = linking::trace_key(&request);
-        let new_trace =
-            trace_key.is_some() && !self.candidates.iter().any(|c| c.tgid == ctx.key.0 && c.trace_key == trace_key);
-        let link = if quarantined { None } else { self.link(ctx, &request) };
+        // Keys hashed once, for linking and for the relay's preference.
+        let keys = Candidate::new(0, ctx, Some(&request));
+        let new_trace = self.is_new_trace(&keys);
+        let link = if quarantined { None } else { self.link(ctx, &request, &keys, new_trace) };
         let front = link.map(|l| l.id);
         if let Some(id) = front {
             if let Some(f) = self.fronts.get_mut(&id) {
@@ -980,8 +980,8 @@ impl Tracker {
             BackRecord {
                 front,
                 tgid: ctx.key.0,
-                traceparent_key: linking::traceparent_key(&request),
-                trace_key,
+                traceparent_key: keys.traceparent_key,
+                trace_key: keys.trace_key,
                 new_trace,
                 relay: Relay::Awaiting,
                 evidence: if quarantined { Evidence::Tainted } else { Evidence::of(link) },
