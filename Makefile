@@ -4,13 +4,19 @@
 SHELL := /bin/bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-APT_PACKAGES := haproxy wrk curl openssl nghttp2-client pkg-config llvm-22-dev libpolly-22-dev libzstd-dev python3-venv debootstrap
-# Debian 13's HAProxy 3.0 for the tests that run a scenario against both versions: a minimal
-# trixie tree made by debootstrap (tests/src/haproxy.rs runs it chrooted in its own namespaces).
-# Built in TRIXIE.partial and renamed when complete, so an interrupted run is started over.
+APT_PACKAGES := haproxy wrk curl openssl nghttp2-client pkg-config llvm-22-dev libpolly-22-dev libzstd-dev python3-venv debootstrap libseccomp-dev
+# Minimal Debian trees (scripts/debootstrap_root.sh) for the tests that run things as containers:
+# Debian 13's HAProxy 3.0 for the tests that run a scenario against both versions, Debian 12's 2.6
+# as a pod's container, and the agent's image root (tests/src/haproxy.rs, tests/src/container.rs).
 TRIXIE := $(CURDIR)/.tools/trixie
-TRIXIE_MIRROR ?= http://deb.debian.org/debian
+BOOKWORM_HAPROXY := $(CURDIR)/.tools/bookworm-haproxy
+IMAGE_ROOT := $(CURDIR)/.tools/image
+export DEBIAN_MIRROR ?= http://deb.debian.org/debian
 BPF_LINKER_VERSION := 0.13.0
+# Debian 12's kubectl (package kubernetes-client, kustomize 2.0.3), unpacked into the checkout:
+# deploy/validate.sh renders every overlay with it. Not installed as a package, as it conflicts with
+# the `kubectl` package some machines have.
+KUBECTL_DEBIAN := $(CURDIR)/.tools/kubernetes-client/usr/bin/kubectl
 # Manifest validation tools (PyPI), in a virtualenv of the checkout.
 TOOLS := $(CURDIR)/.tools/venv
 KUBERNETES_VALIDATE_VERSION := 1.37.0
@@ -31,18 +37,14 @@ setup:
 		LLVM_PREFIX=/usr/lib/llvm-22 LLVM_SYS_221_PREFIX=/usr/lib/llvm-22 \
 			cargo install bpf-linker --locked --version $(BPF_LINKER_VERSION) --no-default-features --features llvm-22; \
 	fi
-	@if [ ! -x $(TRIXIE)/usr/sbin/haproxy ]; then \
-		for d in $(TRIXIE).partial $(TRIXIE); do \
-			[ -e "$$d" ] || continue; \
-			echo "removing incomplete $$d"; \
-			awk -v d="$$d/" 'index($$2 "/", d) == 1 { print $$2 }' /proc/self/mounts | sort -r | xargs -r -n1 umount -l; \
-			rm -rf --one-file-system "$$d" || exit 1; \
-		done; \
-		echo "debootstrap: Debian 13 (trixie) with haproxy into $(TRIXIE)"; \
-		mkdir -p $(dir $(TRIXIE)) \
-			&& debootstrap --variant=minbase --include=haproxy trixie $(TRIXIE).partial $(TRIXIE_MIRROR) >$(TRIXIE).log 2>&1 \
-			&& mv $(TRIXIE).partial $(TRIXIE) \
-			|| { echo "debootstrap failed; its log: $(TRIXIE).log"; tail -n 20 $(TRIXIE).log; exit 1; }; \
+	@[ -x $(TRIXIE)/usr/sbin/haproxy ] || scripts/debootstrap_root.sh $(TRIXIE) trixie haproxy
+	@scripts/debootstrap_root.sh $(BOOKWORM_HAPROXY) bookworm haproxy
+	@scripts/debootstrap_root.sh $(IMAGE_ROOT) bookworm
+	@if [ ! -x $(KUBECTL_DEBIAN) ]; then \
+		echo "unpacking Debian's kubernetes-client into .tools/kubernetes-client"; \
+		d=$$(mktemp -d) && chmod 755 $$d && (cd $$d && apt-get download -q kubernetes-client) \
+			&& rm -rf $(CURDIR)/.tools/kubernetes-client && dpkg-deb -x $$d/kubernetes-client_*.deb $(CURDIR)/.tools/kubernetes-client \
+			&& rm -rf $$d || { echo "could not fetch kubernetes-client (apt-get update first?)"; exit 1; }; \
 	fi
 	@if ! $(TOOLS)/bin/pip freeze 2>/dev/null | grep -qx "checkov==$(CHECKOV_VERSION)" \
 		|| ! $(TOOLS)/bin/pip freeze 2>/dev/null | grep -qx "kubernetes-validate==$(KUBERNETES_VALIDATE_VERSION)"; then \
@@ -59,7 +61,7 @@ build: setup
 test: setup
 	cargo build --release -p tracetap
 	TRACETAP_BIN=$(CURDIR)/target/release/tracetap cargo test -- --show-output
-	TOOLS=$(TOOLS)/bin deploy/validate.sh
+	TOOLS=$(TOOLS)/bin KUBECTL=$(KUBECTL_DEBIAN) deploy/validate.sh
 
 lint: setup
 	cargo fmt --check

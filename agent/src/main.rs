@@ -154,11 +154,26 @@ fn start_tail(
 }
 
 /// Starts the watch of this node's pods when `NODE_NAME` is set and a cluster configuration is
-/// found; `None` (everything Kubernetes off, silently) otherwise.
+/// found; `None` (everything Kubernetes off; a warning when a configuration is there but unusable)
+/// otherwise.
 fn start_pod_watch(runtime: &tokio::runtime::Runtime, config: &Config, metrics: &Arc<Metrics>) -> Option<PodIndex> {
     let node = config.node_name.clone()?;
-    let Some(client) = runtime.block_on(k8s::client()) else {
-        tracing::info!(node, "no Kubernetes cluster configuration: pod names off, cgroup ids only");
+    let client = match runtime.block_on(k8s::client()) {
+        Ok(Some(client)) => Some(client),
+        Ok(None) => {
+            tracing::info!(node, "no Kubernetes cluster configuration: pod names off, cgroup ids only");
+            None
+        }
+        Err(error) => {
+            tracing::warn!(
+                node,
+                %error,
+                "the Kubernetes cluster configuration (KUBECONFIG or the in-cluster service account) is unusable: pod names off, cgroup ids only"
+            );
+            None
+        }
+    };
+    let Some(client) = client else {
         if config.pod_selector.is_some() {
             tracing::warn!("TRACETAP_K8S_POD_SELECTOR is set but pods cannot be known: nothing will be traced");
         }

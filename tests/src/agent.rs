@@ -72,6 +72,12 @@ impl Agent {
         agent
     }
 
+    /// The agent's process id.
+    #[must_use]
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
     /// The agent's effective capabilities (`CapEff` of its status), as a bit set.
     #[must_use]
     pub fn effective_capabilities(&self) -> u64 {
@@ -91,7 +97,9 @@ impl Agent {
         agent
     }
 
-    fn spawn_command(cmd: Command, env: &[(&str, String)]) -> Self {
+    /// Starts `cmd` (which runs the agent) with the harness's environment plus `env`.
+    #[must_use]
+    pub fn spawn_command(cmd: Command, env: &[(&str, String)]) -> Self {
         Self::spawn_with_stdout(cmd, env, Stdio::null())
     }
 
@@ -117,7 +125,11 @@ impl Agent {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    fn wait_ready(&self) {
+    /// Waits until `/readyz` answers 200.
+    ///
+    /// # Panics
+    /// When it does not in time (the log is in the message).
+    pub fn wait_ready(&self) {
         let ready = crate::wait_for(Duration::from_secs(30), || {
             (self.get("/readyz").map(|(s, _)| s) == Some(200)).then_some(())
         });
@@ -156,6 +168,12 @@ impl Agent {
     /// True while the process runs.
     pub fn is_running(&mut self) -> bool {
         self.child.as_mut().is_some_and(|c| c.try_wait().ok().flatten().is_none())
+    }
+
+    /// Waits up to `timeout` for the agent to exit by itself; its status if it did.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let child = self.child.as_mut()?;
+        crate::wait_for(timeout, || child.try_wait().ok().flatten())
     }
 
     /// SIGKILL (a crash: nothing is flushed), then waits for the exit.

@@ -3,7 +3,7 @@
 //!
 //! Two versions ([`Version`]): Debian 12's 2.6 from the host (`/usr/sbin/haproxy`), and Debian 13's
 //! 3.0 from a minimal trixie tree that `make setup` makes with debootstrap (`.tools/trixie`). The
-//! latter runs the way a container does: chrooted into the tree, in mount and pid namespaces of its
+//! latter runs the way a container does: the tree as its root (`pivot_root`), in mount and pid namespaces of its
 //! own, with its own `/proc`, a read-only `/sys` and a private `/dev/shm`; its symlink and
 //! configuration live inside the tree, so the agent sees them only through `/proc/PID/root`.
 //! [`Version::from_env`] picks the default for tests that do not choose:
@@ -29,7 +29,7 @@ pub enum Version {
     /// Debian 12's `HAProxy` 2.6, the host's package, run directly.
     #[default]
     Debian12,
-    /// Debian 13's `HAProxy` 3.0 from the debootstrapped tree ([`trixie_root`]), chrooted in mount
+    /// Debian 13's `HAProxy` 3.0 from the debootstrapped tree ([`trixie_root`]), as its root, in mount
     /// and pid namespaces of its own.
     Debian13,
 }
@@ -77,31 +77,58 @@ impl std::fmt::Display for Version {
 /// When it has no `HAProxy` (run `make setup`).
 #[must_use]
 pub fn trixie_root() -> PathBuf {
-    let root = std::env::var_os("TRACETAP_TRIXIE_ROOT")
-        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.tools/trixie"), PathBuf::from);
+    tree("TRACETAP_TRIXIE_ROOT", "trixie", "Debian 13")
+}
+
+fn tree(var: &str, name: &str, debian: &str) -> PathBuf {
+    let root = std::env::var_os(var)
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.tools").join(name), PathBuf::from);
     assert!(
         root.join("usr/sbin/haproxy").exists(),
-        "{} has no usr/sbin/haproxy: run `make setup` (debootstraps Debian 13 with haproxy there)",
+        "{} has no usr/sbin/haproxy: run `make setup` (debootstraps {debian} with haproxy there)",
         root.display()
     );
-    root.canonicalize().expect("canonical trixie root")
+    root.canonicalize().expect("canonical tree root")
+}
+
+/// The Debian 12 tree with `HAProxy` 2.6 that pod-shaped tests run as a container's root:
+/// `TRACETAP_BOOKWORM_ROOT`, else `.tools/bookworm-haproxy` of this checkout.
+///
+/// # Panics
+/// When it has no `HAProxy` (run `make setup`).
+#[must_use]
+pub fn bookworm_root() -> PathBuf {
+    tree("TRACETAP_BOOKWORM_ROOT", "bookworm-haproxy", "Debian 12")
+}
+
+/// The root a chrooted instance of `version` runs in.
+fn container_root(version: Version, pod: bool) -> PathBuf {
+    match version {
+        Version::Debian12 if pod => bookworm_root(),
+        Version::Debian12 => unreachable!("Debian 12 runs from the host unless in a pod"),
+        Version::Debian13 => trixie_root(),
+    }
 }
 
 /// Where an instance's symlink and configuration live inside the trixie tree, as `HAProxy` 3.0
 /// sees them (one directory per instance: parallel tests share the tree, never a file in it).
 const CHROOT_INSTANCES: &str = "tracetap-test";
 
-/// Runs as pid 1 of the new pid namespace (arguments: tree, then `HAProxy`'s command line): mounts
-/// what a container has, starts `HAProxy` chrooted, and stays while any process of the namespace
-/// lives (a `-sf` successor started by `nsenter` outlives the first process; when pid 1 exits the
-/// kernel kills the whole namespace). `set --` and the glob run in the shell itself, so no helper
-/// process is counted.
-const NAMESPACE_INIT: &str = r#"root=$1; shift
-mount -t proc proc "$root/proc" && mount -t sysfs -o ro sysfs "$root/sys" && mount -t tmpfs -o mode=1777 shm "$root/dev/shm" || exit 125
-chroot "$root" "$@" &
+/// Runs as pid 1 of the new pid namespace (arguments: tree, cgroup directory or empty, hostname or
+/// empty, then `HAProxy`'s command line): enters the pod's cgroup and sets the hostname when given,
+/// mounts what a container has, makes the tree the root with `pivot_root` (as runc does, so that
+/// `/proc/PID/maps` shows paths inside the tree to readers in other mount namespaces), starts
+/// `HAProxy`, and stays while any process of the namespace lives (a `-sf` successor started by
+/// `nsenter` outlives the first process; when pid 1 exits the kernel kills the whole namespace).
+/// `set --` and the glob run in the shell itself, so no helper process is counted.
+const NAMESPACE_INIT: &str = r#"root=$1 cgroup=$2 hostname=$3; shift 3
+{ [ -z "$cgroup" ] || echo $$ > "$cgroup/cgroup.procs"; } && { [ -z "$hostname" ] || echo "$hostname" > /proc/sys/kernel/hostname; } || exit 125
+mount --bind "$root" "$root" && mount -t proc proc "$root/proc" && mount -t sysfs -o ro sysfs "$root/sys" && mount -t tmpfs -o mode=1777 shm "$root/dev/shm" || exit 125
+cd "$root" && pivot_root . . && umount -l . && cd / || exit 125
+"$@" &
 wait $!
 status=$?
-while set -- "$root"/proc/[0-9]*; [ $# -gt 1 ]; do sleep 0.2; done
+while set -- /proc/[0-9]*; [ $# -gt 1 ]; do sleep 0.2; done
 exit $status"#;
 
 #[derive(Debug)]
@@ -122,9 +149,26 @@ pub struct Haproxy {
     env: Vec<(String, String)>,
 }
 
+/// How an instance starts besides its version, name and configuration.
+#[derive(Debug, Default)]
+struct Launch {
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    pod: Option<PodShape>,
+}
+
+/// What makes a chrooted `HAProxy` a pod's container: the kubelet-shaped cgroup it runs in (a
+/// cgroup v2 directory, made by the test) and the pod's hostname.
+#[derive(Debug, Clone)]
+pub struct PodShape {
+    pub cgroup: PathBuf,
+    pub hostname: String,
+}
+
 #[derive(Debug)]
 struct Chroot {
     root: PathBuf,
+    pod: Option<PodShape>,
     /// e.g. `/tracetap-test/hap123x4`.
     inner: PathBuf,
     /// Host pid of the namespace's pid 1 (the shell under `unshare`), once known.
@@ -160,7 +204,7 @@ impl Haproxy {
     #[must_use]
     pub fn start_with_env(comm: &str, config: &str, wait_port: u16, env: &[(&str, String)]) -> Self {
         let env = env.iter().map(|(k, v)| ((*k).to_owned(), v.clone())).collect();
-        Self::start_full(Version::from_env(), comm, comm, config, wait_port, &[], env)
+        Self::start_full(Version::from_env(), comm, comm, config, wait_port, Launch { env, ..Launch::default() })
     }
 
     /// Master-worker mode (`-W`): a master process that forks the worker and reloads on SIGUSR2.
@@ -176,33 +220,35 @@ impl Haproxy {
     }
 
     fn start_at(version: Version, comm: &str, dir_name: &str, config: &str, wait_port: u16, args: &[String]) -> Self {
-        Self::start_full(version, comm, dir_name, config, wait_port, args, Vec::new())
+        let how = Launch { args: args.to_vec(), ..Launch::default() };
+        Self::start_full(version, comm, dir_name, config, wait_port, how)
     }
 
-    fn start_full(
-        version: Version,
-        comm: &str,
-        dir_name: &str,
-        config: &str,
-        wait_port: u16,
-        args: &[String],
-        env: Vec<(String, String)>,
-    ) -> Self {
+    /// `HAProxy` as a pod's container: `version`'s Debian tree as its root (Debian 12's 2.6 from
+    /// [`bookworm_root`], 3.0 from [`trixie_root`]), in its own mount, pid and UTS namespaces,
+    /// with `pod`'s hostname and in `pod`'s cgroup from its first process on.
+    #[must_use]
+    pub fn start_in_pod(version: Version, comm: &str, config: &str, wait_port: u16, pod: PodShape) -> Self {
+        Self::start_full(version, comm, comm, config, wait_port, Launch { pod: Some(pod), ..Launch::default() })
+    }
+
+    fn start_full(version: Version, comm: &str, dir_name: &str, config: &str, wait_port: u16, how: Launch) -> Self {
         let dir = std::env::temp_dir().join(format!("tracetap-e2e-{dir_name}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("temp dir");
-        let (config_path, chroot) = match version {
-            Version::Debian12 => {
+        let (config_path, chroot) = match (version, how.pod) {
+            (Version::Debian12, None) => {
                 std::os::unix::fs::symlink(haproxy_binary(), dir.join(comm)).expect("symlink haproxy");
                 (dir.join("haproxy.cfg"), None)
             }
-            Version::Debian13 => {
-                let root = trixie_root();
-                let (inner, host) = instance_paths(version, dir_name);
+            (_, pod) => {
+                let root = container_root(version, pod.is_some());
+                let inner = PathBuf::from("/").join(CHROOT_INSTANCES).join(dir_name);
+                let host = host_path(&root, &inner);
                 let _ = std::fs::remove_dir_all(&host);
-                std::fs::create_dir_all(&host).expect("instance dir in the trixie tree");
+                std::fs::create_dir_all(&host).expect("instance dir in the container root");
                 std::os::unix::fs::symlink("/usr/sbin/haproxy", host.join(comm)).expect("symlink haproxy");
-                (host.join("haproxy.cfg"), Some(Chroot { root, inner, init: None }))
+                (host.join("haproxy.cfg"), Some(Chroot { root, pod, inner, init: None }))
             }
         };
         std::fs::write(&config_path, config).expect("write config");
@@ -214,9 +260,9 @@ impl Haproxy {
             chroot,
             children: Vec::new(),
             pids: Vec::new(),
-            env,
+            env: how.env,
         };
-        h.spawn(args);
+        h.spawn(&how.args);
         h.wait_port(wait_port);
         h.find_pid();
         h
@@ -236,9 +282,21 @@ impl Haproxy {
                     // `unshare` kills that shell (--kill-child), and with it the namespace.
                     None => {
                         let mut cmd = Command::new("unshare");
-                        cmd.args(["--mount", "--pid", "--fork", "--kill-child", "--", "sh", "-c", NAMESPACE_INIT])
-                            .arg("tracetap-ns")
-                            .arg(&chroot.root);
+                        cmd.args([
+                            "--mount",
+                            "--pid",
+                            "--uts",
+                            "--fork",
+                            "--kill-child",
+                            "--",
+                            "sh",
+                            "-c",
+                            NAMESPACE_INIT,
+                        ])
+                        .arg("tracetap-ns")
+                        .arg(&chroot.root)
+                        .arg(chroot.pod.as_ref().map(|p| p.cgroup.clone()).unwrap_or_default())
+                        .arg(chroot.pod.as_ref().map(|p| p.hostname.as_str()).unwrap_or_default());
                         cmd
                     }
                     // A successor (reload): in the same namespaces, as a reload in a container is.
@@ -246,8 +304,7 @@ impl Haproxy {
                         let mut cmd = Command::new("nsenter");
                         cmd.arg("--target")
                             .arg(init.to_string())
-                            .args(["--mount", "--pid", "--", "chroot"])
-                            .arg(&chroot.root);
+                            .args(["--mount", "--pid", "--uts", "--root", "--wd", "--"]);
                         cmd
                     }
                 };

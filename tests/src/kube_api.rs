@@ -63,15 +63,70 @@ impl Body for Held {
 
 pub struct FakeApiServer {
     pub addr: SocketAddr,
-    /// Every request's path and query.
+    /// Every request's path and query (with ` bearer` appended when it carried the service
+    /// account's token).
     pub requests: Arc<Mutex<Vec<String>>>,
     kubeconfig: PathBuf,
+    /// In-cluster: the CA and the service account's files, as the kubelet mounts them.
+    in_cluster: Option<InCluster>,
 }
 
+/// What a pod of the cluster is given to reach the API server.
+struct InCluster {
+    _pki: crate::pki::Pki,
+    service_account: tempfile::TempDir,
+}
+
+/// The token the fake's service account has.
+const TOKEN: &str = "tracetap-test-token";
+
 impl FakeApiServer {
-    /// Serves `pods` on `rt`, and writes a kubeconfig for it.
+    /// Serves `pods` on `rt` over plain HTTP, and writes a kubeconfig for it.
     #[must_use]
     pub fn start(rt: &tokio::runtime::Runtime, pods: &[FakePod]) -> Self {
+        Self::serve(rt, pods, None)
+    }
+
+    /// Serves `pods` on `rt` as a cluster's API server is reached from a pod: HTTPS with a
+    /// certificate of the cluster's CA for `127.0.0.1`, and a service account directory
+    /// ([`FakeApiServer::service_account_dir`]: `token`, `ca.crt`, `namespace`) to mount at
+    /// `/var/run/secrets/kubernetes.io/serviceaccount`, found through
+    /// [`FakeApiServer::in_cluster_env`].
+    #[must_use]
+    pub fn start_in_cluster(rt: &tokio::runtime::Runtime, pods: &[FakePod]) -> Self {
+        let pki = crate::pki::Pki::new("fake-cluster-ca");
+        let service_account = tempfile::tempdir().expect("service account dir");
+        for (file, content) in [("token", TOKEN), ("ca.crt", pki.ca_pem.as_str()), ("namespace", "tracetap")] {
+            std::fs::write(service_account.path().join(file), content).expect("service account file");
+        }
+        let tls = crate::otlp::ServerTls {
+            cert_pem: pki.server_cert_pem.clone(),
+            key_pem: pki.server_key_pem.clone(),
+            client_ca_pem: None,
+        };
+        let acceptor = crate::otlp::tls_acceptor(&tls, false);
+        let mut server = Self::serve(rt, pods, Some(acceptor));
+        server.in_cluster = Some(InCluster { _pki: pki, service_account });
+        server
+    }
+
+    /// In-cluster: the directory the kubelet would mount at
+    /// `/var/run/secrets/kubernetes.io/serviceaccount`.
+    #[must_use]
+    pub fn service_account_dir(&self) -> &Path {
+        self.in_cluster.as_ref().expect("started in-cluster").service_account.path()
+    }
+
+    /// In-cluster: the variables the kubelet sets in every container for the `kubernetes` service.
+    #[must_use]
+    pub fn in_cluster_env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("KUBERNETES_SERVICE_HOST", self.addr.ip().to_string()),
+            ("KUBERNETES_SERVICE_PORT", self.addr.port().to_string()),
+        ]
+    }
+
+    fn serve(rt: &tokio::runtime::Runtime, pods: &[FakePod], tls: Option<tokio_rustls::TlsAcceptor>) -> Self {
         let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).expect("bind fake API server");
         let addr = listener.local_addr().expect("addr");
         let items: Vec<String> = pods.iter().map(FakePod::json).collect();
@@ -81,24 +136,20 @@ impl FakeApiServer {
         ));
         let requests: Arc<Mutex<Vec<String>>> = Arc::default();
         let seen = Arc::clone(&requests);
+        let scheme = if tls.is_some() { "https" } else { "http" };
         rt.spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else { continue };
-                let (list, seen) = (Arc::clone(&list), Arc::clone(&seen));
+                let (list, seen, tls) = (Arc::clone(&list), Arc::clone(&seen), tls.clone());
                 tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                        let query = req.uri().query().unwrap_or_default().to_owned();
-                        seen.lock().expect("lock").push(format!("{} {query}", req.uri().path()));
-                        let body: BoxBody<Bytes, Infallible> = if query.contains("watch=true") {
-                            Held.boxed()
-                        } else {
-                            Full::new(Bytes::from(list.to_string())).boxed()
-                        };
-                        async move { Ok::<_, Infallible>(Response::new(body)) }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
+                    match tls {
+                        None => answer(stream, list, seen).await,
+                        Some(acceptor) => {
+                            if let Ok(stream) = acceptor.accept(stream).await {
+                                answer(stream, list, seen).await;
+                            }
+                        }
+                    }
                 });
             }
         });
@@ -106,13 +157,13 @@ impl FakeApiServer {
         std::fs::write(
             &kubeconfig,
             format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{addr}\n\
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {scheme}://{addr}\n\
                  contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\ncurrent-context: fake\n\
                  users:\n- name: fake\n  user: {{}}\n"
             ),
         )
         .expect("write kubeconfig");
-        Self { addr, requests, kubeconfig }
+        Self { addr, requests, kubeconfig, in_cluster: None }
     }
 
     /// The kubeconfig file for `KUBECONFIG`.
@@ -120,6 +171,23 @@ impl FakeApiServer {
     pub fn kubeconfig(&self) -> &Path {
         &self.kubeconfig
     }
+}
+
+/// Answers one connection's requests: the pod list, or a watch held open without events.
+async fn answer<S>(stream: S, list: Arc<String>, seen: Arc<Mutex<Vec<String>>>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+        let query = req.uri().query().unwrap_or_default().to_owned();
+        let bearer =
+            req.headers().get("authorization").is_some_and(|v| v.as_bytes() == format!("Bearer {TOKEN}").as_bytes());
+        seen.lock().expect("lock").push(format!("{} {query}{}", req.uri().path(), if bearer { " bearer" } else { "" }));
+        let body: BoxBody<Bytes, Infallible> =
+            if query.contains("watch=true") { Held.boxed() } else { Full::new(Bytes::from(list.to_string())).boxed() };
+        async move { Ok::<_, Infallible>(Response::new(body)) }
+    });
+    let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
 }
 
 impl Drop for FakeApiServer {

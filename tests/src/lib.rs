@@ -10,6 +10,7 @@
 pub mod agent;
 pub mod backend;
 pub mod client;
+pub mod container;
 pub mod continuing;
 pub mod h2client;
 pub mod h2load;
@@ -18,6 +19,7 @@ pub mod kube_api;
 pub mod linking;
 pub mod otlp;
 pub mod pki;
+pub mod seccomp;
 pub mod tls;
 
 use std::net::SocketAddr;

@@ -426,7 +426,7 @@ impl MetricsService for Receiver {
 }
 
 /// The receiver's TLS: its certificate, and with a client CA, mandatory client certificates.
-fn tls_acceptor(tls: &ServerTls, grpc: bool) -> tokio_rustls::TlsAcceptor {
+pub(crate) fn tls_acceptor(tls: &ServerTls, grpc: bool) -> tokio_rustls::TlsAcceptor {
     use rustls::pki_types::pem::PemObject as _;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let provider = Arc::new(rustls::crypto::ring::default_provider());

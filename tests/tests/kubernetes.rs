@@ -3,12 +3,11 @@
 //! found through `KUBECONFIG`). The tests put real `HAProxy` processes into cgroups named as the
 //! kubelet and containerd name them (systemd driver), so they need root and a cgroup v2 hierarchy.
 
-use std::path::PathBuf;
-
 use std::time::Duration;
 
 use tracetap_tests::agent::Agent;
 use tracetap_tests::client::Conn;
+use tracetap_tests::container::PodCgroup;
 use tracetap_tests::haproxy::{self, Haproxy};
 use tracetap_tests::kube_api::{FakeApiServer, FakePod};
 use tracetap_tests::{Rig, free_port, require_root, wait_for};
@@ -16,56 +15,11 @@ use tracetap_tests::{Rig, free_port, require_root, wait_for};
 const POD_UID: &str = "7d3f1c2a-5b6e-4f70-9a8b-1c2d3e4f5a6b";
 const CONTAINER_ID: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
 
-/// Where cgroup v2 is mounted (`/sys/fs/cgroup` or, on hybrid hosts, `/sys/fs/cgroup/unified`).
-fn cgroup2_root() -> PathBuf {
-    let mounts = std::fs::read_to_string("/proc/self/mounts").expect("/proc/self/mounts");
-    mounts
-        .lines()
-        .find_map(|l| {
-            let fields: Vec<&str> = l.split_whitespace().collect();
-            (fields.get(2) == Some(&"cgroup2")).then(|| PathBuf::from(fields[1]))
-        })
-        .expect("a cgroup v2 hierarchy is mounted")
-}
-
-/// A pod-and-container cgroup holding a process; removed (the process moved back out) on drop.
-struct PodCgroup {
-    root: PathBuf,
-    dirs: Vec<PathBuf>,
-    pid: u32,
-}
-
-impl PodCgroup {
-    fn enter(pid: u32) -> Self {
-        Self::enter_pod(pid, POD_UID, CONTAINER_ID)
-    }
-
-    fn enter_pod(pid: u32, pod_uid: &str, container_id: &str) -> Self {
-        let root = cgroup2_root();
-        let pod_slice = format!("kubepods-burstable-pod{}.slice", pod_uid.replace('-', "_"));
-        let scope = format!("cri-containerd-{container_id}.scope");
-        let rel = ["kubepods.slice", "kubepods-burstable.slice", &pod_slice, &scope];
-        let mut dirs = Vec::new();
-        let mut dir = root.clone();
-        for part in rel {
-            dir.push(part);
-            if !dir.exists() {
-                std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
-                dirs.push(dir.clone());
-            }
-        }
-        std::fs::write(dir.join("cgroup.procs"), pid.to_string()).expect("moving HAProxy into the pod cgroup");
-        Self { root, dirs, pid }
-    }
-}
-
-impl Drop for PodCgroup {
-    fn drop(&mut self) {
-        let _ = std::fs::write(self.root.join("cgroup.procs"), self.pid.to_string());
-        for dir in self.dirs.iter().rev() {
-            let _ = std::fs::remove_dir(dir);
-        }
-    }
+/// HAProxy `pid` moved into the pod cgroup of `pod_uid` and `container_id`.
+fn pod_cgroup(pid: u32, pod_uid: &str, container_id: &str) -> PodCgroup {
+    let cgroup = PodCgroup::create(pod_uid, container_id);
+    cgroup.enter(pid);
+    cgroup
 }
 
 #[test]
@@ -76,7 +30,7 @@ fn resource_names_the_container_pod_and_node_of_haproxy() {
     let rig = Rig::new();
     let port = free_port();
     let proxy = Haproxy::start(&rig.comm, &haproxy::config(port, &[rig.backend.addr], ""), port);
-    let cgroup = PodCgroup::enter(proxy.pid());
+    let cgroup = pod_cgroup(proxy.pid(), POD_UID, CONTAINER_ID);
     let cgroup_line = std::fs::read_to_string(format!("/proc/{}/cgroup", proxy.pid())).expect("cgroup");
     assert!(cgroup_line.contains(CONTAINER_ID), "HAProxy is in the container cgroup: {cgroup_line}");
 
@@ -132,8 +86,8 @@ fn pods_from_the_api_server_name_spans_and_the_selector_picks_pods() {
         &haproxy::config(internal_port, &[rig.backend.addr], ""),
         internal_port,
     );
-    let _edge_cgroup = PodCgroup::enter_pod(edge.pid(), edge_uid, &"e".repeat(64));
-    let _internal_cgroup = PodCgroup::enter_pod(internal.pid(), internal_uid, &"f".repeat(64));
+    let _edge_cgroup = pod_cgroup(edge.pid(), edge_uid, &"e".repeat(64));
+    let _internal_cgroup = pod_cgroup(internal.pid(), internal_uid, &"f".repeat(64));
 
     let mut env = rig.agent_env();
     env.push(("NODE_NAME", "node-a".to_owned()));

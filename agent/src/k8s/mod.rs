@@ -141,10 +141,17 @@ pub async fn watch(client: kube::Client, node: String, index: PodIndex, metrics:
 }
 
 /// A client for the cluster this agent runs in, when there is one: in-cluster service account, or
-/// `KUBECONFIG`. `None` outside Kubernetes.
-pub async fn client() -> Option<kube::Client> {
-    let config = kube::Config::infer().await.ok()?;
-    kube::Client::try_from(config).ok()
+/// `KUBECONFIG`. `Ok(None)` outside Kubernetes (neither is configured); an error when one is
+/// configured but unusable (a kubeconfig that does not parse, a missing token), so that the
+/// operator learns why pods go unnamed.
+pub async fn client() -> Result<Option<kube::Client>, String> {
+    let configured = std::env::var_os("KUBECONFIG").is_some() || std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+    let config = match kube::Config::infer().await {
+        Ok(config) => config,
+        Err(e) if configured => return Err(e.to_string()),
+        Err(_) => return Ok(None),
+    };
+    kube::Client::try_from(config).map(Some).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
