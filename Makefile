@@ -42,7 +42,8 @@ setup:
 	@scripts/debootstrap_root.sh $(IMAGE_ROOT) bookworm
 	@if [ ! -x $(KUBECTL_DEBIAN) ]; then \
 		echo "unpacking Debian's kubernetes-client into .tools/kubernetes-client"; \
-		d=$$(mktemp -d) && chmod 755 $$d && (cd $$d && apt-get download -q kubernetes-client) \
+		d=$$(mktemp -d) && chmod 755 $$d \
+			&& (cd $$d && { apt-get download -q kubernetes-client || { apt-get update -q && apt-get download -q kubernetes-client; }; }) \
 			&& rm -rf $(CURDIR)/.tools/kubernetes-client && dpkg-deb -x $$d/kubernetes-client_*.deb $(CURDIR)/.tools/kubernetes-client \
 			&& rm -rf $$d || { echo "could not fetch kubernetes-client (apt-get update first?)"; exit 1; }; \
 	fi

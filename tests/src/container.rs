@@ -79,13 +79,21 @@ pub struct DaemonSetPod {
     pub binds: Vec<(PathBuf, String)>,
     /// The agent's own kubelet-shaped cgroup (it also gets a cgroup namespace there).
     pub cgroup: Option<PathBuf>,
+    /// The capabilities the container keeps ([`DAEMONSET_CAPS`] unless a test takes some away).
+    pub caps: Vec<&'static str>,
 }
 
 impl DaemonSetPod {
     /// The manifest's pod with containerd's current `RuntimeDefault` and a fresh state directory.
     #[must_use]
     pub fn new(state: &Path) -> Self {
-        Self { seccomp: runtime_default_profile(), state: state.to_owned(), binds: Vec::new(), cgroup: None }
+        Self {
+            seccomp: runtime_default_profile(),
+            state: state.to_owned(),
+            binds: Vec::new(),
+            cgroup: None,
+            caps: DAEMONSET_CAPS.to_vec(),
+        }
     }
 
     /// The `container-run` command line that starts the agent in this pod.
@@ -93,7 +101,7 @@ impl DaemonSetPod {
     pub fn command(&self) -> Command {
         let mut cmd = Command::new(runner());
         cmd.arg("--root").arg(image_root()).args(["--hostname", "tracetap-node-a"]);
-        cmd.arg("--caps").arg(DAEMONSET_CAPS.join(",")).arg("--seccomp").arg(&self.seccomp);
+        cmd.arg("--caps").arg(self.caps.join(",")).arg("--seccomp").arg(&self.seccomp);
         cmd.arg("--bind").arg(format!("{}:{STATE_DIR}:rw", self.state.display()));
         for (host, inside) in &self.binds {
             cmd.arg("--bind").arg(format!("{}:{inside}", host.display()));

@@ -101,15 +101,6 @@ pub fn bookworm_root() -> PathBuf {
     tree("TRACETAP_BOOKWORM_ROOT", "bookworm-haproxy", "Debian 12")
 }
 
-/// The root a chrooted instance of `version` runs in.
-fn container_root(version: Version, pod: bool) -> PathBuf {
-    match version {
-        Version::Debian12 if pod => bookworm_root(),
-        Version::Debian12 => unreachable!("Debian 12 runs from the host unless in a pod"),
-        Version::Debian13 => trixie_root(),
-    }
-}
-
 /// Where an instance's symlink and configuration live inside the trixie tree, as `HAProxy` 3.0
 /// sees them (one directory per instance: parallel tests share the tree, never a file in it).
 const CHROOT_INSTANCES: &str = "tracetap-test";
@@ -242,7 +233,7 @@ impl Haproxy {
                 (dir.join("haproxy.cfg"), None)
             }
             (_, pod) => {
-                let root = container_root(version, pod.is_some());
+                let root = if version == Version::Debian12 { bookworm_root() } else { trixie_root() };
                 let inner = PathBuf::from("/").join(CHROOT_INSTANCES).join(dir_name);
                 let host = host_path(&root, &inner);
                 let _ = std::fs::remove_dir_all(&host);
@@ -299,12 +290,19 @@ impl Haproxy {
                         .arg(chroot.pod.as_ref().map(|p| p.hostname.as_str()).unwrap_or_default());
                         cmd
                     }
-                    // A successor (reload): in the same namespaces, as a reload in a container is.
+                    // A successor (reload): in the same namespaces and the pod's cgroup, as a
+                    // reload in a container is.
                     Some(init) => {
-                        let mut cmd = Command::new("nsenter");
-                        cmd.arg("--target")
-                            .arg(init.to_string())
-                            .args(["--mount", "--pid", "--uts", "--root", "--wd", "--"]);
+                        let mut cmd = Command::new("sh");
+                        let cgroup = chroot.pod.as_ref().map(|p| p.cgroup.clone()).unwrap_or_default();
+                        cmd.args([
+                            "-c",
+                            r#"{ [ -z "$1" ] || echo $$ > "$1/cgroup.procs"; } && shift && exec "$@""#,
+                            "sh",
+                        ])
+                        .arg(cgroup)
+                        .args(["nsenter", "--target", &init.to_string()])
+                        .args(["--mount", "--pid", "--uts", "--root", "--wd", "--"]);
                         cmd
                     }
                 };

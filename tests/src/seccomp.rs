@@ -112,6 +112,7 @@ impl Profile {
                     && r.includes.caps.iter().all(holds)
                     && (r.includes.arches.is_empty() || r.includes.arches.iter().any(|a| a == arch))
                     && r.includes.min_kernel.as_deref().is_none_or(|k| kernel >= parse_kernel(k))
+                    && r.excludes.min_kernel.as_deref().is_none_or(|k| kernel < parse_kernel(k))
             })
             .map(|r| Rule { includes: Filter::default(), excludes: Filter::default(), ..r.clone() })
             .collect();
@@ -152,9 +153,10 @@ impl Resolved {
     /// What libseccomp reports, with the rule it was adding.
     pub fn apply(&self) -> Result<(), String> {
         use libseccomp::{ScmpAction, ScmpArch, ScmpArgCompare, ScmpCompareOp, ScmpFilterContext, ScmpSyscall};
+        // As runc: an `SCMP_ACT_ERRNO` without its own errno is `EPERM`; `defaultErrnoRet` is
+        // the default action's only.
         let action = |name: &str, errno: Option<i32>| {
-            ScmpAction::from_str(name, errno.or(self.default_errno_ret).or(Some(libc::EPERM)))
-                .map_err(|e| format!("action {name}: {e}"))
+            ScmpAction::from_str(name, errno.or(Some(libc::EPERM))).map_err(|e| format!("action {name}: {e}"))
         };
         let default = action(&self.default_action, self.default_errno_ret)?;
         let mut filter = ScmpFilterContext::new(default).map_err(|e| e.to_string())?;

@@ -95,7 +95,9 @@ fn assert_runs_as_the_daemonset_container(pid: u32) {
     let caps = |f| u64::from_str_radix(&status_field(pid, f), 16).expect("capability set");
     assert_eq!(caps("CapBnd"), DAEMONSET_CAP_MASK, "bounding set: the four capabilities");
     assert_eq!(caps("CapEff"), DAEMONSET_CAP_MASK, "effective set: the four capabilities");
+    assert_eq!(caps("CapPrm"), DAEMONSET_CAP_MASK, "permitted set: the four capabilities");
     assert_eq!(caps("CapInh"), 0);
+    assert_eq!(caps("CapAmb"), 0);
     assert_eq!(status_field(pid, "NoNewPrivs"), "1");
     assert_eq!(status_field(pid, "Seccomp"), "2", "a seccomp filter is on");
     assert_eq!(status_field(pid, "Uid").split_whitespace().next(), Some("0"));
@@ -252,6 +254,29 @@ fn under_a_profile_without_the_cap_bpf_case_the_agent_exits_at_once_naming_secco
     println!("[daemonset] under containerd 1.6.8's RuntimeDefault the agent exits ({status}): {line}");
 }
 
+/// The diagnosis blames seccomp only when seccomp is the cause: without `CAP_BPF` the kernel
+/// itself refuses, under the same filter, and the message says what is missing instead.
+#[test]
+fn without_cap_bpf_under_a_filter_the_message_names_the_capability_not_seccomp() {
+    if !require_root() {
+        return;
+    }
+    let rig = Rig::new();
+    let state = tempfile::tempdir().expect("state dir");
+    let mut pod = DaemonSetPod::new(state.path());
+    pod.caps.retain(|c| *c != "bpf");
+    let mut agent = pod.spawn(&rig.agent_env());
+    let status = agent.wait_exit(Duration::from_secs(20));
+    let log = agent.log();
+    let status = status.unwrap_or_else(|| panic!("the agent keeps running without CAP_BPF; log:\n{log}"));
+    assert!(
+        !status.success() && status.code() != Some(125),
+        "the agent (not the runner) failed: {status}; log:\n{log}"
+    );
+    assert!(log.contains("CAP_BPF") && log.contains("needs root"), "the generic message; log:\n{log}");
+    assert!(!log.contains("seccomp"), "seccomp is not blamed; log:\n{log}");
+}
+
 #[test]
 fn the_shipped_localhost_profile_lets_the_agent_trace() {
     if !require_root() {
@@ -292,6 +317,24 @@ fn the_shipped_profile_is_runtime_default_for_the_daemonset_capabilities() {
         "deploy/seccomp/tracetap.json is not containerd's RuntimeDefault resolved for the DaemonSet's capabilities; \
          regenerate it: TRACETAP_WRITE_SECCOMP_PROFILE=1 cargo test -p tracetap-tests --test daemonset shipped_profile"
     );
+    // Independent of the resolution code: what the agent's capabilities add to the base list
+    // is there, what only CAP_SYS_ADMIN and others would add is not.
+    let shipped_json: serde_json::Value = serde_json::from_str(&shipped).expect("json");
+    let allowed: BTreeSet<&str> = shipped_json["syscalls"]
+        .as_array()
+        .expect("syscalls")
+        .iter()
+        .filter(|r| r["action"] == "SCMP_ACT_ALLOW" && r.get("args").is_none())
+        .flat_map(|r| r["names"].as_array().expect("names").iter().map(|n| n.as_str().expect("name")))
+        .collect();
+    for present in ["bpf", "perf_event_open", "ptrace", "process_vm_readv", "pidfd_getfd", "open_by_handle_at", "read"]
+    {
+        assert!(allowed.contains(present), "the shipped profile allows {present}");
+    }
+    for absent in ["mount", "umount2", "unshare", "setns", "init_module", "kexec_load", "reboot", "chroot", "syslog"] {
+        assert!(!allowed.contains(absent), "the shipped profile does not allow {absent}");
+    }
+    assert!(shipped_json.get("archMap").is_none() && !shipped.contains("\"includes\""), "flat OCI shape");
     let older = Profile::read(&container::profile_before_cap_bpf());
     for arch in ["amd64", "arm64"] {
         let now = current.resolve(&caps, arch, kernel);
@@ -303,8 +346,8 @@ fn the_shipped_profile_is_runtime_default_for_the_daemonset_capabilities() {
                 "{arch}: containerd 1.6.8 refuses {needed} without CAP_SYS_ADMIN"
             );
         }
-        let without_admin = current.resolve(&caps[2..], arch, kernel);
-        let added: BTreeSet<&str> = now.allowed().difference(&without_admin.allowed()).copied().collect();
+        let without_bpf_perfmon = current.resolve(&caps[2..], arch, kernel);
+        let added: BTreeSet<&str> = now.allowed().difference(&without_bpf_perfmon.allowed()).copied().collect();
         assert_eq!(
             added,
             BTreeSet::from(["bpf", "perf_event_open"]),
@@ -332,7 +375,26 @@ fn the_container_test_matches_the_manifest_and_the_dockerfile() {
         assert!(daemonset.contains(&needle), "daemonset.yaml has {needle}");
     }
     let dockerfile = std::fs::read_to_string(root.join("deploy/Dockerfile")).expect("Dockerfile");
-    assert!(dockerfile.contains(&format!("ENTRYPOINT [\"{}\"]", container::IMAGE_BINARY)));
-    assert!(dockerfile.contains("FROM debian:bookworm-"), "the image is Debian 12, as the test's root");
-    assert!(dockerfile.contains(" AS runtime"), "a runtime stage takes a prebuilt binary");
+    let stage = |name: &str| -> Vec<&str> {
+        let mut lines =
+            dockerfile.lines().skip_while(|l| !(l.starts_with("FROM ") && l.ends_with(&format!(" AS {name}"))));
+        let from = lines.next().unwrap_or_else(|| panic!("a stage {name}"));
+        std::iter::once(from).chain(lines.take_while(|l| !l.starts_with("FROM "))).collect()
+    };
+    let base = stage("base");
+    assert!(base[0].starts_with("FROM debian:bookworm-"), "the image is Debian 12, as the test's root: {}", base[0]);
+    assert!(base.contains(&format!("ENTRYPOINT [\"{}\"]", container::IMAGE_BINARY).as_str()), "{base:?}");
+    let runtime = stage("runtime");
+    assert_eq!(runtime[0], "FROM base AS runtime");
+    let copy = format!("COPY --from=prebuilt tracetap {}", container::IMAGE_BINARY);
+    assert!(
+        runtime.contains(&copy.as_str()),
+        "the runtime stage puts the prebuilt binary where the test does: {runtime:?}"
+    );
+    let overlay =
+        std::fs::read_to_string(root.join("deploy/overlays/seccomp-localhost/daemonset.yaml")).expect("overlay");
+    assert!(
+        overlay.contains("localhostProfile: profiles/tracetap.json"),
+        "the path the agent's message and the README give"
+    );
 }

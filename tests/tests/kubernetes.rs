@@ -125,3 +125,27 @@ fn pods_from_the_api_server_name_spans_and_the_selector_picks_pods() {
         requests.len()
     );
 }
+
+/// A cluster configuration that is there but unusable is reported with its reason, not taken for
+/// "outside Kubernetes".
+#[test]
+fn an_unusable_kubeconfig_is_reported_with_its_reason() {
+    if !require_root() {
+        return;
+    }
+    let rig = Rig::new();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, "clusters: [this is not a kubeconfig\n").expect("write");
+    let mut env = rig.agent_env();
+    env.push(("NODE_NAME", "node-a".to_owned()));
+    env.push(("KUBECONFIG", kubeconfig.display().to_string()));
+    let agent = Agent::start_without_targets(&env);
+    let reported = wait_for(Duration::from_secs(10), || agent.log().contains("is unusable").then_some(()));
+    let log = agent.log();
+    assert!(reported.is_some(), "the unusable configuration is reported; log:\n{log}");
+    let line = log.lines().find(|l| l.contains("is unusable")).expect("the line");
+    assert!(line.contains("kubeconfig"), "with kube's reason: {line}");
+    assert!(!log.contains("no Kubernetes cluster configuration"), "not taken for outside Kubernetes");
+    println!("[kubernetes] unusable KUBECONFIG: {line}");
+}

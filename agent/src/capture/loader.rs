@@ -32,7 +32,7 @@ const FLOOR_PROGRAMS: &[(&str, &str)] = &[("sys_exit_floor", "sys_exit"), ("sys_
 /// The runtime releases whose default seccomp profile lets `CAP_BPF` call `bpf()`.
 const RUNTIMES_WITH_CAP_BPF: &str = "containerd 1.6.9 and 1.7.0 or later (containerd PR 7301), Docker Engine 23.0 or later (moby PR 43987), \
      and CRI-O 1.31 and Podman 5.2 or later (containers/common 0.60; their CAP_PERFMON case for perf_event_open, which the TLS probes use, \
-     came later: containers/common PR 2534, merged as container-libs PR 424, first in CRI-O 1.35.1)";
+     came later: containers/common issue 1988, PR 2534, merged as container-libs PR 424, first in CRI-O 1.35.1)";
 
 /// The probe object, built by `build.rs`.
 static PROBES: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracetap"));
@@ -48,8 +48,8 @@ pub enum LoadError {
         "loading the eBPF probes failed: {0}. tracetap needs root (or CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH) and Linux 5.17+ (BPF ring buffers, BTF tracepoints, bpf_loop)"
     )]
     Load(#[source] Box<aya::EbpfError>),
-    /// The agent holds `CAP_BPF` yet `bpf()` answers `EPERM` under a seccomp filter: the
-    /// container's profile predates the `CAP_BPF` case (see [`seccomp_refuses_bpf`]).
+    /// The agent holds `CAP_BPF` yet a seccomp filter refuses `bpf()`: the container's profile
+    /// predates the `CAP_BPF` case (see [`seccomp_refuses_bpf`]).
     #[error(
         "loading the eBPF probes failed: the seccomp profile of this container refused the bpf() system call although the agent holds CAP_BPF. \
          Older RuntimeDefault profiles allow bpf() and perf_event_open() only with CAP_SYS_ADMIN; \
@@ -379,22 +379,24 @@ pub(super) fn read_header(record: &[u8]) -> EventHeader {
 }
 
 /// Whether a seccomp filter, not the kernel's own checks, refuses `bpf()`: the agent holds
-/// `CAP_BPF` (or `CAP_SYS_ADMIN`), its status shows a filter, and `bpf()` with a command that does
-/// not exist answers `EPERM` where the kernel answers `EINVAL`. Called only after loading failed.
+/// `CAP_BPF`, its status shows a filter, and `bpf()` with an attribute size over a page fails
+/// with anything but `E2BIG`. The kernel answers `E2BIG` to that size before any capability or
+/// LSM check (`bpf_check_uarg_tail_zero`), so another answer came from the filter (`EPERM` from
+/// the runtimes' profiles, `ENOSYS` from some). Called only after loading failed.
 fn seccomp_refuses_bpf() -> bool {
-    const CAP_SYS_ADMIN: u64 = 1 << 21;
     const CAP_BPF: u64 = 1 << 39;
     const SECCOMP_MODE_FILTER: u32 = 2;
+    const OVER_A_PAGE: u32 = 64 * 1024 + 1;
     let Ok(status) = <procfs_core::process::Status as procfs_core::FromRead>::from_file("/proc/self/status") else {
         return false;
     };
-    if status.seccomp != Some(SECCOMP_MODE_FILTER) || status.capeff & (CAP_BPF | CAP_SYS_ADMIN) == 0 {
+    if status.seccomp != Some(SECCOMP_MODE_FILTER) || status.capeff & CAP_BPF == 0 {
         return false;
     }
-    // SAFETY: no command is `c_int::MAX`, so the kernel reads nothing through the null attribute
-    // pointer (its size is 0) and returns an error; no memory is touched.
-    let ret = unsafe { libc::syscall(libc::SYS_bpf, libc::c_int::MAX, std::ptr::null::<u8>(), 0_u32) };
-    ret == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    // SAFETY: the size check fails before the kernel reads through the null attribute pointer;
+    // no memory is touched.
+    let ret = unsafe { libc::syscall(libc::SYS_bpf, 0, std::ptr::null::<u8>(), OVER_A_PAGE) };
+    ret == -1 && std::io::Error::last_os_error().raw_os_error() != Some(libc::E2BIG)
 }
 
 fn clock_ns(clock: libc::clockid_t) -> i128 {

@@ -34,6 +34,8 @@ struct Spec {
 }
 
 fn main() {
+    // Every failure is the runner's, status 125, never a status the program could have exited with.
+    std::panic::set_hook(Box::new(|info| fail(&info.to_string())));
     let spec = parse(std::env::args().skip(1).collect()).unwrap_or_else(|e| fail(&format!("usage: {e}")));
     if let Err(e) = run(&spec) {
         fail(&e);
