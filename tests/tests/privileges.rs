@@ -59,8 +59,8 @@ fn unprivileged_agent_says_what_is_missing() {
 }
 
 /// The TLS probes under the four capabilities: attaching a uprobe (`perf_event_open` of the
-/// uprobe PMU on a file under `/proc/PID/root`) is refused here, which is a known gap (README,
-/// Requirements). What this test holds is that the refusal is not silent: the process is named in
+/// uprobe PMU) needs `CAP_SYS_ADMIN` on current kernels (Linux commit ba677dbe77af), a known gap
+/// (README, Requirements). What this test holds is that the refusal is not silent: the process is named in
 /// the log with the reason, counted in `tracetap_tls_hook_failures_total`, and its cleartext
 /// tracing goes on. When the gap is closed, this test must change to expect TLS spans.
 #[test]
