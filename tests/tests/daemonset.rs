@@ -221,6 +221,20 @@ fn the_agent_in_its_daemonset_container_traces_haproxy_pods_of_both_versions() {
     println!("[daemonset] TRACETAP_K8S_POD_SELECTOR=tier=edge: {} spans, all of pod {edge}", new.len());
 }
 
+/// Starts the agent in `pod` and waits for it to exit by itself, as it must when it cannot load
+/// its probes: its exit status (a failure of the agent, not of the runner) and its log.
+fn exit_of(pod: &DaemonSetPod, rig: &Rig) -> (std::process::ExitStatus, String) {
+    let mut agent = pod.spawn(&rig.agent_env());
+    let status = agent.wait_exit(Duration::from_secs(20));
+    let log = agent.log();
+    let status = status.unwrap_or_else(|| panic!("the agent keeps running without its probes; log:\n{log}"));
+    assert!(
+        !status.success() && status.code() != Some(125),
+        "the agent (not the runner) failed: {status}; log:\n{log}"
+    );
+    (status, log)
+}
+
 #[test]
 fn under_a_profile_without_the_cap_bpf_case_the_agent_exits_at_once_naming_seccomp() {
     if !require_root() {
@@ -230,22 +244,16 @@ fn under_a_profile_without_the_cap_bpf_case_the_agent_exits_at_once_naming_secco
     let state = tempfile::tempdir().expect("state dir");
     let mut pod = DaemonSetPod::new(state.path());
     pod.seccomp = container::profile_before_cap_bpf();
-    let mut agent = pod.spawn(&rig.agent_env());
-    let status = agent.wait_exit(Duration::from_secs(20));
-    let log = agent.log();
-    let status = status.unwrap_or_else(|| panic!("the agent keeps running without its probes; log:\n{log}"));
-    assert!(
-        !status.success() && status.code() != Some(125),
-        "the agent (not the runner) failed: {status}; log:\n{log}"
-    );
+    let (status, log) = exit_of(&pod, &rig);
     for needle in [
         "seccomp",
         "bpf()",
         "CAP_BPF",
         "containerd 1.6.9",
         "Docker Engine 23.0",
+        "containers/common issue 1988",
         "deploy/seccomp/tracetap.json",
-        "Localhost",
+        "localhostProfile: profiles/tracetap.json",
     ] {
         assert!(log.contains(needle), "the message names {needle:?}; log:\n{log}");
     }
@@ -265,14 +273,7 @@ fn without_cap_bpf_under_a_filter_the_message_names_the_capability_not_seccomp()
     let state = tempfile::tempdir().expect("state dir");
     let mut pod = DaemonSetPod::new(state.path());
     pod.caps.retain(|c| *c != "bpf");
-    let mut agent = pod.spawn(&rig.agent_env());
-    let status = agent.wait_exit(Duration::from_secs(20));
-    let log = agent.log();
-    let status = status.unwrap_or_else(|| panic!("the agent keeps running without CAP_BPF; log:\n{log}"));
-    assert!(
-        !status.success() && status.code() != Some(125),
-        "the agent (not the runner) failed: {status}; log:\n{log}"
-    );
+    let (_, log) = exit_of(&pod, &rig);
     assert!(log.contains("CAP_BPF") && log.contains("needs root"), "the generic message; log:\n{log}");
     assert!(!log.contains("seccomp"), "seccomp is not blamed; log:\n{log}");
 }
