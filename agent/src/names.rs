@@ -1,5 +1,6 @@
 //! Names from each traced HAProxy's own configuration: the `-f` files (and directories) on its
-//! command line, read through `/proc/PID/root` so it works for HAProxy in containers. A config that
+//! command line, read through `/proc/PID/root` so it works for HAProxy in containers (or, for a
+//! process that `chroot`ed itself, the root it started in above its jail: [`start_root`]). A config that
 //! cannot be read or understood degrades spans to addresses, with one warning per process.
 //!
 //! Those files are hostile input: any process named `haproxy` chooses them, and may point `-f` at a
@@ -658,11 +659,11 @@ fn load(proc_root: &Path, pid: u32) -> Outcome {
     let mut environ = Vec::new();
     let _ = File::open(pid_dir.join("environ")).and_then(|f| f.take(MAX_ENVIRON_BYTES).read_to_end(&mut environ));
     let cwd = std::fs::read_link(pid_dir.join("cwd")).unwrap_or_else(|_| PathBuf::from("/"));
-    let root =
-        match OpenOptions::new().read(true).custom_flags(libc::O_PATH | libc::O_DIRECTORY).open(pid_dir.join("root")) {
-            Ok(root) => root,
-            Err(e) => return Outcome::failed(format!("opening the process's root: {e}")),
-        };
+    let first = if Path::new(&paths[0]).is_absolute() { PathBuf::from(&paths[0]) } else { cwd.join(&paths[0]) };
+    let root = match start_root(proc_root, pid, &first) {
+        Ok(root) => root,
+        Err(e) => return Outcome::failed(format!("opening the process's root: {e}")),
+    };
     let mut reader = Reader {
         root,
         parser: ConfigParser::with_environment(Environment::from_environ(&environ)),
@@ -847,6 +848,42 @@ fn kind(meta: &std::fs::Metadata) -> &'static str {
     }
 }
 
+/// How many directories above its jail a `chroot`ed process's starting root may be.
+const MAX_JAIL_DEPTH: usize = 16;
+
+/// The root process `pid` started in, where the paths it was given at start resolve: its command
+/// line's `-f` files, its stats socket, `/etc/hosts` (`O_PATH`). That is `/proc/PID/root`, unless
+/// HAProxy's `chroot` directive moved the process into a jail after it read its configuration
+/// (Debian's packaged configuration has `chroot /var/lib/haproxy`): then it is the nearest
+/// directory above the jail, within the process's mount namespace, where `probe` (a path the
+/// process was given at start) exists. Without such a directory: `/proc/PID/root`, so that the
+/// caller's own error says what is missing.
+///
+/// Walking above the jail reads what the process itself could read before it went in: its own
+/// mount namespace, never the agent's (`..` of `/proc/self/fd/N` follows the process's mounts).
+pub(crate) fn start_root(proc_root: &Path, pid: u32, probe: &Path) -> io::Result<File> {
+    use std::os::unix::fs::MetadataExt as _;
+    let open_dir =
+        |path: &Path| OpenOptions::new().read(true).custom_flags(libc::O_PATH | libc::O_DIRECTORY).open(path);
+    let root = open_dir(&proc_root.join(pid.to_string()).join("root"))?;
+    if open_in_root(&root, probe).is_ok() {
+        return Ok(root);
+    }
+    let mut dir = open_dir(&fd_path(&root))?;
+    for _ in 0..MAX_JAIL_DEPTH {
+        let parent = open_dir(&fd_path(&dir).join(".."))?;
+        let (here, up) = (dir.metadata()?, parent.metadata()?);
+        if (here.dev(), here.ino()) == (up.dev(), up.ino()) {
+            break; // the top of the process's mount namespace
+        }
+        if open_in_root(&parent, probe).is_ok() {
+            return Ok(parent);
+        }
+        dir = parent;
+    }
+    Ok(root)
+}
+
 /// The path of an open descriptor, to open what it names again or to look under it.
 fn fd_path(file: &File) -> PathBuf {
     PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()))
@@ -1002,6 +1039,25 @@ mod tests {
 
     fn problem_about(outcome: &Outcome, what: &str, why: &str) -> bool {
         outcome.problems.iter().any(|p| p.contains(what) && p.contains(why))
+    }
+
+    /// HAProxy's `chroot`: `/proc/PID/root` is the jail, the configuration is where the process
+    /// started, above it; a name that exists in the jail wins over one above.
+    #[test]
+    fn a_process_in_its_chroot_jail_is_read_from_the_root_it_started_in() {
+        let tree = tempfile::tempdir().unwrap();
+        let jail = tree.path().join("var/lib/haproxy");
+        std::fs::create_dir_all(&jail).unwrap();
+        std::fs::create_dir_all(tree.path().join("etc/haproxy")).unwrap();
+        std::fs::write(tree.path().join("etc/haproxy/haproxy.cfg"), FE).unwrap();
+        let proc = FakeProc::new(Some(&jail), "/", &["/etc/haproxy/haproxy.cfg"]);
+        assert!(loaded_good(&proc.load()), "read from two directories above the jail");
+        std::fs::create_dir_all(jail.join("etc/haproxy")).unwrap();
+        std::fs::write(jail.join("etc/haproxy/haproxy.cfg"), "frontend fe_jail\n bind 127.0.0.1:7001\n").unwrap();
+        let names = proc.load().names.expect("names");
+        assert_eq!(names.frontend("127.0.0.1:7001".parse().unwrap()), Some("fe_jail"), "the process's own root first");
+        let missing = FakeProc::new(Some(&jail), "/", &["/etc/haproxy/absent.cfg"]);
+        assert!(missing.load().names.is_none(), "nothing above the jail either: not read, no names");
     }
 
     #[test]

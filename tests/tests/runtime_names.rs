@@ -415,3 +415,91 @@ fn names_follow_a_master_worker_reload() {
     );
     drop(haproxy);
 }
+
+/// HAProxy's `chroot` directive (Debian's packaged configuration has `chroot /var/lib/haproxy`):
+/// the process reads its configuration and makes its stats socket in the root it started in,
+/// then moves into the jail, so `/proc/PID/root` is the jail. Names, and the runtime API through
+/// the socket, come from the root it started in: on the host (2.6) and in its container (3.0).
+#[test]
+fn a_haproxy_that_chroots_itself_is_named_from_the_root_it_started_in() {
+    if !require_root() {
+        return;
+    }
+    for version in haproxy::versions() {
+        let rig = Rig::new();
+        let port = free_port();
+        let (inner, _) = haproxy::instance_paths(version, &rig.comm);
+        let config = format!(
+            "global\n    maxconn 256\n    chroot /var/lib/haproxy\n    stats socket {}/admin.sock mode 600 level admin\n\n\
+             {GLOBAL_AND_DEFAULTS}\
+             frontend fe_jailed\n    bind 127.0.0.1:{port}\n    default_backend be_jailed\n\n\
+             backend be_jailed\n    server app_jailed {}\n",
+            inner.display(),
+            rig.backend.addr
+        );
+        let haproxy = Haproxy::start_on(version, &rig.comm, &config, port);
+        let root = std::fs::read_link(format!("/proc/{}/root", haproxy.pid())).expect("root");
+        assert!(root.ends_with("var/lib/haproxy"), "{version}: HAProxy is in its jail: {}", root.display());
+        let agent = Agent::start_with_daemonset_capabilities(&rig.agent_env());
+        let mut conn = Conn::connect(std::net::SocketAddr::from(([127, 0, 0, 1], port))).expect("connect");
+        for i in 0..10 {
+            assert_eq!(conn.get(&format!("/jailed/{i}"), &[]).expect("request").status, 200);
+        }
+        let spans = rig.receiver.wait_for_spans(20);
+        let log = agent.log();
+        assert_eq!(spans.len(), 20, "{version}: log:\n{log}");
+        for s in spans.iter().filter(|s| s.is_server()) {
+            assert_eq!(s.str_attr("haproxy.frontend"), Some("fe_jailed"), "{version}: log:\n{log}");
+        }
+        for c in spans.iter().filter(|s| s.is_client()) {
+            assert_eq!(
+                (c.str_attr("haproxy.backend"), c.str_attr("haproxy.server")),
+                (Some("be_jailed"), Some("app_jailed")),
+                "{version}: log:\n{log}"
+            );
+        }
+        let reads = agent.metric("tracetap_haproxy_runtime_api_reads_total");
+        assert!(reads >= 1, "{version}: the runtime API is read through the socket in the starting root\n{log}");
+        assert_eq!(agent.metric("tracetap_haproxy_runtime_api_errors_total"), 0, "{version}: log:\n{log}");
+        println!("[runtime names] {version} chrooted to /var/lib/haproxy: every span named, {reads} runtime API reads");
+        drop(haproxy);
+    }
+}
+
+/// The TLS library of a HAProxy that `chroot`ed itself inside its container: mapped from the root
+/// it started in, which neither `/proc/PID/root` (the jail) nor the agent's root holds; found
+/// above the jail (the agent as root: the uprobes need `CAP_SYS_ADMIN`, README, Requirements).
+#[test]
+fn a_haproxy_that_chroots_itself_in_its_container_has_its_tls_traced() {
+    if !require_root() {
+        return;
+    }
+    let version = haproxy::Version::Debian13;
+    let rig = Rig::new();
+    let port = free_port();
+    let pem = tracetap_tests::tls::certificate(version);
+    let config = format!(
+        "global\n    maxconn 256\n    chroot /var/lib/haproxy\n\n{GLOBAL_AND_DEFAULTS}\
+         frontend fe_jailed\n    bind 127.0.0.1:{port} ssl crt {pem}\n    default_backend be_jailed\n\n\
+         backend be_jailed\n    server app_jailed {}\n",
+        rig.backend.addr
+    );
+    let _haproxy = Haproxy::start_on(version, &rig.comm, &config, port);
+    let agent = Agent::start(&rig.agent_env());
+    let hooked = wait_for(Duration::from_secs(10), || (agent.metric("tracetap_tls_processes") == 1).then_some(()));
+    assert!(hooked.is_some(), "the TLS probes attach to the library above the jail\n{}", agent.log());
+    for i in 0..5 {
+        let out = std::process::Command::new("curl")
+            .args(["-sk", "--http1.1", "-o", "/dev/null", "-w", "%{http_code}"])
+            .arg(format!("https://127.0.0.1:{port}/jailed-tls/{i}"))
+            .output()
+            .expect("curl");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "200");
+    }
+    let spans = rig.receiver.wait_for_spans(10);
+    let servers: Vec<&Received> = spans.iter().filter(|s| s.is_server()).collect();
+    assert_eq!(servers.len(), 5, "log:\n{}", agent.log());
+    assert!(servers.iter().all(|s| s.str_attr("url.scheme") == Some("https")));
+    assert!(servers.iter().all(|s| s.str_attr("haproxy.frontend") == Some("fe_jailed")));
+    println!("[runtime names] {version} chrooted in its container: 5 TLS requests traced and named");
+}

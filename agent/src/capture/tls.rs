@@ -199,10 +199,14 @@ pub fn candidate_objects(maps: &MemoryMaps, exe: Option<&Path>) -> Vec<(PathBuf,
     ordered
 }
 
+/// How many directories above its jail a `chroot`ed process's libraries may be looked for.
+const MAX_JAIL_DEPTH: usize = 16;
+
 /// [`candidate_objects`] of process `pid`, as paths the agent can open. `/proc/PID/maps` shows a
 /// path from the reader's root when it can (a chroot on the host's mounts: the host path), else
 /// from the process's own mount namespace (a container: the path inside it). So the path is tried
-/// under `/proc/PID/root` first, then as it is, and kept only where its inode is the mapping's.
+/// under `/proc/PID/root` first, then as it is, then above `/proc/PID/root` (a process that
+/// `chroot`ed itself), and kept only where its inode is the mapping's.
 ///
 /// Candidates that cannot be opened so (a library deleted or replaced on disk since the process
 /// mapped it, a mount the agent does not see) come back apart, as paths as `maps` shows them, so
@@ -216,8 +220,14 @@ pub fn objects_of(proc_root: &Path, pid: u32) -> std::io::Result<Objects> {
     let root = dir.join("root");
     let mut objects = Objects::default();
     for (path, inode) in candidate_objects(&maps, exe.as_deref()) {
-        let found = [root.join(path.strip_prefix("/").unwrap_or(&path)), path.clone()]
+        let inside = path.strip_prefix("/").unwrap_or(&path);
+        // A process that `chroot`ed itself (HAProxy's `chroot` directive) mapped its libraries
+        // before, from the root it started in: a directory above its jail, `..` of
+        // `/proc/PID/root` as many times as the jail is deep (the mapped inode says which).
+        let above_jail = (1..=MAX_JAIL_DEPTH).map(|up| root.join("../".repeat(up)).join(inside));
+        let found = [root.join(inside), path.clone()]
             .into_iter()
+            .chain(above_jail)
             .find(|p| std::fs::metadata(p).is_ok_and(|m| m.ino() == inode));
         match found {
             Some(usable) => objects.usable.push(usable),

@@ -13,9 +13,9 @@
 //! - Runs on a loader thread, never on the capture thread; the socket has a deadline for every
 //!   read and write, and the answer is capped at [`MAX_ANSWER_BYTES`].
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, Read as _, Write as _};
-use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
+use std::os::unix::fs::FileTypeExt as _;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -24,7 +24,7 @@ use tracetap_proxy::haproxy_runtime::{
     SHOW_SERVERS_STATE, ServersState, StateError, parse_servers_state, split_answer,
 };
 
-use super::{fd_path, open_in_root};
+use super::{fd_path, open_in_root, start_root};
 
 /// Most bytes of one answer read: 100 000 servers of ~100 bytes each fit.
 pub const MAX_ANSWER_BYTES: u64 = 16 << 20;
@@ -88,10 +88,8 @@ pub fn read_servers_state(
     timeout: Duration,
 ) -> Result<ServersState, RuntimeApiError> {
     let deadline = Instant::now() + timeout;
-    let root = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
-        .open(proc_root.join(pid.to_string()).join("root"))
+    // The socket was made before any `chroot`: it lives in the root the process started in.
+    let root = start_root(proc_root, pid, Path::new(path))
         .map_err(|source| RuntimeApiError::Open { path: path.to_owned(), source })?;
     let socket: File = open_in_root(&root, Path::new(path))
         .map_err(|source| RuntimeApiError::Open { path: path.to_owned(), source })?;
