@@ -117,7 +117,8 @@ pub enum NamesAt {
 type Loader = fn(&Path, u32) -> Outcome;
 /// Reads a process's server table from one of its stats sockets ([`read_servers_state`], or a
 /// stand-in in tests).
-type RuntimeReader = fn(&Path, u32, &str, Duration) -> Result<ServersState, RuntimeApiError>;
+/// Reads one process's server table: `(proc root, pid, socket path, its chroot directive, timeout)`.
+type RuntimeReader = fn(&Path, u32, &str, Option<&str>, Duration) -> Result<ServersState, RuntimeApiError>;
 
 /// Per-process names, loaded in the background.
 #[derive(Debug)]
@@ -433,7 +434,7 @@ impl Names {
                     if left.is_zero() {
                         break;
                     }
-                    match reader(&root, pid, path, left) {
+                    match reader(&root, pid, path, config.chroot.as_deref(), left) {
                         Ok(state) => {
                             let took = began.elapsed();
                             let tables = Tables::build(&config, previous.as_deref(), &state, now_ns);
@@ -659,8 +660,20 @@ fn load(proc_root: &Path, pid: u32) -> Outcome {
     let mut environ = Vec::new();
     let _ = File::open(pid_dir.join("environ")).and_then(|f| f.take(MAX_ENVIRON_BYTES).read_to_end(&mut environ));
     let cwd = std::fs::read_link(pid_dir.join("cwd")).unwrap_or_else(|_| PathBuf::from("/"));
+    let process_root = match process_root(proc_root, pid) {
+        Ok(root) => root,
+        Err(e) => return Outcome::failed(format!("opening the process's root: {e}")),
+    };
+    // A process that `chroot`ed itself has its configuration above its jail: read from there,
+    // and kept only if the configuration's own `chroot` says that jail is the process's root.
     let first = if Path::new(&paths[0]).is_absolute() { PathBuf::from(&paths[0]) } else { cwd.join(&paths[0]) };
-    let root = match start_root(proc_root, pid, &first) {
+    let above = if open_in_root(&process_root, &first).is_ok() {
+        None
+    } else {
+        above_jail(&process_root, &first).ok().flatten()
+    };
+    let jailed = above.is_some();
+    let root = match above.map_or_else(|| process_root.try_clone(), Ok) {
         Ok(root) => root,
         Err(e) => return Outcome::failed(format!("opening the process's root: {e}")),
     };
@@ -677,9 +690,19 @@ fn load(proc_root: &Path, pid: u32) -> Outcome {
         let inside = if Path::new(&p).is_absolute() { PathBuf::from(&p) } else { cwd.join(&p) };
         reader.argument(&inside);
     }
-    let Reader { root, parser, read_any, problems, problem_count, .. } = reader;
-    let names = read_any.then(|| {
-        let mut names = parser.finish();
+    let Reader { root, parser, read_any, mut problems, mut problem_count, .. } = reader;
+    let mut names = read_any.then(|| parser.finish());
+    if jailed
+        && names.as_ref().is_some_and(|n| !n.chroot.as_deref().is_some_and(|dir| is_jail_of(&root, dir, &process_root)))
+    {
+        problems.push(format!(
+            "{} is not in the process's root; a configuration above it names no `chroot` that is the process's root, so it is not used",
+            first.display()
+        ));
+        problem_count += 1;
+        names = None;
+    }
+    let names = names.map(|mut names| {
         if !names.fd_binds.is_empty() {
             // `bind fd@N`: the socket the process was given as descriptor N says its address.
             names.resolve_fd_binds(|fd| crate::sockets::socket_addr(proc_root, pid, fd));
@@ -851,37 +874,63 @@ fn kind(meta: &std::fs::Metadata) -> &'static str {
 /// How many directories above its jail a `chroot`ed process's starting root may be.
 const MAX_JAIL_DEPTH: usize = 16;
 
-/// The root process `pid` started in, where the paths it was given at start resolve: its command
-/// line's `-f` files, its stats socket, `/etc/hosts` (`O_PATH`). That is `/proc/PID/root`, unless
-/// HAProxy's `chroot` directive moved the process into a jail after it read its configuration
-/// (Debian's packaged configuration has `chroot /var/lib/haproxy`): then it is the nearest
-/// directory above the jail, within the process's mount namespace, where `probe` (a path the
-/// process was given at start) exists. Without such a directory: `/proc/PID/root`, so that the
-/// caller's own error says what is missing.
-///
-/// Walking above the jail reads what the process itself could read before it went in: its own
-/// mount namespace, never the agent's (`..` of `/proc/self/fd/N` follows the process's mounts).
-pub(crate) fn start_root(proc_root: &Path, pid: u32, probe: &Path) -> io::Result<File> {
+/// `/proc/PID/root` (`O_PATH`).
+fn process_root(proc_root: &Path, pid: u32) -> io::Result<File> {
+    open_dir(&proc_root.join(pid.to_string()).join("root"))
+}
+
+fn open_dir(path: &Path) -> io::Result<File> {
+    OpenOptions::new().read(true).custom_flags(libc::O_PATH | libc::O_DIRECTORY).open(path)
+}
+
+/// The nearest directory above `root` (the jail of a process that `chroot`ed itself), within
+/// the process's mount namespace, where `probe` exists: a candidate for the root the process
+/// started in. Only a candidate: [`is_jail_of`] must confirm it against the process's own
+/// `chroot` directive, or a process confined by someone else could have the agent read above
+/// its confinement.
+fn above_jail(root: &File, probe: &Path) -> io::Result<Option<File>> {
     use std::os::unix::fs::MetadataExt as _;
-    let open_dir =
-        |path: &Path| OpenOptions::new().read(true).custom_flags(libc::O_PATH | libc::O_DIRECTORY).open(path);
-    let root = open_dir(&proc_root.join(pid.to_string()).join("root"))?;
-    if open_in_root(&root, probe).is_ok() {
-        return Ok(root);
-    }
-    let mut dir = open_dir(&fd_path(&root))?;
+    let mut dir = open_dir(&fd_path(root))?;
     for _ in 0..MAX_JAIL_DEPTH {
         let parent = open_dir(&fd_path(&dir).join(".."))?;
         let (here, up) = (dir.metadata()?, parent.metadata()?);
         if (here.dev(), here.ino()) == (up.dev(), up.ino()) {
-            break; // the top of the process's mount namespace
+            break; // the top of the process's mount namespace (or of the agent's root)
         }
         if open_in_root(&parent, probe).is_ok() {
-            return Ok(parent);
+            return Ok(Some(parent));
         }
         dir = parent;
     }
-    Ok(root)
+    Ok(None)
+}
+
+/// Whether `chroot` (the process's `chroot` directive) under `start` is the process's `root`.
+fn is_jail_of(start: &File, chroot: &str, root: &File) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    let (Ok(jail), Ok(root)) = (open_in_root(start, Path::new(chroot)).and_then(|j| j.metadata()), root.metadata())
+    else {
+        return false;
+    };
+    (jail.dev(), jail.ino()) == (root.dev(), root.ino())
+}
+
+/// The root process `pid` started in, where a path it was given at start resolves (`probe`:
+/// its stats socket): `/proc/PID/root`, unless its configuration's `chroot` directive (`chroot`)
+/// moved it into a jail after it started (Debian's packaged configuration has `chroot
+/// /var/lib/haproxy`) and `probe` is not in the jail: then the directory above the jail that
+/// holds `probe` and of which `chroot` is the jail. Otherwise `/proc/PID/root`, so that the
+/// caller's own error says what is missing.
+pub(crate) fn start_root(proc_root: &Path, pid: u32, probe: &Path, chroot: Option<&str>) -> io::Result<File> {
+    let root = process_root(proc_root, pid)?;
+    let Some(chroot) = chroot else { return Ok(root) };
+    if open_in_root(&root, probe).is_ok() {
+        return Ok(root);
+    }
+    match above_jail(&root, probe)? {
+        Some(start) if is_jail_of(&start, chroot, &root) => Ok(start),
+        _ => Ok(root),
+    }
 }
 
 /// The path of an open descriptor, to open what it names again or to look under it.
@@ -1042,22 +1091,31 @@ mod tests {
     }
 
     /// HAProxy's `chroot`: `/proc/PID/root` is the jail, the configuration is where the process
-    /// started, above it; a name that exists in the jail wins over one above.
+    /// started, above it, and used only when its `chroot` is that jail; a configuration in the
+    /// jail itself wins.
     #[test]
     fn a_process_in_its_chroot_jail_is_read_from_the_root_it_started_in() {
         let tree = tempfile::tempdir().unwrap();
         let jail = tree.path().join("var/lib/haproxy");
         std::fs::create_dir_all(&jail).unwrap();
         std::fs::create_dir_all(tree.path().join("etc/haproxy")).unwrap();
-        std::fs::write(tree.path().join("etc/haproxy/haproxy.cfg"), FE).unwrap();
+        let cfg = tree.path().join("etc/haproxy/haproxy.cfg");
+        std::fs::write(&cfg, format!("global\n chroot /var/lib/haproxy\n{FE}")).unwrap();
         let proc = FakeProc::new(Some(&jail), "/", &["/etc/haproxy/haproxy.cfg"]);
-        assert!(loaded_good(&proc.load()), "read from two directories above the jail");
+        assert!(loaded_good(&proc.load()), "read from three directories above the jail");
+
+        // Confined by someone else: the file above is not the process's, whatever it says.
+        std::fs::write(&cfg, format!("global\n chroot /somewhere/else\n{FE}")).unwrap();
+        let outcome = proc.load();
+        assert!(outcome.names.is_none(), "a chroot that is not the process's root: not used");
+        assert!(problem_about(&outcome, "haproxy.cfg", "names no `chroot`"), "{:?}", outcome.problems);
+        std::fs::write(&cfg, FE).unwrap();
+        assert!(proc.load().names.is_none(), "no chroot at all: not used");
+
         std::fs::create_dir_all(jail.join("etc/haproxy")).unwrap();
         std::fs::write(jail.join("etc/haproxy/haproxy.cfg"), "frontend fe_jail\n bind 127.0.0.1:7001\n").unwrap();
         let names = proc.load().names.expect("names");
         assert_eq!(names.frontend("127.0.0.1:7001".parse().unwrap()), Some("fe_jail"), "the process's own root first");
-        let missing = FakeProc::new(Some(&jail), "/", &["/etc/haproxy/absent.cfg"]);
-        assert!(missing.load().names.is_none(), "nothing above the jail either: not read, no names");
     }
 
     #[test]
@@ -1246,7 +1304,13 @@ mod tests {
 
     /// A runtime API that answers two tables, then refuses: first `SRV_1` at :9001; then `SRV_1`
     /// emptied and `SRV_2` at :9001 (a slot moved, as on a pod restart); then permission denied.
-    fn scripted_runtime(_: &Path, _: u32, path: &str, _: Duration) -> Result<ServersState, RuntimeApiError> {
+    fn scripted_runtime(
+        _: &Path,
+        _: u32,
+        path: &str,
+        _: Option<&str>,
+        _: Duration,
+    ) -> Result<ServersState, RuntimeApiError> {
         assert_eq!(path, "/run/admin.sock");
         let header = "1\n# be_name srv_name srv_addr srv_port srv_admin_state\n";
         match TABLES_READ.fetch_add(1, SeqCst) {

@@ -118,6 +118,9 @@ pub struct ProxyNames {
     /// [`MAX_STATS_SOCKETS`]), as the process sees them: the runtime API, where the live server
     /// table can be read.
     pub stats_sockets: Vec<String>,
+    /// The `global` section's `chroot` directory: the process moves there after reading its
+    /// configuration, so its `/proc/PID/root` is this directory of the root it started in.
+    pub chroot: Option<String>,
     /// `server` lines that give a hostname (`server app1 app.svc:8080`): named once the process's
     /// own `/etc/hosts` resolves them ([`ProxyNames::resolve_hosts`]), as HAProxy would have at
     /// start (DNS names are the runtime API's to tell).
@@ -472,6 +475,7 @@ impl ProxyNames {
             over_limit_lines: self.over_limit_lines,
             routes: self.routes.clone(),
             stats_sockets: self.stats_sockets.clone(),
+            chroot: self.chroot.clone(),
             host_servers: Vec::new(),
             fd_binds: Vec::new(),
             server_since: HashMap::new(),
@@ -613,6 +617,10 @@ impl ConfigParser {
                 }
                 "bind" if matches!(section, Section::Frontend | Section::Listen) => {
                     add_bind_line(names, &name, words.next().unwrap_or(""), tcp, line);
+                }
+                "chroot" if section == Section::Global => {
+                    names.chroot =
+                        words.next().filter(|dir| dir.starts_with('/') && dir.len() <= 4096).map(str::to_owned);
                 }
                 "stats" if section == Section::Global => {
                     if let (Some("socket"), Some(path)) = (words.next(), words.next()) {
@@ -998,6 +1006,14 @@ backend be_app
         assert_eq!((bind.frontend.as_str(), bind.tcp), ("fe_fd", true), "with its section's mode");
         assert_eq!(names.frontend("127.0.0.1:81".parse().unwrap()), Some("fe_fd"));
         assert!(names.skipped.iter().any(|l| l == "bind fd@9"), "one it cannot tell is skipped");
+    }
+
+    #[test]
+    fn chroot_is_read_from_global_only_and_absolute_only() {
+        let names = parse("global\n    chroot /var/lib/haproxy\nfrontend f\n    chroot /elsewhere\n    bind :80\n");
+        assert_eq!(names.chroot.as_deref(), Some("/var/lib/haproxy"));
+        assert_eq!(parse("global\n    chroot relative/dir\n").chroot, None);
+        assert_eq!(parse("frontend f\n    bind :80\n").chroot, None);
     }
 
     #[test]

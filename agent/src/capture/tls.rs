@@ -199,14 +199,15 @@ pub fn candidate_objects(maps: &MemoryMaps, exe: Option<&Path>) -> Vec<(PathBuf,
     ordered
 }
 
-/// How many directories above its jail a `chroot`ed process's libraries may be looked for.
+/// How many directories above `/proc/PID/root` the top of a `chroot`ed process's mount namespace
+/// may be.
 const MAX_JAIL_DEPTH: usize = 16;
 
 /// [`candidate_objects`] of process `pid`, as paths the agent can open. `/proc/PID/maps` shows a
 /// path from the reader's root when it can (a chroot on the host's mounts: the host path), else
 /// from the process's own mount namespace (a container: the path inside it). So the path is tried
-/// under `/proc/PID/root` first, then as it is, then above `/proc/PID/root` (a process that
-/// `chroot`ed itself), and kept only where its inode is the mapping's.
+/// under `/proc/PID/root` first, then as it is, then from the top of the process's mount namespace
+/// (a process that `chroot`ed itself), and kept only where its inode is the mapping's.
 ///
 /// Candidates that cannot be opened so (a library deleted or replaced on disk since the process
 /// mapped it, a mount the agent does not see) come back apart, as paths as `maps` shows them, so
@@ -222,9 +223,9 @@ pub fn objects_of(proc_root: &Path, pid: u32) -> std::io::Result<Objects> {
     for (path, inode) in candidate_objects(&maps, exe.as_deref()) {
         let inside = path.strip_prefix("/").unwrap_or(&path);
         // A process that `chroot`ed itself (HAProxy's `chroot` directive) mapped its libraries
-        // before, from the root it started in: a directory above its jail, `..` of
-        // `/proc/PID/root` as many times as the jail is deep (the mapped inode says which).
-        let above_jail = (1..=MAX_JAIL_DEPTH).map(|up| root.join("../".repeat(up)).join(inside));
+        // before, and `maps` shows their paths from the top of its mount namespace: `..` of
+        // `/proc/PID/root` until it goes no higher.
+        let above_jail = namespace_top(&root).map(|top| top.join(inside));
         let found = [root.join(inside), path.clone()]
             .into_iter()
             .chain(above_jail)
@@ -237,6 +238,24 @@ pub fn objects_of(proc_root: &Path, pid: u32) -> std::io::Result<Objects> {
         }
     }
     Ok(objects)
+}
+
+/// `root` (a `/proc/PID/root`) followed by `..` until that goes no higher: the top of the
+/// process's mount namespace, when it is above `root` at all (else `None`).
+fn namespace_top(root: &Path) -> Option<PathBuf> {
+    use std::os::unix::fs::MetadataExt as _;
+    let id = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    let mut here = root.to_path_buf();
+    let mut here_id = id(&here)?;
+    for _ in 0..MAX_JAIL_DEPTH {
+        let up = here.join("..");
+        let up_id = id(&up)?;
+        if up_id == here_id {
+            return (here != root).then_some(here);
+        }
+        (here, here_id) = (up, up_id);
+    }
+    None
 }
 
 /// What [`objects_of`] found.

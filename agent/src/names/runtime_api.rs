@@ -85,11 +85,13 @@ pub fn read_servers_state(
     proc_root: &Path,
     pid: u32,
     path: &str,
+    chroot: Option<&str>,
     timeout: Duration,
 ) -> Result<ServersState, RuntimeApiError> {
     let deadline = Instant::now() + timeout;
-    // The socket was made before any `chroot`: it lives in the root the process started in.
-    let root = start_root(proc_root, pid, Path::new(path))
+    // The socket was made before any `chroot` (the configuration's, `chroot`): it lives in the
+    // root the process started in.
+    let root = start_root(proc_root, pid, Path::new(path), chroot)
         .map_err(|source| RuntimeApiError::Open { path: path.to_owned(), source })?;
     let socket: File = open_in_root(&root, Path::new(path))
         .map_err(|source| RuntimeApiError::Open { path: path.to_owned(), source })?;
@@ -190,7 +192,7 @@ mod tests {
         });
         let proc_root = fake_proc(dir.path(), 42, &root);
         let path = format!("/run/{}/admin.sock", "x".repeat(100));
-        let state = read_servers_state(&proc_root, 42, &path, Duration::from_secs(5)).unwrap();
+        let state = read_servers_state(&proc_root, 42, &path, None, Duration::from_secs(5)).unwrap();
         assert_eq!(state.servers.len(), 1);
         assert_eq!(state.servers[0].server, "s1");
         assert_eq!(server.join().unwrap(), "show info;show servers state\n");
@@ -213,7 +215,7 @@ mod tests {
         let proc_root = fake_proc(dir.path(), 42, &root);
         // Host pid 42 is pid 7 in its container.
         std::fs::write(proc_root.join("42/status"), "Name:\thaproxy\nNSpid:\t42\t7\n").unwrap();
-        let read = || read_servers_state(&proc_root, 42, "/admin.sock", Duration::from_secs(5));
+        let read = || read_servers_state(&proc_root, 42, "/admin.sock", None, Duration::from_secs(5));
         assert_eq!(read().unwrap_err().reason(), "other_process", "pid 9 answered");
         assert_eq!(read().unwrap().servers.len(), 1, "pid 7 answered");
     }
@@ -238,7 +240,7 @@ mod tests {
             queued.push(c);
         }
         let proc_root = fake_proc(dir.path(), 5, &root);
-        let e = read_servers_state(&proc_root, 5, "/full.sock", Duration::from_millis(200)).unwrap_err();
+        let e = read_servers_state(&proc_root, 5, "/full.sock", None, Duration::from_millis(200)).unwrap_err();
         assert_eq!(e.reason(), "refused", "{e}");
         drop(queued);
     }
@@ -252,7 +254,7 @@ mod tests {
         // A socket file nobody listens on any more.
         drop(UnixListener::bind(root.join("run/stale.sock")).unwrap());
         let proc_root = fake_proc(dir.path(), 7, &root);
-        let read = |p: &str| read_servers_state(&proc_root, 7, p, Duration::from_secs(1)).unwrap_err();
+        let read = |p: &str| read_servers_state(&proc_root, 7, p, None, Duration::from_secs(1)).unwrap_err();
         assert_eq!(read("/run/missing.sock").reason(), "not_found");
         assert_eq!(read("/run/file").reason(), "not_found");
         let stale = read("/run/stale.sock");
@@ -273,10 +275,10 @@ mod tests {
             let _ = conn.write_all(b"Unknown command. Please enter one of the following commands only :\n");
         });
         let proc_root = fake_proc(dir.path(), 9, &root);
-        let e = read_servers_state(&proc_root, 9, "/silent.sock", Duration::from_millis(200)).unwrap_err();
+        let e = read_servers_state(&proc_root, 9, "/silent.sock", None, Duration::from_millis(200)).unwrap_err();
         assert_eq!(e.reason(), "io");
         drop(silent);
-        let e = read_servers_state(&proc_root, 9, "/junk.sock", Duration::from_secs(1)).unwrap_err();
+        let e = read_servers_state(&proc_root, 9, "/junk.sock", None, Duration::from_secs(1)).unwrap_err();
         assert_eq!(e.reason(), "bad_answer");
     }
 }
