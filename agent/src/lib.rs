@@ -10,6 +10,7 @@ pub mod config;
 pub mod config_error;
 pub mod encode;
 pub mod export;
+pub mod jail;
 pub mod k8s;
 pub mod metrics;
 pub mod names;

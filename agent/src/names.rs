@@ -667,11 +667,7 @@ fn load(proc_root: &Path, pid: u32) -> Outcome {
     // A process that `chroot`ed itself has its configuration above its jail: read from there,
     // and kept only if the configuration's own `chroot` says that jail is the process's root.
     let first = if Path::new(&paths[0]).is_absolute() { PathBuf::from(&paths[0]) } else { cwd.join(&paths[0]) };
-    let above = if open_in_root(&process_root, &first).is_ok() {
-        None
-    } else {
-        above_jail(&process_root, &first).ok().flatten()
-    };
+    let above = if open_in_root(&process_root, &first).is_ok() { None } else { above_jail(&process_root, &first) };
     let jailed = above.is_some();
     let root = match above.map_or_else(|| process_root.try_clone(), Ok) {
         Ok(root) => root,
@@ -871,9 +867,6 @@ fn kind(meta: &std::fs::Metadata) -> &'static str {
     }
 }
 
-/// How many directories above its jail a `chroot`ed process's starting root may be.
-const MAX_JAIL_DEPTH: usize = 16;
-
 /// `/proc/PID/root` (`O_PATH`).
 fn process_root(proc_root: &Path, pid: u32) -> io::Result<File> {
     open_dir(&proc_root.join(pid.to_string()).join("root"))
@@ -888,21 +881,11 @@ fn open_dir(path: &Path) -> io::Result<File> {
 /// started in. Only a candidate: [`is_jail_of`] must confirm it against the process's own
 /// `chroot` directive, or a process confined by someone else could have the agent read above
 /// its confinement.
-fn above_jail(root: &File, probe: &Path) -> io::Result<Option<File>> {
-    use std::os::unix::fs::MetadataExt as _;
-    let mut dir = open_dir(&fd_path(root))?;
-    for _ in 0..MAX_JAIL_DEPTH {
-        let parent = open_dir(&fd_path(&dir).join(".."))?;
-        let (here, up) = (dir.metadata()?, parent.metadata()?);
-        if (here.dev(), here.ino()) == (up.dev(), up.ino()) {
-            break; // the top of the process's mount namespace (or of the agent's root)
-        }
-        if open_in_root(&parent, probe).is_ok() {
-            return Ok(Some(parent));
-        }
-        dir = parent;
-    }
-    Ok(None)
+fn above_jail(root: &File, probe: &Path) -> Option<File> {
+    crate::jail::above(&fd_path(root))
+        .iter()
+        .filter_map(|dir| open_dir(dir).ok())
+        .find(|dir| open_in_root(dir, probe).is_ok())
 }
 
 /// Whether `chroot` (the process's `chroot` directive) under `start` is the process's `root`.
@@ -927,7 +910,7 @@ pub(crate) fn start_root(proc_root: &Path, pid: u32, probe: &Path, chroot: Optio
     if open_in_root(&root, probe).is_ok() {
         return Ok(root);
     }
-    match above_jail(&root, probe)? {
+    match above_jail(&root, probe) {
         Some(start) if is_jail_of(&start, chroot, &root) => Ok(start),
         _ => Ok(root),
     }

@@ -10,23 +10,24 @@
 //!
 //! [`Profile::resolve`] does what runc and moby do to the first (a rule applies when the
 //! container holds every capability it includes and none it excludes, on an architecture it
-//! includes); [`Resolved::apply`] loads the result with libseccomp as runc does, with one rule per
+//! includes); [`Profile::apply`] loads the result with libseccomp as runc does, with one rule per
 //! condition where several compare the same argument (runc's fallback), and system call names
 //! unknown to this libseccomp skipped.
 
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
-/// A profile file, in either shape.
-#[derive(Debug, Clone, Deserialize)]
+/// A profile file, in either shape; [`Profile::resolve`] and [`flatten`] give the OCI shape
+/// (no `archMap`, no `includes`/`excludes`), which is also how it is written out.
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Profile {
     pub default_action: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_errno_ret: Option<i32>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub arch_map: Vec<ArchMap>,
     /// The OCI shape's architectures (libseccomp names).
     #[serde(default)]
@@ -34,7 +35,7 @@ pub struct Profile {
     pub syscalls: Vec<Rule>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ArchMap {
     pub architecture: String,
@@ -42,34 +43,40 @@ pub struct ArchMap {
     pub sub_architectures: Vec<String>,
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct Rule {
     pub names: Vec<String>,
     pub action: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub errno_ret: Option<i32>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub args: Vec<Arg>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Filter::is_empty")]
     pub includes: Filter,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Filter::is_empty")]
     pub excludes: Filter,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct Filter {
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub caps: Vec<String>,
     /// Go architecture names (`amd64`, `arm64`, ...).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub arches: Vec<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_kernel: Option<String>,
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+impl Filter {
+    fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, PartialOrd, Ord)]
 #[serde(rename_all = "camelCase")]
 pub struct Arg {
     pub index: u32,
@@ -77,16 +84,6 @@ pub struct Arg {
     #[serde(default)]
     pub value_two: u64,
     pub op: String,
-}
-
-/// A profile resolved for one container: what the kernel is given.
-#[derive(Debug, Clone)]
-pub struct Resolved {
-    pub default_action: String,
-    pub default_errno_ret: Option<i32>,
-    /// libseccomp architecture names.
-    pub architectures: Vec<String>,
-    pub rules: Vec<Rule>,
 }
 
 impl Profile {
@@ -99,9 +96,10 @@ impl Profile {
     }
 
     /// The rules that hold for a container with bounding set `caps` (`CAP_BPF`, ...) on Go
-    /// architecture `arch` (`amd64`) under kernel `kernel` (major, minor).
+    /// architecture `arch` (`amd64`) under kernel `kernel` (major, minor): what the kernel is
+    /// given, in the OCI shape.
     #[must_use]
-    pub fn resolve(&self, caps: &[&str], arch: &str, kernel: (u32, u32)) -> Resolved {
+    pub fn resolve(&self, caps: &[&str], arch: &str, kernel: (u32, u32)) -> Profile {
         let holds = |c: &String| caps.contains(&c.as_str());
         let rules = self
             .syscalls
@@ -126,28 +124,28 @@ impl Profile {
                 .flat_map(|m| std::iter::once(m.architecture.clone()).chain(m.sub_architectures.iter().cloned()))
                 .collect()
         };
-        Resolved {
+        Profile {
             default_action: self.default_action.clone(),
             default_errno_ret: self.default_errno_ret,
+            arch_map: Vec::new(),
             architectures,
-            rules,
+            syscalls: rules,
         }
     }
-}
 
-impl Resolved {
-    /// The system calls some rule allows without condition on its arguments.
+    /// The system calls some rule of this resolved profile allows without condition on its
+    /// arguments.
     #[must_use]
     pub fn allowed(&self) -> BTreeSet<&str> {
-        self.rules
+        self.syscalls
             .iter()
             .filter(|r| r.action == "SCMP_ACT_ALLOW" && r.args.is_empty())
             .flat_map(|r| r.names.iter().map(String::as_str))
             .collect()
     }
 
-    /// Loads the filter into this process (inherited across `execve`). `no_new_privs` must be
-    /// set first, unless the process has `CAP_SYS_ADMIN`.
+    /// Loads this resolved profile into this process (inherited across `execve`). `no_new_privs`
+    /// must be set first, unless the process has `CAP_SYS_ADMIN`.
     ///
     /// # Errors
     /// What libseccomp reports, with the rule it was adding.
@@ -164,7 +162,7 @@ impl Resolved {
             let arch: ScmpArch = arch.parse().map_err(|e| format!("architecture {arch}: {e}"))?;
             filter.add_arch(arch).map_err(|e| format!("architecture {arch:?}: {e}"))?;
         }
-        for rule in &self.rules {
+        for rule in &self.syscalls {
             let rule_action = action(&rule.action, rule.errno_ret)?;
             if rule_action == default {
                 continue; // libseccomp refuses a rule that repeats the default
@@ -210,75 +208,33 @@ impl Resolved {
     }
 }
 
-/// A profile in the OCI runtime spec's shape (`LinuxSeccomp`): what `seccompProfile: Localhost`
-/// hands containerd, which reads no capability or architecture conditions.
-#[derive(Debug, Clone, serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct FlatProfile {
-    pub default_action: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub default_errno_ret: Option<i32>,
-    pub architectures: Vec<String>,
-    pub syscalls: Vec<FlatRule>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct FlatRule {
-    pub names: Vec<String>,
-    pub action: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub errno_ret: Option<i32>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub args: Vec<FlatArg>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct FlatArg {
-    pub index: u32,
-    pub value: u64,
-    pub value_two: u64,
-    pub op: String,
-}
-
 /// `profile` resolved for a container with `caps` on each of `arches` (Go names), merged into one
 /// flat profile: the rules of every architecture in the profile's order, each once, and the
 /// architectures (with their sub-architectures) of all. A rule of one architecture only names
 /// system calls that exist there, and loaders skip names unknown on the machine's.
 #[must_use]
-pub fn flatten(profile: &Profile, caps: &[&str], arches: &[&str], kernel: (u32, u32)) -> FlatProfile {
-    let mut architectures = Vec::new();
-    let mut syscalls: Vec<FlatRule> = Vec::new();
+pub fn flatten(profile: &Profile, caps: &[&str], arches: &[&str], kernel: (u32, u32)) -> Profile {
+    let mut flat = Profile {
+        default_action: profile.default_action.clone(),
+        default_errno_ret: profile.default_errno_ret,
+        arch_map: Vec::new(),
+        architectures: Vec::new(),
+        syscalls: Vec::new(),
+    };
     for arch in arches {
         let resolved = profile.resolve(caps, arch, kernel);
         for a in resolved.architectures {
-            if !architectures.contains(&a) {
-                architectures.push(a);
+            if !flat.architectures.contains(&a) {
+                flat.architectures.push(a);
             }
         }
-        for rule in resolved.rules {
-            let flat = FlatRule {
-                names: rule.names,
-                action: rule.action,
-                errno_ret: rule.errno_ret,
-                args: rule
-                    .args
-                    .into_iter()
-                    .map(|a| FlatArg { index: a.index, value: a.value, value_two: a.value_two, op: a.op })
-                    .collect(),
-            };
-            if !syscalls.contains(&flat) {
-                syscalls.push(flat);
+        for rule in resolved.syscalls {
+            if !flat.syscalls.contains(&rule) {
+                flat.syscalls.push(rule);
             }
         }
     }
-    FlatProfile {
-        default_action: profile.default_action.clone(),
-        default_errno_ret: profile.default_errno_ret,
-        architectures,
-        syscalls,
-    }
+    flat
 }
 
 /// libseccomp's name for a Go architecture's native ABI.

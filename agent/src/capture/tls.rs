@@ -199,10 +199,6 @@ pub fn candidate_objects(maps: &MemoryMaps, exe: Option<&Path>) -> Vec<(PathBuf,
     ordered
 }
 
-/// How many directories above `/proc/PID/root` the top of a `chroot`ed process's mount namespace
-/// may be.
-const MAX_JAIL_DEPTH: usize = 16;
-
 /// [`candidate_objects`] of process `pid`, as paths the agent can open. `/proc/PID/maps` shows a
 /// path from the reader's root when it can (a chroot on the host's mounts: the host path), else
 /// from the process's own mount namespace (a container: the path inside it). So the path is tried
@@ -225,7 +221,7 @@ pub fn objects_of(proc_root: &Path, pid: u32) -> std::io::Result<Objects> {
         // A process that `chroot`ed itself (HAProxy's `chroot` directive) mapped its libraries
         // before, and `maps` shows their paths from the top of its mount namespace: `..` of
         // `/proc/PID/root` until it goes no higher.
-        let above_jail = namespace_top(&root).map(|top| top.join(inside));
+        let above_jail = crate::jail::above(&root).pop().map(|top| top.join(inside));
         let found = [root.join(inside), path.clone()]
             .into_iter()
             .chain(above_jail)
@@ -238,24 +234,6 @@ pub fn objects_of(proc_root: &Path, pid: u32) -> std::io::Result<Objects> {
         }
     }
     Ok(objects)
-}
-
-/// `root` (a `/proc/PID/root`) followed by `..` until that goes no higher: the top of the
-/// process's mount namespace, when it is above `root` at all (else `None`).
-fn namespace_top(root: &Path) -> Option<PathBuf> {
-    use std::os::unix::fs::MetadataExt as _;
-    let id = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
-    let mut here = root.to_path_buf();
-    let mut here_id = id(&here)?;
-    for _ in 0..MAX_JAIL_DEPTH {
-        let up = here.join("..");
-        let up_id = id(&up)?;
-        if up_id == here_id {
-            return (here != root).then_some(here);
-        }
-        (here, here_id) = (up, up_id);
-    }
-    None
 }
 
 /// What [`objects_of`] found.
