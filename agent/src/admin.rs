@@ -110,9 +110,17 @@ fn route<B>(req: &Request<B>, metrics: &Metrics, prometheus: bool) -> Response<F
     }
     match req.uri().path() {
         "/healthz" => text(StatusCode::OK, "ok\n".into(), "text/plain"),
-        "/readyz" if metrics.ready.load(Relaxed) => text(StatusCode::OK, "ready\n".into(), "text/plain"),
         "/readyz" => {
-            text(StatusCode::SERVICE_UNAVAILABLE, "probes not attached to any target yet\n".into(), "text/plain")
+            let tls = metrics.tls_route.get().map(|route| format!("{route}\n")).unwrap_or_default();
+            if metrics.ready.load(Relaxed) {
+                text(StatusCode::OK, format!("ready\n{tls}"), "text/plain")
+            } else {
+                text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("probes not attached to any target yet\n{tls}"),
+                    "text/plain",
+                )
+            }
         }
         "/metrics" if prometheus => text(StatusCode::OK, metrics.render(), "text/plain; version=0.0.4"),
         "/metrics" => text(

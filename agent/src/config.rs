@@ -48,6 +48,19 @@ pub enum TlsProbes {
     Off,
 }
 
+/// How the TLS probes reach the kernel (`TRACETAP_TLS_ROUTE`; see `capture/uprobes.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsRoute {
+    /// The first route whose self-test attaches, in the order below.
+    Auto,
+    /// Only uprobe-multi links (Linux 6.6+, `CAP_BPF` and `CAP_PERFMON`).
+    UprobeMulti,
+    /// Only perf uprobes (`CAP_SYS_ADMIN`).
+    Perf,
+    /// Only tracefs uprobe events opened as tracepoint perf events.
+    Tracefs,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     /// Where spans go (`OTEL_EXPORTER_OTLP_*`); no endpoint means JSON lines on stdout.
@@ -69,6 +82,8 @@ pub struct Config {
     pub probe_mode: ProbeMode,
     /// `TRACETAP_TLS_PROBES`.
     pub tls_probes: TlsProbes,
+    /// `TRACETAP_TLS_ROUTE`.
+    pub tls_route: TlsRoute,
     pub log_filter: String,
     /// Tail sampling, when `TRACETAP_TAIL_ENABLED=true`.
     pub tail: Option<TailConfig>,
@@ -243,6 +258,11 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
         "TRACETAP_TLS_PROBES",
         "auto",
         "where the TLS library probes go: `auto` (on the internal call of `SSL_read`/`SSL_write` where the agent recognises the code, which costs a breakpoint and no single-step, else at function entry and return), `entry` (always entry and return) or `off` (TLS connections are not traced)",
+    ),
+    (
+        "TRACETAP_TLS_ROUTE",
+        "auto",
+        "how the TLS probes reach the kernel: `auto` (the first that works here, tried at start in this order), `uprobe_multi` (uprobe-multi links, Linux 6.6+, CAP_BPF and CAP_PERFMON), `perf` (perf uprobes, CAP_SYS_ADMIN) or `tracefs` (uprobe events in tracefs opened as tracepoints: a writable tracefs, and kernel.perf_event_paranoid 2 or less on Linux 6.1)",
     ),
     (
         "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT",
@@ -552,6 +572,7 @@ impl Config {
         let probe_stats = src.flag("TRACETAP_PROBE_STATS", false)?;
         let probe_mode = parse_probe_mode(&src)?;
         let tls_probes = parse_tls_probes(&src)?;
+        let tls_route = parse_tls_route(&src)?;
         let log_filter = src.get("TRACETAP_LOG").unwrap_or_else(|| "info".to_owned());
         let tail = if src.flag("TRACETAP_TAIL_ENABLED", false)? { Some(parse_tail(&src)?) } else { None };
 
@@ -571,6 +592,7 @@ impl Config {
             probe_stats,
             probe_mode,
             tls_probes,
+            tls_route,
             log_filter,
             tail,
             node_name: src.get("NODE_NAME").map(|n| n.trim().to_owned()),
@@ -617,6 +639,16 @@ fn parse_tls_probes(src: &Source<impl Fn(&str) -> Option<String>>) -> Result<Tls
         Some("entry") => Ok(TlsProbes::Entry),
         Some("off") => Ok(TlsProbes::Off),
         Some(v) => Err(err("TRACETAP_TLS_PROBES", v, "auto, entry or off")),
+    }
+}
+
+fn parse_tls_route(src: &Source<impl Fn(&str) -> Option<String>>) -> Result<TlsRoute, ConfigError> {
+    match src.get("TRACETAP_TLS_ROUTE").as_deref().map(str::trim) {
+        None | Some("auto") => Ok(TlsRoute::Auto),
+        Some("uprobe_multi") => Ok(TlsRoute::UprobeMulti),
+        Some("perf") => Ok(TlsRoute::Perf),
+        Some("tracefs") => Ok(TlsRoute::Tracefs),
+        Some(v) => Err(err("TRACETAP_TLS_ROUTE", v, "auto, uprobe_multi, perf or tracefs")),
     }
 }
 
@@ -766,6 +798,7 @@ mod tests {
             ("TRACETAP_CAPTURE_BYTES", "12"),
             ("TRACETAP_PROBE_MODE", "empty"),
             ("TRACETAP_TLS_PROBES", "uprobe"),
+            ("TRACETAP_TLS_ROUTE", "kprobe"),
             ("TRACETAP_TARGET_COMM", "a-very-long-command-name"),
             ("TRACETAP_TARGET_PIDS", "12,abc"),
             ("TRACETAP_RING_BYTES", "100000"),

@@ -204,6 +204,15 @@ fn run(
         sink = destination.describe(),
         "probes attached"
     );
+    match probes.tls_route() {
+        Ok(route) => tracing::info!(%route, "TLS probes attach through {route}"),
+        Err(why) if probes.captures_tls() => tracing::warn!("{why}"),
+        Err(_) => {}
+    }
+    let _ = metrics.tls_route.set(match probes.tls_route() {
+        Ok(route) => format!("tls: {route}"),
+        Err(why) => format!("tls: none: {why}"),
+    });
 
     let (queue, rx) = export::queue(config.max_queue_size, config.max_export_batch_size, Arc::clone(&metrics));
     let (output, tail_thread) = match (&config.tail, policies) {

@@ -32,6 +32,8 @@ macro_rules! metrics {
             /// Probes are attached, at least one target process is traced and its configuration
             /// names are loaded (or known unreadable).
             pub ready: AtomicBool,
+            /// How the TLS probes attach, or why they cannot (one line, shown by `/readyz`).
+            pub tls_route: std::sync::OnceLock<String>,
             /// Tail decisions by (policy, outcome); the policy is `none` when no policy matched.
             pub tail_decisions: Mutex<BTreeMap<(String, &'static str), u64>>,
         }

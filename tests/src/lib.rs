@@ -50,6 +50,22 @@ pub fn require_root() -> bool {
 }
 
 /// A free loopback TCP port (bound and released; good enough for tests on one machine).
+/// Mounts tracefs at `/sys/kernel/tracing` unless it is there (systemd mounts it on most hosts;
+/// this machine boots without it), as a node has it for the agent's tracefs route.
+///
+/// # Panics
+/// When the mount fails (the tests run as root).
+pub fn ensure_tracefs() {
+    if std::path::Path::new("/sys/kernel/tracing/uprobe_events").exists() {
+        return;
+    }
+    let status = std::process::Command::new("mount")
+        .args(["-t", "tracefs", "tracefs", "/sys/kernel/tracing"])
+        .status()
+        .expect("run mount");
+    assert!(status.success() || std::path::Path::new("/sys/kernel/tracing/uprobe_events").exists(), "mount tracefs");
+}
+
 #[must_use]
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0").local_addr().expect("local addr").port()
@@ -158,12 +174,24 @@ impl Stack {
         config: impl FnOnce(u16, SocketAddr) -> String,
         env: &[(&str, String)],
     ) -> Self {
+        Self::with_agent(version, config, env, agent::Agent::start)
+    }
+
+    /// [`Stack::with_config_on`] with the agent started by `start` (as root, or as the
+    /// `DaemonSet` runs it: [`agent::Agent::start_with_daemonset_capabilities`]).
+    #[must_use]
+    pub fn with_agent(
+        version: haproxy::Version,
+        config: impl FnOnce(u16, SocketAddr) -> String,
+        env: &[(&str, String)],
+        start: fn(&[(&str, String)]) -> agent::Agent,
+    ) -> Self {
         let Rig { rt, receiver, backend, comm } = Rig::new();
         let port = free_port();
         let haproxy = haproxy::Haproxy::start_on(version, &comm, &config(port, backend.addr), port);
         let mut vars = vec![("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint()), ("TRACETAP_TARGET_COMM", comm)];
         vars.extend(env.iter().cloned());
-        let agent = agent::Agent::start(&vars);
+        let agent = start(&vars);
         Self { rt, receiver, backend, haproxy, agent, front: SocketAddr::from(([127, 0, 0, 1], port)) }
     }
 

@@ -4,11 +4,13 @@
 
 use std::net::SocketAddr;
 use std::process::Command;
+use std::time::Duration;
 
 use tracetap_tests::agent::Agent;
 use tracetap_tests::client::Conn;
-use tracetap_tests::haproxy::{self, Haproxy};
-use tracetap_tests::{Rig, free_port, require_root};
+use tracetap_tests::haproxy::{self, Haproxy, Version};
+use tracetap_tests::otlp::Received;
+use tracetap_tests::{Rig, Stack, free_port, h2load, require_root, wait_for};
 
 /// Capability numbers (linux/capability.h).
 const CAP_DAC_READ_SEARCH: u32 = 2;
@@ -58,27 +60,145 @@ fn unprivileged_agent_says_what_is_missing() {
     assert!(stderr.contains("root") && stderr.contains("CAP_"), "the message says how to grant access: {stderr}");
 }
 
-/// The TLS probes under the four capabilities: attaching a uprobe (`perf_event_open` of the
-/// uprobe PMU) needs `CAP_SYS_ADMIN` on current kernels (Linux commit ba677dbe77af), a known gap
-/// (README, Requirements). What this test holds is that the refusal is not silent: the process is named in
-/// the log with the reason, counted in `tracetap_tls_hook_failures_total`, and its cleartext
-/// tracing goes on. When the gap is closed, this test must change to expect TLS spans.
+/// Sends `n` identical requests (the backend choosing statuses and delays) with `h2load`
+/// (`options`), asserts each was answered, and returns the spans once a SERVER span per request
+/// arrived (60 s at most, for liveness), with half a second for stragglers.
+fn identical_requests(stack: &Stack, path: &str, options: &[&str], n: usize) -> Vec<Received> {
+    let url = format!("https://127.0.0.1:{}{path}", stack.front.port());
+    let count = n.to_string();
+    let cycle = ["-H", "x-want-status: cycle", "-H", "x-delay-ms: random"];
+    let out = h2load::run(&[options, &["-n", count.as_str()], &cycle, &[url.as_str()]].concat());
+    assert_eq!((out.answered(), out.errored), (n, 0), "every request answered: {out:?}");
+    let servers =
+        |spans: &[Received]| spans.iter().filter(|s| s.is_server() && s.str_attr("url.path") == Some(path)).count();
+    let _ = wait_for(Duration::from_mins(1), || (servers(&stack.receiver.spans()) >= n).then_some(()));
+    std::thread::sleep(Duration::from_millis(500));
+    stack.receiver.spans()
+}
+
+fn tls_config(version: Version) -> impl FnOnce(u16, SocketAddr) -> String {
+    let pem = tracetap_tests::tls::certificate(version);
+    move |port, backend| {
+        // Two threads: the probes must follow every thread of the process, not its first.
+        haproxy::config(port, &[backend], "").replace("global\n", "global\n    nbthread 2\n").replace(
+            &format!("bind 127.0.0.1:{port}"),
+            &format!("bind 127.0.0.1:{port} ssl crt {pem} alpn h2,http/1.1"),
+        )
+    }
+}
+
+/// TLS under exactly the four capabilities, HTTP/1.1 and HTTP/2, on both HAProxy versions, by
+/// each route that does not need `CAP_SYS_ADMIN` (see the agent's `capture/uprobes.rs`):
+/// `auto` (which picks uprobe-multi links on this kernel), and tracefs uprobe events, the route
+/// of kernels before 6.6. Every request has its SERVER span and its CLIENT span under it.
 #[test]
-fn tls_under_the_four_capabilities_is_refused_loudly() {
+fn tls_under_the_daemonsets_four_capabilities() {
+    if !require_root() {
+        return;
+    }
+    tracetap_tests::ensure_tracefs();
+    for version in haproxy::versions() {
+        for (route, expected) in [("auto", "uprobe-multi links"), ("tracefs", "tracefs uprobe events")] {
+            let mut env = tracetap_tests::linking::agent_env();
+            env.push(("TRACETAP_TLS_ROUTE", route.to_owned()));
+            let stack = Stack::with_agent(version, tls_config(version), &env, Agent::start_with_daemonset_capabilities);
+            let (_, ready) = stack.agent.get("/readyz").expect("/readyz answers");
+            assert!(
+                ready.contains(&format!("tls: {expected}")),
+                "[{version}, {route}] /readyz names the route: {ready}"
+            );
+            for (protocol, options, n) in
+                [("1.1", &["--h1", "-c", "4"][..], 200), ("2", &["-c", "4", "-m", "10"][..], 400)]
+            {
+                let label = format!("{version}, TRACETAP_TLS_ROUTE={route}, HTTP/{protocol} over TLS");
+                let path = format!("/same-h{protocol}");
+                let spans = identical_requests(&stack, &path, options, n);
+                let acc = tracetap_tests::linking::accuracy(&spans, &path);
+                println!("[{label}] {acc:?}");
+                let log = || stack.agent.log();
+                assert_eq!(acc.server, n, "[{label}] one SERVER span per request\n{}", log());
+                assert_eq!(acc.linked_right, n, "[{label}] each CLIENT span under its own SERVER span: {acc:?}");
+                let protocols: Vec<_> = spans
+                    .iter()
+                    .filter(|s| s.is_server() && s.str_attr("url.path") == Some(path.as_str()))
+                    .filter_map(|s| s.str_attr("network.protocol.version"))
+                    .collect();
+                assert_eq!(protocols.len(), n, "[{label}] network.protocol.version on every SERVER span");
+                assert!(protocols.iter().all(|p| *p == protocol), "[{label}] {protocols:?}");
+            }
+            assert_eq!(stack.agent.metric("tracetap_tls_hook_failures_total"), 0);
+            assert_eq!(stack.agent.metric("tracetap_events_lost_tls_unbound_total"), 0);
+            if route == "tracefs" {
+                tracefs_events_are_removed(stack, &env);
+            }
+        }
+    }
+}
+
+/// The tracefs route's events are host-wide: an agent that exits removes its own, and one killed
+/// with SIGKILL leaves them to the next agent, which removes them at start.
+fn tracefs_events_are_removed(stack: Stack, env: &[(&str, String)]) {
+    let Stack { agent, haproxy, receiver, backend, rt, .. } = stack;
+    let group = |pid: u32| format!("tracetap_{pid}/");
+    let first = agent.pid();
+    assert!(tracefs_events().contains(&group(first)), "the agent's events are in tracefs while it runs");
+    let _ = agent.stop();
+    assert!(!tracefs_events().contains(&group(first)), "and removed when it exits");
+    let mut vars = env.to_vec();
+    vars.push(("TRACETAP_TARGET_COMM", haproxy.comm.clone()));
+    let mut killed = Agent::start_with_daemonset_capabilities(&vars);
+    let hooked = wait_for(Duration::from_secs(10), || (killed.metric("tracetap_tls_processes") == 1).then_some(()));
+    assert!(hooked.is_some(), "{}", killed.log());
+    let second = killed.pid();
+    killed.kill();
+    assert!(tracefs_events().contains(&group(second)), "SIGKILL leaves the events behind");
+    let next = Agent::start_with_daemonset_capabilities(&vars);
+    assert!(!tracefs_events().contains(&group(second)), "the next agent removed them at start\n{}", next.log());
+    let third = next.pid();
+    let _ = next.stop();
+    assert!(!tracefs_events().contains(&group(third)));
+    drop((haproxy, receiver, backend, rt));
+}
+
+fn tracefs_events() -> String {
+    std::fs::read_to_string("/sys/kernel/tracing/uprobe_events").expect("tracefs at /sys/kernel/tracing")
+}
+
+/// When no route attaches (here: perf uprobes forced, which need `CAP_SYS_ADMIN`), the agent says
+/// so once, with the kernel, what refused each route and the fix; `/readyz` says it too; each
+/// process is counted; cleartext is traced as usual.
+#[test]
+fn tls_without_a_route_is_refused_once_and_loudly() {
     if !require_root() {
         return;
     }
     let rig = Rig::new();
-    let port = free_port();
-    let pem = tracetap_tests::tls::certificate(haproxy::Version::Debian12);
-    let config = haproxy::config(port, &[rig.backend.addr], "")
-        .replace(&format!("bind 127.0.0.1:{port}"), &format!("bind 127.0.0.1:{port} ssl crt {pem}"));
-    let _haproxy = Haproxy::start_on(haproxy::Version::Debian12, &rig.comm, &config, port);
-    let agent = Agent::start_with_daemonset_capabilities(&rig.agent_env());
-    let counted = tracetap_tests::wait_for(std::time::Duration::from_secs(10), || {
-        (agent.metric("tracetap_tls_hook_failures_total") == 1).then_some(())
-    });
-    assert!(counted.is_some(), "the refusal is counted\n{}", agent.log());
-    assert!(agent.log().contains("cannot attach the TLS probes"), "and logged with the reason\n{}", agent.log());
+    let tls_port = free_port();
+    let plain_port = free_port();
+    let pem = tracetap_tests::tls::certificate(Version::Debian12);
+    let config = haproxy::config(plain_port, &[rig.backend.addr], "")
+        + &format!("\nfrontend fe_tls\n    bind 127.0.0.1:{tls_port} ssl crt {pem}\n    default_backend be_app\n");
+    let _haproxy = Haproxy::start_on(Version::Debian12, &rig.comm, &config, plain_port);
+    let mut env = rig.agent_env();
+    env.push(("TRACETAP_TLS_ROUTE", "perf".to_owned()));
+    let agent = Agent::start_with_daemonset_capabilities(&env);
+    let counted =
+        wait_for(Duration::from_secs(10), || (agent.metric("tracetap_tls_hook_failures_total") == 1).then_some(()));
+    assert!(counted.is_some(), "the process is counted\n{}", agent.log());
+    let log = agent.log();
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let message = log.lines().find(|l| l.contains("TLS connections cannot be traced on this node")).expect(&log);
+    for part in
+        [release.trim(), "perf uprobes:", "CAP_SYS_ADMIN", "ba677dbe77af", "Cleartext connections are traced as usual"]
+    {
+        assert!(message.contains(part), "the message has {part:?}: {message}");
+    }
+    assert_eq!(log.matches("TLS connections cannot be traced on this node").count(), 1, "said once\n{log}");
+    let (_, ready) = agent.get("/readyz").unwrap();
+    assert!(ready.contains("tls: none: TLS connections cannot be traced"), "{ready}");
     assert_eq!(agent.metric("tracetap_tls_processes"), 0);
+    let front = SocketAddr::from(([127, 0, 0, 1], plain_port));
+    assert_eq!(Conn::connect(front).unwrap().get("/cleartext", &[]).unwrap().status, 200);
+    let spans = rig.receiver.wait_for_spans(2);
+    assert!(spans.iter().any(|s| s.is_server() && s.str_attr("url.path") == Some("/cleartext")));
 }

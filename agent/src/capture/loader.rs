@@ -3,7 +3,7 @@
 //! monotonic clock.
 #![expect(unsafe_code, reason = "kernel interfaces: poll(2), clock_gettime(2), raw records")]
 
-use std::os::fd::AsRawFd as _;
+use std::os::fd::{AsFd as _, AsRawFd as _};
 use std::path::Path;
 use std::time::Duration;
 
@@ -17,7 +17,8 @@ use aya::programs::{BtfTracePoint, ProgramError, UProbe};
 use aya::{Ebpf, EbpfLoader};
 use tracetap_ebpf_common::{COMM_BYTES, EventHeader, LOSS_SLOTS, TARGET_SLOTS, TargetSet, globals, maps};
 
-use crate::config::{Config, ProbeMode, Targets, TlsProbes};
+use super::uprobes::{self, MultiPrograms, Route, TracefsEvent};
+use crate::config::{Config, ProbeMode, Targets, TlsProbes, TlsRoute as TlsRouteChoice};
 
 /// The programs of the probe object and the BTF tracepoints they attach to.
 const PROGRAMS: &[(&str, &str)] = &[
@@ -92,11 +93,38 @@ pub struct Probes {
     /// Keeps the kernel's BPF run-time statistics on while held (`TRACETAP_PROBE_STATS`).
     _stats: Option<std::os::fd::OwnedFd>,
     /// The TLS probes attached to each process (see [`Probes::hook_tls`]).
-    tls_links: HashMap<u32, Vec<(&'static str, UProbeLinkId)>>,
+    tls_links: HashMap<u32, Vec<TlsLink>>,
+    /// How the TLS probes reach the kernel here, or why they cannot (chosen at start, see
+    /// [`super::uprobes`]).
+    tls_route: Result<TlsRoute, String>,
     /// `TLS_HOOKED`, set once the first process is hooked.
     tls_hooked: Array<MapData, u32>,
     /// `TRACETAP_TLS_PROBES`, `Off` in the floor mode.
     tls_placement: TlsProbes,
+}
+
+/// The route the TLS probes take, with what it needs.
+enum TlsRoute {
+    Multi(MultiPrograms),
+    PerfPmu,
+    Tracefs(std::path::PathBuf),
+}
+
+impl TlsRoute {
+    fn route(&self) -> Route {
+        match self {
+            Self::Multi(_) => Route::Multi,
+            Self::PerfPmu => Route::PerfPmu,
+            Self::Tracefs(_) => Route::Tracefs,
+        }
+    }
+}
+
+/// One attached TLS probe; the last two detach when dropped.
+enum TlsLink {
+    Perf(&'static str, UProbeLinkId),
+    Multi(#[expect(dead_code, reason = "held for its drop, which detaches")] std::os::fd::OwnedFd),
+    Tracefs(#[expect(dead_code, reason = "held for its drop, which detaches")] TracefsEvent),
 }
 
 /// What [`Probes::hook_tls`] found in a process.
@@ -154,14 +182,11 @@ impl Probes {
         }
         let attached = programs.len();
         let tls_probes = if config.probe_mode == ProbeMode::Capture { config.tls_probes } else { TlsProbes::Off };
-        if tls_probes != TlsProbes::Off {
-            for name in super::tls::PROGRAMS {
-                let program: &mut UProbe = program_of(&mut ebpf, name)?;
-                program
-                    .load()
-                    .map_err(|source| LoadError::Attach { program: name.to_owned(), source: Box::new(source) })?;
-            }
-        }
+        let tls_route = if tls_probes == TlsProbes::Off {
+            Err("TLS probes are off (TRACETAP_TLS_PROBES=off)".to_owned())
+        } else {
+            choose_tls_route(&mut ebpf, &btf, config.tls_route)?
+        };
         let take = |ebpf: &mut Ebpf, name: &'static str| ebpf.take_map(name).ok_or(LoadError::MissingMap(name));
         let tls_hooked = Array::try_from(take(&mut ebpf, maps::TLS_HOOKED)?)
             .map_err(|source| LoadError::Map { name: maps::TLS_HOOKED, source: Box::new(source) })?;
@@ -201,6 +226,7 @@ impl Probes {
             attached,
             _stats: stats,
             tls_links: HashMap::new(),
+            tls_route,
             tls_hooked,
             tls_placement: tls_probes,
         };
@@ -241,8 +267,7 @@ impl Probes {
     /// [`super::tls::objects_of`]) that defines the TLS functions, at the points
     /// [`super::tls::attach_plan`] chooses. A process already hooked is left as it is.
     pub fn hook_tls(&mut self, pid: u32, objects: &[std::path::PathBuf]) -> TlsHook {
-        let Some(pid_nz) = NonZeroU32::new(pid) else { return TlsHook::NoLibrary };
-        if self.tls_links.contains_key(&pid) {
+        if pid == 0 || self.tls_links.contains_key(&pid) {
             return TlsHook::NoLibrary;
         }
         let mut unreadable = None;
@@ -256,7 +281,7 @@ impl Probes {
                 }
             };
             let Some(plan) = plan else { continue };
-            return match self.attach_tls(pid_nz, object, &plan) {
+            return match self.attach_tls(pid, object, &plan) {
                 Ok(links) => {
                     self.tls_links.insert(pid, links);
                     if let Err(e) = self.tls_hooked.set(0, 1, 0) {
@@ -272,21 +297,11 @@ impl Probes {
     }
 
     /// Every point of `plan` on `object` for `pid`, or none (what was attached is detached again).
-    fn attach_tls(
-        &mut self,
-        pid: NonZeroU32,
-        object: &Path,
-        plan: &[super::tls::ProbePoint],
-    ) -> Result<Vec<(&'static str, UProbeLinkId)>, ProgramError> {
+    fn attach_tls(&mut self, pid: u32, object: &Path, plan: &[super::tls::ProbePoint]) -> Result<Vec<TlsLink>, String> {
         let mut links = Vec::with_capacity(plan.len());
         for point in plan {
-            let at = UProbeAttachPoint {
-                location: UProbeAttachLocation::AbsoluteOffset(point.offset),
-                cookie: Some(point.cookie),
-            };
-            let attached = self.uprobe(point.program).and_then(|p| p.attach(at, object, UProbeScope::OneProcess(pid)));
-            match attached {
-                Ok(link) => links.push((point.program, link)),
+            match self.attach_point(pid, object, point) {
+                Ok(link) => links.push(link),
                 Err(e) => {
                     self.detach_tls(links);
                     return Err(e);
@@ -296,14 +311,46 @@ impl Probes {
         Ok(links)
     }
 
+    fn attach_point(&mut self, pid: u32, object: &Path, point: &super::tls::ProbePoint) -> Result<TlsLink, String> {
+        match &self.tls_route {
+            Err(why) => Err(why.clone()),
+            Ok(TlsRoute::Multi(programs)) => programs
+                .attach(point.program, object, &[point.offset], &[point.cookie], pid)
+                .map(TlsLink::Multi)
+                .map_err(|e| format!("uprobe-multi link: {e}")),
+            Ok(TlsRoute::Tracefs(tracefs)) => {
+                let tracefs = tracefs.clone();
+                let program = self.uprobe(point.program).map_err(|e| e.to_string())?;
+                let returns = matches!(program.kind(), aya::programs::ProbeKind::Return);
+                let fd = program.fd().map_err(|e| e.to_string())?;
+                uprobes::attach_tracefs(&tracefs, fd.as_fd(), returns, object, point.offset, point.cookie, pid)
+                    .map(TlsLink::Tracefs)
+                    .map_err(|e| format!("tracefs uprobe event: {e}"))
+            }
+            Ok(TlsRoute::PerfPmu) => {
+                let Some(pid) = NonZeroU32::new(pid) else { return Err("pid 0".to_owned()) };
+                let at = UProbeAttachPoint {
+                    location: UProbeAttachLocation::AbsoluteOffset(point.offset),
+                    cookie: Some(point.cookie),
+                };
+                self.uprobe(point.program)
+                    .and_then(|p| p.attach(at, object, UProbeScope::OneProcess(pid)))
+                    .map(|link| TlsLink::Perf(point.program, link))
+                    .map_err(|e| format!("perf uprobe: {e}"))
+            }
+        }
+    }
+
     fn uprobe(&mut self, name: &str) -> Result<&mut UProbe, ProgramError> {
         let program = self.ebpf.program_mut(name).ok_or(ProgramError::NotLoaded)?;
         program.try_into()
     }
 
-    fn detach_tls(&mut self, links: Vec<(&'static str, UProbeLinkId)>) {
-        for (name, link) in links {
-            if let Ok(program) = self.uprobe(name) {
+    fn detach_tls(&mut self, links: Vec<TlsLink>) {
+        for link in links {
+            if let TlsLink::Perf(name, link) = link
+                && let Ok(program) = self.uprobe(name)
+            {
                 let _ = program.detach(link);
             }
         }
@@ -321,6 +368,12 @@ impl Probes {
     #[must_use]
     pub fn captures_tls(&self) -> bool {
         self.tls_placement != TlsProbes::Off
+    }
+
+    /// How the TLS probes reach the kernel, or why they cannot (the one message, see
+    /// [`choose_tls_route`]).
+    pub fn tls_route(&self) -> Result<Route, &str> {
+        self.tls_route.as_ref().map(TlsRoute::route).map_err(String::as_str)
     }
 
     /// Processes with the TLS probes attached.
@@ -357,6 +410,139 @@ impl Probes {
         // SAFETY: one valid pollfd for the duration of the call.
         let _ = unsafe { libc::poll(&raw mut fds, 1, ms) };
     }
+}
+
+/// The program the route self-test attaches (any TLS program would do: it never runs).
+const SELF_TEST_PROGRAM: &str = "ssl_handshake_entry";
+
+/// Tries the routes of [`uprobes`] in order on the agent's own executable (only the one `choice`
+/// names, unless it is `Auto`) and returns the first that attaches, or the one message that says,
+/// for each route, what refused it and how to fix it. Loads the TLS programs as that route needs
+/// them. Only a failure to load the programs for perf links (which every route but the first
+/// needs) is an error of the agent's.
+fn choose_tls_route(ebpf: &mut Ebpf, btf: &Btf, choice: TlsRouteChoice) -> Result<Result<TlsRoute, String>, LoadError> {
+    let skipped = |route| std::io::Error::other(format!("not tried (TRACETAP_TLS_ROUTE names {route})"));
+    let tries = |wanted| choice == TlsRouteChoice::Auto || choice == wanted;
+    let target = match uprobes::self_test_target() {
+        Ok(target) => target,
+        Err(e) => {
+            return Ok(Err(format!(
+                "TLS cannot be traced: the agent cannot find its own code to test the uprobe routes on ({e})"
+            )));
+        }
+    };
+    let pid = std::process::id();
+    let multi = if !tries(TlsRouteChoice::UprobeMulti) {
+        skipped(format!("{choice:?}"))
+    } else {
+        let maps = ebpf.maps().map(|(name, map)| (name, map_data(map).fd().as_fd()));
+        match MultiPrograms::load(PROBES, maps, btf, &super::tls::PROGRAMS) {
+            Ok(programs) => match programs.attach(SELF_TEST_PROGRAM, &target.0, &[target.1], &[0], pid) {
+                Ok(_link) => return Ok(Ok(TlsRoute::Multi(programs))),
+                Err(e) => e,
+            },
+            Err(uprobes::MultiLoadError::Load { error, .. }) => error,
+            Err(e) => std::io::Error::other(e.to_string()),
+        }
+    };
+    for name in super::tls::PROGRAMS {
+        let program: &mut UProbe = program_of(ebpf, name)?;
+        program.load().map_err(|source| LoadError::Attach { program: name.to_owned(), source: Box::new(source) })?;
+    }
+    let program: &mut UProbe = program_of(ebpf, SELF_TEST_PROGRAM)?;
+    let at = UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(target.1), cookie: None };
+    let scope = UProbeScope::OneProcess(NonZeroU32::new(pid).expect("the agent is not pid 0"));
+    let perf = if tries(TlsRouteChoice::Perf) {
+        match program.attach(at, &target.0, scope) {
+            Ok(link) => {
+                let _ = program.detach(link);
+                return Ok(Ok(TlsRoute::PerfPmu));
+            }
+            Err(e) => e.to_string(),
+        }
+    } else {
+        skipped(format!("{choice:?}")).to_string()
+    };
+    let tracefs = match uprobes::tracefs_dir() {
+        _ if !tries(TlsRouteChoice::Tracefs) => {
+            Err(uprobes::TracefsError { step: uprobes::TracefsStep::Write, error: skipped(format!("{choice:?}")) })
+        }
+        Some(dir) => {
+            let removed = uprobes::remove_stale_events(&dir, Path::new("/proc"));
+            if removed > 0 {
+                tracing::info!(removed, tracefs = %dir.display(), "removed uprobe events left by agents that no longer run");
+            }
+            let fd = program.fd().map_err(|source| LoadError::Attach {
+                program: SELF_TEST_PROGRAM.to_owned(),
+                source: Box::new(source),
+            })?;
+            match uprobes::attach_tracefs(&dir, fd.as_fd(), false, &target.0, target.1, 0, pid) {
+                Ok(_event) => return Ok(Ok(TlsRoute::Tracefs(dir))),
+                Err(e) => Err(e),
+            }
+        }
+        None => Ok(()),
+    };
+    Ok(Err(super::tls_route::no_route_message(&super::tls_route::Refusals {
+        multi: &multi,
+        perf,
+        tracefs: tracefs.as_ref().err(),
+        perf_event_paranoid: std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+            .ok()
+            .and_then(|s| s.trim().parse().ok()),
+        seccomp: seccomp_filtered(),
+        kernel: kernel_release(),
+    })))
+}
+
+/// The `MapData` of a map, whatever its kind.
+fn map_data(map: &aya::maps::Map) -> &MapData {
+    use aya::maps::Map;
+    match map {
+        Map::Array(d)
+        | Map::ArrayOfMaps(d)
+        | Map::BloomFilter(d)
+        | Map::CgroupArray(d)
+        | Map::CgroupStorage(d)
+        | Map::CgrpStorage(d)
+        | Map::CpuMap(d)
+        | Map::DevMap(d)
+        | Map::DevMapHash(d)
+        | Map::HashMap(d)
+        | Map::HashOfMaps(d)
+        | Map::InodeStorage(d)
+        | Map::LpmTrie(d)
+        | Map::LruHashMap(d)
+        | Map::PerCpuArray(d)
+        | Map::PerCpuCgroupStorage(d)
+        | Map::PerCpuHashMap(d)
+        | Map::PerCpuLruHashMap(d)
+        | Map::PerfEventArray(d)
+        | Map::ProgramArray(d)
+        | Map::Queue(d)
+        | Map::ReusePortSockArray(d)
+        | Map::RingBuf(d)
+        | Map::SockHash(d)
+        | Map::SockMap(d)
+        | Map::SkStorage(d)
+        | Map::Stack(d)
+        | Map::StackTraceMap(d)
+        | Map::Unsupported(d)
+        | Map::XskMap(d) => d,
+    }
+}
+
+/// The running kernel's release (`uname -r`).
+fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map_or_else(|_| "release unknown".to_owned(), |r| r.trim().to_owned())
+}
+
+/// Whether a seccomp filter applies to the agent.
+fn seccomp_filtered() -> bool {
+    const SECCOMP_MODE_FILTER: u32 = 2;
+    <procfs_core::process::Status as procfs_core::FromRead>::from_file("/proc/self/status")
+        .is_ok_and(|status| status.seccomp == Some(SECCOMP_MODE_FILTER))
 }
 
 /// The program `name` of the probe object, as its kind `P`.

@@ -14,6 +14,8 @@ pub mod loader;
 pub mod opaque;
 pub mod pods;
 pub mod tls;
+mod tls_route;
+pub mod uprobes;
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -351,6 +353,12 @@ fn hook_tls(probes: &mut Probes, pid: u32, metrics: &Metrics) {
             metrics::add(&metrics.tls_hook_failures, 1);
         }
         loader::TlsHook::NoLibrary => tracing::debug!(pid, "no TLS library mapped"),
+        loader::TlsHook::Failed { object, error } if probes.tls_route().is_err() => {
+            // The one message was logged at start (and is on /readyz); each process is counted.
+            tracing::warn!(pid, object = %object.display(), "cannot attach the TLS probes: no route to the kernel on this node (see the message at start or /readyz); this process's TLS connections are not traced");
+            tracing::debug!(pid, %error);
+            metrics::add(&metrics.tls_hook_failures, 1);
+        }
         loader::TlsHook::Failed { object, error } => {
             tracing::warn!(pid, object = %object.display(), %error, "cannot attach the TLS probes; this process's TLS connections are not traced");
             metrics::add(&metrics.tls_hook_failures, 1);
