@@ -585,3 +585,53 @@ proptest::proptest! {
         }
     }
 }
+
+/// A TLS handshake that ran before the TLS probes reached the process (a worker hooked just after
+/// it started): its ciphertext made the connection opaque, and the `Tls` record that comes when
+/// the connection is bound later starts it over, as plaintext, HTTP/1.1 and HTTP/2 alike.
+#[test]
+fn ciphertext_before_a_late_tls_binding_is_forgotten() {
+    let client_hello = [0x16, 0x03, 0x01, 0x00, 0x05, 0x01, 0x00, 0x00, 0x01, 0x00];
+    let server_hello = [0x16, 0x03, 0x03, 0x00, 0x02, 0x02, 0x00];
+    let steps = vec![
+        (1, 10, OwnedOp::Accept),
+        (1, 10, OwnedOp::Read(client_hello.to_vec())),
+        (1, 10, OwnedOp::Write(server_hello.to_vec())),
+        (1, 10, OwnedOp::Tls(0x0304)),
+        (1, 10, OwnedOp::Read(h1_request("/late"))),
+        (1, 20, OwnedOp::Connect),
+        (1, 20, OwnedOp::Write(h1_request("/late"))),
+        (1, 20, OwnedOp::Read(h1_response(200, "a", "a"))),
+        (1, 10, OwnedOp::Write(h1_response(200, "a", "a"))),
+    ];
+    let mut t = Tracker::default();
+    let out = run(&mut t, &steps);
+    assert_eq!(out.len(), 1, "{out:?} {:?}", t.stats());
+    assert_eq!(out[0].tls, Some(TlsInfo { version: Some("1.3") }));
+    assert_eq!(out[0].outcome, Outcome::Complete);
+    assert_eq!(out[0].clients.len(), 1);
+
+    let (mut cs, mut ps) = (Side::new(), Side::new());
+    let mut t = Tracker::default();
+    t.handle(&at(1, 12, Op::Accept { peer: None, local: None }));
+    t.handle(&at(2, 12, Op::Read(Chunk::complete(&client_hello))));
+    t.handle(&at(3, 12, Op::Tls { version: 0x0304 }));
+    t.handle(&at(4, 12, Op::Read(Chunk::complete(&cat(&[client_start(), cs.get(1, "/a")])))));
+    t.handle(&at(5, 12, Op::Write(Chunk::complete(&h2_response(&mut ps, 1, 200, "a", "a")))));
+    let out: Vec<_> = t.drain().collect();
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].request.as_ref().unwrap().version, HttpVersion::Http2);
+}
+
+/// A connection HAProxy relays in `mode tcp` (the agent's `Ignore`) stays opaque when TLS is
+/// declared on it: only a connection made opaque by its first bytes starts over.
+#[test]
+fn an_ignored_connection_stays_opaque_under_tls() {
+    let mut t = Tracker::default();
+    t.handle(&at(1, 12, Op::Accept { peer: None, local: None }));
+    t.handle(&at(2, 12, Op::Ignore));
+    t.handle(&at(3, 12, Op::Tls { version: 0x0304 }));
+    t.handle(&at(4, 12, Op::Read(Chunk::complete(&h1_request("/tcp")))));
+    t.handle(&at(5, 12, Op::Write(Chunk::complete(&h1_response(200, "a", "a")))));
+    assert_eq!(t.drain().count(), 0);
+}

@@ -201,7 +201,13 @@ impl Haproxy {
     /// Master-worker mode (`-W`): a master process that forks the worker and reloads on SIGUSR2.
     #[must_use]
     pub fn start_master_worker(comm: &str, config: &str, wait_port: u16) -> Self {
-        Self::start_at(Version::from_env(), comm, comm, config, wait_port, &["-W".to_owned()])
+        Self::start_master_worker_on(Version::from_env(), comm, config, wait_port)
+    }
+
+    /// [`Haproxy::start_master_worker`] on the given version.
+    #[must_use]
+    pub fn start_master_worker_on(version: Version, comm: &str, config: &str, wait_port: u16) -> Self {
+        Self::start_at(version, comm, comm, config, wait_port, &["-W".to_owned()])
     }
 
     /// Another instance with the same command name, in a directory of its own (`instance`).

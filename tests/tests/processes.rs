@@ -159,3 +159,86 @@ fn master_worker_reload_under_traffic_loses_no_request() {
     assert!(pids.len() >= 2, "traffic before and after the reload came from two workers");
     assert!(answered.len() > 50);
 }
+
+/// Master-worker reloads under new-connection TLS load, as the `DaemonSet` runs the agent: every
+/// new worker must have its TLS probes before it accepts its first connection, so that every
+/// answered request has its SERVER span. Four clients, each a `curl` per request (a new TLS
+/// connection each time, with a unique path), while the master reloads six times in nine seconds.
+#[test]
+fn master_worker_reloads_under_tls_load_lose_no_request() {
+    if !require_root() {
+        return;
+    }
+    for version in haproxy::versions() {
+        let rig = Rig::new();
+        let port = free_port();
+        let pem = tracetap_tests::tls::certificate(version);
+        let config = haproxy::config(port, &[rig.backend.addr], "")
+            .replace(&format!("bind 127.0.0.1:{port}"), &format!("bind 127.0.0.1:{port} ssl crt {pem}"));
+        let haproxy = Haproxy::start_master_worker_on(version, &rig.comm, &config, port);
+        let agent = Agent::start_with_daemonset_capabilities(&rig.agent_env());
+        let stop = Arc::new(AtomicBool::new(false));
+        let clients: Vec<_> = (0..4)
+            .map(|client| {
+                let stop = Arc::clone(&stop);
+                std::thread::spawn(move || {
+                    let mut answered = Vec::new();
+                    for i in 0.. {
+                        if stop.load(Ordering::Relaxed) {
+                            break;
+                        }
+                        let path = format!("/reload/{client}-{i}");
+                        let out = std::process::Command::new("curl")
+                            .args(["-sk", "-o", "/dev/null", "-w", "%{http_code}"])
+                            .arg(format!("https://127.0.0.1:{port}{path}"))
+                            .output()
+                            .expect("curl (make setup installs it)");
+                        if out.stdout == b"200" {
+                            answered.push(path);
+                        }
+                    }
+                    answered
+                })
+            })
+            .collect();
+        for _ in 0..6 {
+            std::thread::sleep(Duration::from_millis(1500));
+            haproxy.reload_master();
+        }
+        std::thread::sleep(Duration::from_millis(1000));
+        stop.store(true, Ordering::Relaxed);
+        let answered: BTreeSet<String> = clients.into_iter().flat_map(|c| c.join().expect("a client")).collect();
+        let traced = |receiver: &tracetap_tests::otlp::Receiver| -> BTreeSet<String> {
+            receiver
+                .spans()
+                .iter()
+                .filter(|s| s.is_server())
+                .filter_map(|s| s.str_attr("url.path").map(str::to_owned))
+                .filter(|p| answered.contains(p))
+                .collect()
+        };
+        let _ = wait_for(Duration::from_secs(20), || (traced(&rig.receiver).len() == answered.len()).then_some(()));
+        let got = traced(&rig.receiver);
+        let missing = answered.len() - got.len();
+        let pids: BTreeSet<i64> = rig.receiver.spans().iter().map(|s| s.pid).collect();
+        let untraced: Vec<&String> = answered.difference(&got).collect();
+        println!("[tls reload, {version}] untraced requests (client-number): {untraced:?}");
+        println!(
+            "[tls reload, {version}] answered {}, traced {}, missing {missing}, workers {}, unbound TLS records {}, hook failures {}, ring losses {}",
+            answered.len(),
+            got.len(),
+            pids.len(),
+            agent.metric("tracetap_events_lost_tls_unbound_total"),
+            agent.metric("tracetap_tls_hook_failures_total"),
+            agent.metric("tracetap_events_lost_ring_full_total"),
+        );
+        assert!(answered.len() > 800, "[{version}] enough traffic: {}", answered.len());
+        assert!(pids.len() >= 6, "[{version}] traffic came from the workers of six reloads: {pids:?}");
+        assert!(
+            missing * 1000 <= answered.len(),
+            "[{version}] at least 99.9% traced: {missing} of {} missing\n{}",
+            answered.len(),
+            agent.log()
+        );
+    }
+}

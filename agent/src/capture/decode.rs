@@ -28,6 +28,26 @@ pub fn header(record: &[u8]) -> Result<EventHeader, DecodeError> {
     Ok(super::loader::read_header(record))
 }
 
+/// A traced process's start or end, which the capture loop handles itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lifecycle {
+    /// The process, and when it started (monotonic ns).
+    Start(u32, u64),
+    Exit(u32),
+    Exec(u32),
+}
+
+/// The [`Lifecycle`] event a record carries, if it is one.
+#[must_use]
+pub fn lifecycle(h: &EventHeader) -> Option<Lifecycle> {
+    match EventKind::from_raw(h.kind)? {
+        EventKind::ProcessStart => Some(Lifecycle::Start(h.tgid, h.ts_ns)),
+        EventKind::ProcessExit => Some(Lifecycle::Exit(h.tgid)),
+        EventKind::ProcessExec => Some(Lifecycle::Exec(h.tgid)),
+        _ => None,
+    }
+}
+
 /// Turns a record into a tracker event borrowing the record's payload.
 pub fn event<'a>(h: &'a EventHeader, record: &'a [u8]) -> Result<SyscallEvent<'a>, DecodeError> {
     let kind = EventKind::from_raw(h.kind).ok_or(DecodeError::Kind(h.kind))?;
@@ -46,6 +66,8 @@ pub fn event<'a>(h: &'a EventHeader, record: &'a [u8]) -> Result<SyscallEvent<'a
         EventKind::Read => Op::Read(chunk),
         EventKind::Write => Op::Write(chunk),
         EventKind::TlsOpen => Op::Tls { version: u16::try_from(h.ret).unwrap_or(0) },
+        // Not the tracker's: the capture loop takes them first (see [`lifecycle`]).
+        EventKind::ProcessStart | EventKind::ProcessExit | EventKind::ProcessExec => Op::Ignore,
     };
     Ok(SyscallEvent { ts_ns: h.ts_ns, tgid: h.tgid, tid: h.tid, fd: h.fd, seq: h.seq, op })
 }

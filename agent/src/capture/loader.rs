@@ -15,9 +15,11 @@ use std::num::NonZeroU32;
 use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope};
 use aya::programs::{BtfTracePoint, ProgramError, UProbe};
 use aya::{Ebpf, EbpfLoader};
-use tracetap_ebpf_common::{COMM_BYTES, EventHeader, LOSS_SLOTS, TARGET_SLOTS, TargetSet, globals, maps};
+use tracetap_ebpf_common::{
+    COMM_BYTES, EventHeader, LOSS_SLOTS, TARGET_SLOTS, TLS_COOKIE_ANY_PROCESS, TargetSet, globals, maps,
+};
 
-use super::uprobes::{self, MultiPrograms, Route, TracefsEvent};
+use super::uprobes::{self, AttachWarmer, MultiPrograms, Route, TracefsEvent};
 use crate::config::{Config, ProbeMode, Targets, TlsProbes, TlsRoute as TlsRouteChoice};
 
 /// The programs of the probe object and the BTF tracepoints they attach to.
@@ -94,6 +96,13 @@ pub struct Probes {
     _stats: Option<std::os::fd::OwnedFd>,
     /// The TLS probes attached to each process (see [`Probes::hook_tls`]).
     tls_links: HashMap<u32, Vec<TlsLink>>,
+    /// The object file each hooked process's TLS probes are on.
+    tls_objects: HashMap<u32, std::path::PathBuf>,
+    /// Links for every process mapping a library, over a reload (see [`Probes::expect_new_workers`]).
+    tls_bridge: Option<Bridge>,
+    /// Attach plans by file, so that a new worker of a known `HAProxy` is hooked without reading
+    /// its library again.
+    tls_plans: super::tls::PlanCache,
     /// How the TLS probes reach the kernel here, or why they cannot (chosen at start, see
     /// [`super::uprobes`]).
     tls_route: Result<TlsRoute, String>,
@@ -105,7 +114,8 @@ pub struct Probes {
 
 /// The route the TLS probes take, with what it needs.
 enum TlsRoute {
-    Multi(MultiPrograms),
+    /// With the warmer that keeps a new worker's first link fast, when it could be started.
+    Multi(MultiPrograms, Option<AttachWarmer>),
     PerfPmu,
     Tracefs(std::path::PathBuf),
 }
@@ -113,11 +123,20 @@ enum TlsRoute {
 impl TlsRoute {
     fn route(&self) -> Route {
         match self {
-            Self::Multi(_) => Route::Multi,
+            Self::Multi(..) => Route::Multi,
             Self::PerfPmu => Route::PerfPmu,
             Self::Tracefs(_) => Route::Tracefs,
         }
     }
+}
+
+/// Links of the TLS probes for every process that maps `object`, until `until` (see
+/// [`Probes::expect_new_workers`]).
+struct Bridge {
+    object: std::path::PathBuf,
+    /// Held for their drop, which detaches them.
+    _links: Vec<std::os::fd::OwnedFd>,
+    until: std::time::Instant,
 }
 
 /// One attached TLS probe; the last two detach when dropped.
@@ -137,6 +156,8 @@ pub enum TlsHook {
     /// No mapped file exports the TLS functions: the process does not use TLS (or links a
     /// library stripped of its symbols).
     NoLibrary,
+    /// The process has its TLS probes already (hooked when it started).
+    AlreadyHooked,
     /// The process maps a TLS library but attaching failed.
     Failed { object: std::path::PathBuf, error: String },
 }
@@ -226,6 +247,9 @@ impl Probes {
             attached,
             _stats: stats,
             tls_links: HashMap::new(),
+            tls_objects: HashMap::new(),
+            tls_bridge: None,
+            tls_plans: super::tls::PlanCache::default(),
             tls_route,
             tls_hooked,
             tls_placement: tls_probes,
@@ -267,13 +291,16 @@ impl Probes {
     /// [`super::tls::objects_of`]) that defines the TLS functions, at the points
     /// [`super::tls::attach_plan`] chooses. A process already hooked is left as it is.
     pub fn hook_tls(&mut self, pid: u32, objects: &[std::path::PathBuf]) -> TlsHook {
-        if pid == 0 || self.tls_links.contains_key(&pid) {
+        if pid == 0 {
             return TlsHook::NoLibrary;
+        }
+        if self.tls_links.contains_key(&pid) {
+            return TlsHook::AlreadyHooked;
         }
         let mut unreadable = None;
         for object in objects {
-            let plan = match std::fs::read(object) {
-                Ok(data) => super::tls::attach_plan(&data, self.tls_placement == TlsProbes::Auto),
+            let plan = match self.tls_plans.plan(object, self.tls_placement == TlsProbes::Auto) {
+                Ok(plan) => plan,
                 Err(e) => {
                     // Another candidate may still be the library.
                     unreadable = Some(TlsHook::Failed { object: object.clone(), error: e.to_string() });
@@ -284,6 +311,7 @@ impl Probes {
             return match self.attach_tls(pid, object, &plan) {
                 Ok(links) => {
                     self.tls_links.insert(pid, links);
+                    self.tls_objects.insert(pid, object.clone());
                     if let Err(e) = self.tls_hooked.set(0, 1, 0) {
                         tracing::warn!(error = %e, "cannot switch the TLS binding on in the probes; TLS connections will not be traced");
                     }
@@ -314,7 +342,7 @@ impl Probes {
     fn attach_point(&mut self, pid: u32, object: &Path, point: &super::tls::ProbePoint) -> Result<TlsLink, String> {
         match &self.tls_route {
             Err(why) => Err(why.clone()),
-            Ok(TlsRoute::Multi(programs)) => programs
+            Ok(TlsRoute::Multi(programs, _)) => programs
                 .attach(point.program, object, &[point.offset], &[point.cookie], pid)
                 .map(TlsLink::Multi)
                 .map_err(|e| format!("uprobe-multi link: {e}")),
@@ -358,6 +386,7 @@ impl Probes {
 
     /// Detaches the TLS probes of a process that is no longer traced.
     pub fn unhook_tls(&mut self, pid: u32) {
+        self.tls_objects.remove(&pid);
         if let Some(links) = self.tls_links.remove(&pid) {
             self.detach_tls(links);
         }
@@ -368,6 +397,53 @@ impl Probes {
     #[must_use]
     pub fn captures_tls(&self) -> bool {
         self.tls_placement != TlsProbes::Off
+    }
+
+    /// A traced process re-executed itself (an `HAProxy` reload): new workers follow, and each must
+    /// have its TLS probes before its first connection, which the agent cannot promise with links
+    /// made once it knows the worker (it has to be scheduled, and the kernel may make it wait; see
+    /// [`AttachWarmer`]). So, on the uprobe-multi route, the library `pid` was hooked on gets
+    /// links for every process that maps it ([`TLS_COOKIE_ANY_PROCESS`]: the probes act for traced
+    /// processes only) until [`uprobes::WARM_FOR`] from now: the bridge. Meanwhile every process
+    /// mapping that file pays a breakpoint per TLS call (in a container, `HAProxy`'s own).
+    /// Returns how many bridge links were made, `None` when there is nothing to bridge.
+    pub fn expect_new_workers(&mut self, pid: u32) -> Option<Result<usize, String>> {
+        let Ok(TlsRoute::Multi(programs, warmer)) = &self.tls_route else { return None };
+        if let Some(warmer) = warmer {
+            warmer.warm();
+        }
+        let object = self.tls_objects.get(&pid)?.clone();
+        let until = std::time::Instant::now() + uprobes::WARM_FOR;
+        if let Some(bridge) = &mut self.tls_bridge
+            && bridge.object == object
+        {
+            bridge.until = until;
+            return Some(Ok(0));
+        }
+        let plan = match self.tls_plans.plan(&object, self.tls_placement == TlsProbes::Auto) {
+            Ok(Some(plan)) => plan,
+            Ok(None) => return None,
+            Err(e) => return Some(Err(e.to_string())),
+        };
+        let mut links = Vec::with_capacity(plan.len());
+        for point in plan.iter() {
+            let cookie = point.cookie | TLS_COOKIE_ANY_PROCESS;
+            match programs.attach(point.program, &object, &[point.offset], &[cookie], 0) {
+                Ok(link) => links.push(link),
+                Err(e) => return Some(Err(format!("uprobe-multi link for every process: {e}"))),
+            }
+        }
+        let made = links.len();
+        self.tls_bridge = Some(Bridge { object, _links: links, until });
+        Some(Ok(made))
+    }
+
+    /// Drops the bridge of [`Probes::expect_new_workers`] once its time is up.
+    pub fn end_bridge_when_due(&mut self) {
+        if self.tls_bridge.as_ref().is_some_and(|b| b.until <= std::time::Instant::now()) {
+            self.tls_bridge = None;
+            tracing::debug!("TLS bridge links dropped");
+        }
     }
 
     /// How the TLS probes reach the kernel, or why they cannot (the one message, see
@@ -438,7 +514,14 @@ fn choose_tls_route(ebpf: &mut Ebpf, btf: &Btf, choice: TlsRouteChoice) -> Resul
         let maps = ebpf.maps().map(|(name, map)| (name, map_data(map).fd().as_fd()));
         match MultiPrograms::load(PROBES, maps, btf, &super::tls::PROGRAMS) {
             Ok(programs) => match programs.attach(SELF_TEST_PROGRAM, &target.0, &[target.1], &[0], pid) {
-                Ok(_link) => return Ok(Ok(TlsRoute::Multi(programs))),
+                Ok(_link) => {
+                    let warmer = programs.program_fd(SELF_TEST_PROGRAM).and_then(Result::ok).and_then(|fd| {
+                        AttachWarmer::start(fd, target.clone())
+                            .inspect_err(|e| tracing::warn!(error = %e, "cannot start the uprobe warmer; new workers' first TLS connections may go untraced"))
+                            .ok()
+                    });
+                    return Ok(Ok(TlsRoute::Multi(programs, warmer)));
+                }
                 Err(e) => e,
             },
             Err(uprobes::MultiLoadError::Load { error, .. }) => error,

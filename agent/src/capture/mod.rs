@@ -135,13 +135,16 @@ pub fn run(
     let mut poll = POLL;
     let mut opaque = opaque::OpaqueMarks::default();
     let mut payload_bytes = 0u64;
+    let mut lifecycles = Lifecycles::default();
     while !stop.load(Relaxed) {
-        if last_housekeeping.is_none_or(|t| t.elapsed() >= HOUSEKEEPING) {
+        if last_housekeeping.is_none_or(|t| t.elapsed() >= HOUSEKEEPING) || lifecycles.exits_pending {
             if let Some(latest) = discovery.latest() {
                 candidates = latest;
             }
+            lifecycles.expire(&candidates);
             pods.keep_only(&candidates);
-            let selected: BTreeSet<u32> = candidates.iter().copied().filter(|pid| pods.selected(*pid)).collect();
+            let selected: BTreeSet<u32> =
+                candidates.iter().copied().filter(|pid| pods.selected(*pid) && !lifecycles.exited(*pid)).collect();
             metrics::set(&metrics.k8s_targets_not_selected, (candidates.len() - selected.len()) as u64);
             for pid in refresh_targets(&mut probes, selected, &mut targets, &mut tracker, metrics) {
                 opaque.forget_process(&mut probes.opaque, pid);
@@ -156,17 +159,29 @@ pub fn run(
             // connections made after /readyz are named and their mode known.
             metrics.ready.store(probes.attached > 0 && names.any_settled(&targets), Relaxed);
             tracker.expire(loader::monotonic_ns());
+            lifecycles.unhook_strays(&mut probes, &targets);
             publish(&probes, &tracker, metrics);
             last_housekeeping = Some(Instant::now());
         }
         probes.wait(poll.min(HOUSEKEEPING.saturating_sub(last_housekeeping.map_or(Duration::ZERO, |t| t.elapsed()))));
         let mut events = 0u64;
-        while let Some(record) = probes.ring.next() {
+        // A process's start or end is handled as soon as it is read (which needs the probes the
+        // ring borrows from): the drain stops there and goes on after it.
+        let mut lifecycle = None;
+        loop {
+            if let Some(event) = lifecycle.take() {
+                lifecycles.handle(event, &mut probes, metrics);
+            }
+            let Some(record) = probes.ring.next() else { break };
             events += 1;
             let Ok(header) = decode::header(&record) else {
                 metrics::add(&metrics.events_malformed, 1);
                 continue;
             };
+            if let Some(event) = decode::lifecycle(&header) {
+                lifecycle = Some(event);
+                continue;
+            }
             payload_bytes += u64::from(header.captured);
             if loss_epoch.replace(header.loss_epoch).is_some_and(|e| e != header.loss_epoch) {
                 // Records were lost just before this one: the tracker stops trusting links first.
@@ -179,7 +194,10 @@ pub fn run(
                     }
                     // A close ends a connection's mark; so does a new connection on the same fd (the
                     // close record of the old one may have been lost, or the fd closed by exec).
-                    if matches!(ev.op, Op::Close | Op::Accept { .. } | Op::Connect { .. }) && !opaque.is_empty() {
+                    // A TLS binding drops the connection's mark in the probes (see the tracker's `tls`).
+                    if matches!(ev.op, Op::Close | Op::Accept { .. } | Op::Connect { .. } | Op::Tls { .. })
+                        && !opaque.is_empty()
+                    {
                         opaque.closed(&mut probes.opaque, ev.tgid, ev.fd);
                     }
                     tracker.handle(&ev);
@@ -196,6 +214,7 @@ pub fn run(
                 hand_out(&mut tracker, &mut staging, &mut builder, &mut names, &mut batcher, &queue, metrics);
             }
         }
+        probes.end_bridge_when_due();
         poll = if events == 0 { (poll * 2).min(IDLE_POLL) } else { POLL };
         metrics::add(&metrics.events_captured, events);
         metrics::add(&metrics.payload_bytes_captured, std::mem::take(&mut payload_bytes));
@@ -211,6 +230,79 @@ pub fn run(
     publish(&probes, &tracker, metrics);
     if tracker.open_exchanges() > 0 {
         tracing::info!(open = tracker.open_exchanges(), "exchanges still open at shutdown are not exported");
+    }
+}
+
+/// What the capture loop does with processes starting and ending (see
+/// [`tracetap_ebpf_common::EventKind::ProcessStart`]): a new traced process gets its TLS probes at
+/// once, not at the next discovery walk, so that a new `HAProxy` worker has them before it accepts
+/// its first connection; an ended one is untraced at once, with everything kept for it.
+#[derive(Default)]
+struct Lifecycles {
+    /// Processes that ended, and when: discovery may still list them for a walk or two, and they
+    /// must not be traced again. Kept only a few walks (a pid is reused eventually).
+    exited: std::collections::HashMap<u32, Instant>,
+    /// Processes hooked at their start, and when (discovery adds them to the targets later).
+    started: std::collections::HashMap<u32, Instant>,
+    /// An exit arrived since the last housekeeping, which then runs at once.
+    exits_pending: bool,
+}
+
+/// How long an ended process stays excluded from discovery's results, and a started one may stay
+/// hooked before discovery selects it.
+const LIFECYCLE_GRACE: Duration = Duration::from_secs(2);
+
+impl Lifecycles {
+    fn handle(&mut self, event: decode::Lifecycle, probes: &mut Probes, metrics: &Metrics) {
+        match event {
+            decode::Lifecycle::Start(pid, started_ns) => {
+                self.exited.remove(&pid);
+                self.started.insert(pid, Instant::now());
+                let seen_us = loader::monotonic_ns().saturating_sub(started_ns) / 1000;
+                hook_tls(probes, pid, metrics);
+                let hooked_us = loader::monotonic_ns().saturating_sub(started_ns) / 1000;
+                tracing::debug!(pid, seen_us, hooked_us, "process started");
+            }
+            decode::Lifecycle::Exec(pid) => match probes.expect_new_workers(pid) {
+                Some(Ok(links)) => tracing::debug!(pid, links, "traced process executed a program; TLS bridge up"),
+                Some(Err(error)) => {
+                    tracing::warn!(pid, %error, "cannot bridge the TLS probes over this reload; the new workers' first connections may go untraced");
+                }
+                None => tracing::debug!(pid, "traced process executed a program"),
+            },
+            decode::Lifecycle::Exit(pid) => {
+                self.started.remove(&pid);
+                self.exited.insert(pid, Instant::now());
+                probes.unhook_tls(pid);
+                self.exits_pending = true;
+            }
+        }
+    }
+
+    fn exited(&self, pid: u32) -> bool {
+        self.exited.contains_key(&pid)
+    }
+
+    /// Forgets exits older than the grace (or no longer listed by discovery), and clears the
+    /// pending flag: housekeeping is running.
+    fn expire(&mut self, candidates: &BTreeSet<u32>) {
+        self.exits_pending = false;
+        self.exited.retain(|pid, at| candidates.contains(pid) && at.elapsed() < LIFECYCLE_GRACE);
+    }
+
+    /// Unhooks processes hooked at their start that discovery never selected within the grace
+    /// (a fork that went on to `exec` another program, or one the pod selector leaves out).
+    fn unhook_strays(&mut self, probes: &mut Probes, targets: &BTreeSet<u32>) {
+        self.started.retain(|pid, at| {
+            if targets.contains(pid) {
+                return false;
+            }
+            if at.elapsed() < LIFECYCLE_GRACE {
+                return true;
+            }
+            probes.unhook_tls(*pid);
+            false
+        });
     }
 }
 
@@ -353,6 +445,7 @@ fn hook_tls(probes: &mut Probes, pid: u32, metrics: &Metrics) {
             metrics::add(&metrics.tls_hook_failures, 1);
         }
         loader::TlsHook::NoLibrary => tracing::debug!(pid, "no TLS library mapped"),
+        loader::TlsHook::AlreadyHooked => {}
         loader::TlsHook::Failed { object, error } if probes.tls_route().is_err() => {
             // The one message was logged at start (and is on /readyz); each process is counted.
             tracing::warn!(pid, object = %object.display(), "cannot attach the TLS probes: no route to the kernel on this node (see the message at start or /readyz); this process's TLS connections are not traced");

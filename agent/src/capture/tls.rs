@@ -177,6 +177,46 @@ pub fn attach_plan(data: &[u8], call_sites: bool) -> Option<Vec<ProbePoint>> {
     Some(plan)
 }
 
+/// The largest object file read for a plan: a file a traced process maps is chosen by that
+/// process, and a larger one is refused rather than read whole.
+const MAX_OBJECT_BYTES: u64 = 256 << 20;
+
+/// Files whose plans the cache keeps; past that it starts over (a node runs few TLS builds).
+const MAX_CACHED_PLANS: usize = 64;
+
+/// [`attach_plan`] of each object file, by device and inode: workers of one `HAProxy` (every
+/// reload brings new ones) map the same library, which is read and parsed once.
+#[derive(Debug, Default)]
+pub struct PlanCache {
+    plans: std::collections::HashMap<(u64, u64), Option<std::sync::Arc<[ProbePoint]>>>,
+}
+
+impl PlanCache {
+    /// The plan of `object` (`None`: it does not define the TLS functions), from the cache or read
+    /// now, at most [`MAX_OBJECT_BYTES`] of it.
+    pub fn plan(&mut self, object: &Path, call_sites: bool) -> std::io::Result<Option<std::sync::Arc<[ProbePoint]>>> {
+        use std::io::Read as _;
+        use std::os::unix::fs::MetadataExt as _;
+        let file = std::fs::File::open(object)?;
+        let meta = file.metadata()?;
+        let key = (meta.dev(), meta.ino());
+        if let Some(plan) = self.plans.get(&key) {
+            return Ok(plan.clone());
+        }
+        if meta.len() > MAX_OBJECT_BYTES {
+            return Err(std::io::Error::other(format!("larger than {MAX_OBJECT_BYTES} bytes; not read")));
+        }
+        let mut data = Vec::with_capacity(meta.len() as usize);
+        file.take(MAX_OBJECT_BYTES).read_to_end(&mut data)?;
+        let plan: Option<std::sync::Arc<[ProbePoint]>> = attach_plan(&data, call_sites).map(Into::into);
+        if self.plans.len() >= MAX_CACHED_PLANS {
+            self.plans.clear();
+        }
+        self.plans.insert(key, plan.clone());
+        Ok(plan)
+    }
+}
+
 /// Files mapped executable by the process that may hold the TLS functions: every `libssl*`, and
 /// the program itself (a static build), each once with the inode the mapping names. Paths are as
 /// `/proc/PID/maps` shows them to the agent.

@@ -150,29 +150,12 @@ impl MultiPrograms {
     ) -> io::Result<OwnedFd> {
         let program =
             self.programs.get(program).ok_or_else(|| io::Error::other(format!("program {program} not loaded")))?;
-        let path = c_path(object)?;
-        let mut attr = zeroed_attr();
-        // SAFETY: writing plain integers into the `link_create` member of a zeroed union.
-        unsafe {
-            let link = &mut attr.link_create;
-            link.__bindgen_anon_1.prog_fd = program.fd.as_raw_fd() as u32;
-            link.attach_type = BPF_TRACE_UPROBE_MULTI as u32;
-            let multi = &mut link.__bindgen_anon_3.uprobe_multi;
-            multi.path = path.as_ptr() as u64;
-            multi.offsets = offsets.as_ptr() as u64;
-            multi.cookies = cookies.as_ptr() as u64;
-            multi.cnt = offsets.len() as u32;
-            multi.flags = if program.returns { UPROBE_MULTI_RETURN } else { 0 };
-            multi.pid = pid;
-        }
-        assert_eq!(offsets.len(), cookies.len(), "one cookie per offset");
-        bpf(bpf_cmd::BPF_LINK_CREATE, &attr)
+        link_multi(program.fd.as_fd(), program.returns, object, offsets, cookies, pid)
     }
 
-    /// Whether no program is loaded.
-    #[must_use]
-    pub fn is_empty(&self) -> bool {
-        self.programs.is_empty()
+    /// A duplicate of `program`'s descriptor (for the [`AttachWarmer`]).
+    pub fn program_fd(&self, program: &str) -> Option<io::Result<OwnedFd>> {
+        self.programs.get(program).map(|p| p.fd.try_clone())
     }
 }
 
@@ -220,9 +203,90 @@ fn load_for_multi(name: &str, instructions: &[bpf_insn], license: &CString) -> R
     }
 }
 
+/// A uprobe-multi link of `program` at `offsets` of `object` for process `pid`.
+fn link_multi(
+    program: BorrowedFd<'_>,
+    returns: bool,
+    object: &Path,
+    offsets: &[u64],
+    cookies: &[u64],
+    pid: u32,
+) -> io::Result<OwnedFd> {
+    assert_eq!(offsets.len(), cookies.len(), "one cookie per offset");
+    let path = c_path(object)?;
+    let mut attr = zeroed_attr();
+    // SAFETY: writing plain integers into the `link_create` member of a zeroed union; the
+    // pointers (path, offsets, cookies) outlive the call.
+    unsafe {
+        let link = &mut attr.link_create;
+        link.__bindgen_anon_1.prog_fd = program.as_raw_fd() as u32;
+        link.attach_type = BPF_TRACE_UPROBE_MULTI as u32;
+        let multi = &mut link.__bindgen_anon_3.uprobe_multi;
+        multi.path = path.as_ptr() as u64;
+        multi.offsets = offsets.as_ptr() as u64;
+        multi.cookies = cookies.as_ptr() as u64;
+        multi.cnt = offsets.len() as u32;
+        multi.flags = if returns { UPROBE_MULTI_RETURN } else { 0 };
+        multi.pid = pid;
+    }
+    bpf(bpf_cmd::BPF_LINK_CREATE, &attr)
+}
+
 fn c_path(path: &Path) -> io::Result<CString> {
     CString::new(path.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a path with a NUL byte"))
+}
+
+/// Keeps the first uprobe-multi link of a new `HAProxy` worker fast.
+///
+/// Registering a uprobe takes the kernel's `dup_mmap_sem` for writing, and a writer that finds it
+/// idle waits for an RCU grace period first (`rcu_sync_enter`): measured here at 6 to 15 ms for
+/// the first link of a new worker, against 10 µs for the next ones. A worker accepts connections
+/// within that time, and their handshakes run without the probes. The semaphore stays in writer
+/// mode for a grace period after each writer leaves, so the agent registers a probe that never
+/// fires (the self-test's) every millisecond from the moment a traced `HAProxy` re-executes itself
+/// (a reload: it forks its new workers right after) until [`WARM_FOR`] later: the worker's links
+/// then wait for nothing. While it warms, `fork` on the node takes the semaphore's slower read
+/// path (an atomic operation), and each registration costs the agent about 10 µs.
+#[derive(Debug)]
+pub struct AttachWarmer {
+    until: std::sync::Arc<(std::sync::Mutex<Option<std::time::Instant>>, std::sync::Condvar)>,
+}
+
+/// How long the warmer runs after a traced process re-executes itself.
+pub const WARM_FOR: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl AttachWarmer {
+    /// Starts the warming thread, which registers `program` at the self-test target when asked.
+    pub fn start(program: OwnedFd, target: (PathBuf, u64)) -> io::Result<Self> {
+        let until = std::sync::Arc::new((std::sync::Mutex::new(None::<std::time::Instant>), std::sync::Condvar::new()));
+        let shared = std::sync::Arc::clone(&until);
+        let pid = std::process::id();
+        std::thread::Builder::new().name("uprobe-warmer".into()).spawn(move || {
+            let (lock, wake) = &*shared;
+            loop {
+                let Ok(mut guard) = lock.lock() else { return };
+                while guard.is_none_or(|t| t <= std::time::Instant::now()) {
+                    *guard = None;
+                    let Ok(g) = wake.wait(guard) else { return };
+                    guard = g;
+                }
+                drop(guard);
+                let _ = link_multi(program.as_fd(), false, &target.0, &[target.1], &[0], pid);
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        })?;
+        Ok(Self { until })
+    }
+
+    /// Warms until [`WARM_FOR`] from now.
+    pub fn warm(&self) {
+        let (lock, wake) = &*self.until;
+        if let Ok(mut until) = lock.lock() {
+            *until = Some(std::time::Instant::now() + WARM_FOR);
+            wake.notify_one();
+        }
+    }
 }
 
 /// A uprobe event of the agent's own in tracefs, opened as a tracepoint perf event for one

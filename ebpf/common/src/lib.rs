@@ -35,6 +35,10 @@ pub const TAIL_BYTES: usize = 16;
 pub const MIN_CAPTURE_BYTES: u32 = 64;
 /// Length of a task command name, including the trailing NUL (`TASK_COMM_LEN`).
 pub const COMM_BYTES: usize = 16;
+/// Attach-cookie bit of a TLS probe attached for every process that maps its library (the agent's
+/// bridge over an `HAProxy` reload, see its `capture/uprobes.rs`), not for one process: the probe
+/// then acts only for traced processes. The other bits keep their meaning.
+pub const TLS_COOKIE_ANY_PROCESS: u64 = 1 << 63;
 
 /// What a ring buffer record describes.
 #[repr(u32)]
@@ -54,6 +58,16 @@ pub enum EventKind {
     /// `fd` carries TLS: its later `Read`/`Write` records are plaintext. `ret` is the protocol
     /// version as on the wire (`0x0303`: TLS 1.2, `0x0304`: TLS 1.3), 0 when unknown.
     TlsOpen = 6,
+    /// A traced process started: `tgid` is the new process, seen as it returns from the `fork`
+    /// or `clone` that made it, before it runs any code of its own. The record wakes the agent at
+    /// once, so that the TLS probes reach a new `HAProxy` worker before its first connection.
+    ProcessStart = 7,
+    /// A traced process ended (its main thread exited): what the agent keeps for it goes at once.
+    ProcessExit = 8,
+    /// A process replaced its program and is traced with the new one (`HAProxy`'s master
+    /// re-executes itself on a reload, then forks new workers): wakes the agent at once, which
+    /// readies itself to hook those workers fast (see the agent's `capture/uprobes.rs`).
+    ProcessExec = 9,
 }
 
 impl EventKind {
@@ -67,6 +81,9 @@ impl EventKind {
             4 => Self::Read,
             5 => Self::Write,
             6 => Self::TlsOpen,
+            7 => Self::ProcessStart,
+            8 => Self::ProcessExit,
+            9 => Self::ProcessExec,
             _ => return None,
         })
     }

@@ -111,7 +111,7 @@ pub(crate) const CONN_TLS_ANNOUNCED: u32 = 2;
 /// up to the staging buffer's size whatever the capture window says.
 const CONN_H2: u32 = 4;
 /// The first record with payload was seen, and `CONN_H2` decided from its first bytes.
-const CONN_DECIDED: u32 = 8;
+pub(crate) const CONN_DECIDED: u32 = 8;
 
 /// Connections whose bytes the agent does not want (they do not speak HTTP/1: TLS, `mode tcp`,
 /// tunnels), as `tgid << 32 | fd` to the `ts_ns` of their `accept`/`connect` record. Only the
@@ -254,6 +254,18 @@ fn payload_unwanted(key: u64, state: *mut ConnState) -> bool {
     }
 }
 
+/// Drops the agent's opaque mark of a connection the TLS probes just bound: the mark came from its
+/// handshake's ciphertext (see `tls::bind`), and its plaintext is wanted from the first record.
+/// Should the connection be opaque for another reason, the agent marks it again.
+#[inline(always)]
+pub(crate) fn drop_opaque_mark(tgid: u32, fd: i32, state: *mut ConnState) {
+    if payload_unwanted_at(tgid, fd, state) {
+        let _ = OPAQUE_CONNS.remove(&conn_key(tgid, fd));
+        // SAFETY: map value pointer, see `take_seq`; the cached verdict follows the map.
+        unsafe { (*state).opaque = 0 };
+    }
+}
+
 /// A record being built: header, then payload.
 #[repr(C)]
 struct Staging {
@@ -278,7 +290,7 @@ pub(crate) fn count_loss(loss: Loss) {
 /// name read per call. `sched_process_exec` refreshes a cached verdict (a new program, a new
 /// name) and `sched_process_exit` forgets it, so a reused pid starts over.
 #[inline(always)]
-fn is_target(tgid: u32) -> bool {
+pub(crate) fn is_target(tgid: u32) -> bool {
     // An array lookup the JIT inlines, then at most eight compares.
     if let Some(set) = TARGET_SET.get(0) {
         for slot in set.tgids {
@@ -318,24 +330,68 @@ const BPF_NOEXIST: u64 = 1;
 /// new name (HAProxy's master re-executes itself on reload, keeping its pid).
 #[btf_tracepoint(function = "sched_process_exec")]
 pub fn sched_process_exec(_ctx: BtfTracePointContext) -> i32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     if let Some(verdict) = comm_verdict() {
-        let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
         let _ = TARGET_PIDS.insert(&tgid, &u8::from(verdict), 0);
+    }
+    if is_target(tgid) {
+        emit_at_once(EventKind::ProcessExec);
     }
     0
 }
 
-/// A process ended (its main thread exits): with a command filter, its cached verdict goes, so a
-/// later process with the same pid is judged afresh.
+/// A process ended (its main thread exits): the agent is told (a traced one), and with a command
+/// filter its cached verdict goes, so a later process with the same pid is judged afresh.
 #[btf_tracepoint(function = "sched_process_exit")]
 pub fn sched_process_exit(_ctx: BtfTracePointContext) -> i32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     // Every exiting thread (this runs for each): a call it left noted must not bind another.
     tls::thread_exit(pid_tgid);
-    if (pid_tgid >> 32) as u32 == pid_tgid as u32 && comm_verdict().is_some() {
-        let _ = TARGET_PIDS.remove(&((pid_tgid >> 32) as u32));
+    let tgid = (pid_tgid >> 32) as u32;
+    if tgid == pid_tgid as u32 {
+        if is_target(tgid)
+            && let Some(staging) = stage(EventKind::ProcessExit, -1, 0)
+        {
+            emit(staging, 0);
+        }
+        if comm_verdict().is_some() {
+            let _ = TARGET_PIDS.remove(&tgid);
+        }
     }
     0
+}
+
+/// In a task returning from the `fork`/`clone` that made it: a new traced process (not a thread:
+/// its id is its process id) is reported at once, waking the agent (see
+/// [`EventKind::ProcessStart`]).
+#[inline(always)]
+fn process_started() {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    if tgid != pid_tgid as u32 || !is_target(tgid) {
+        return;
+    }
+    emit_at_once(EventKind::ProcessStart);
+}
+
+/// Emits a record of `kind` for the current process, without payload, and wakes the agent.
+#[inline(always)]
+fn emit_at_once(kind: EventKind) {
+    let Some(staging) = stage(kind, -1, 0) else { return };
+    // SAFETY: a plain load of a global, as in `emit`.
+    staging.header.loss_epoch = unsafe { core::ptr::read_volatile(&raw const LOSS_EPOCH) };
+    // SAFETY: the header lies at the start of `Staging`, which `staging` points to.
+    let ret = unsafe {
+        bpf_ringbuf_output(
+            (&raw const EVENTS).cast_mut().cast(),
+            core::ptr::from_ref(staging).cast_mut().cast(),
+            EventHeader::SIZE as u64,
+            BPF_RB_FORCE_WAKEUP,
+        )
+    };
+    if ret < 0 {
+        ring_full();
+    }
 }
 
 /// Fills the common header fields in the staging buffer and returns it.
@@ -512,6 +568,10 @@ mod nr {
     pub const RECVMSG: u64 = 47;
     pub const SPLICE: u64 = 275;
     pub const ACCEPT4: u64 = 288;
+    pub const CLONE: u64 = 56;
+    pub const FORK: u64 = 57;
+    pub const VFORK: u64 = 58;
+    pub const CLONE3: u64 = 435;
 }
 
 /// Offset of `dx` in `struct pt_regs` (x86_64).
@@ -587,6 +647,13 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> i32 {
         nr::ACCEPT | nr::ACCEPT4 => (EventKind::Accept, BufShape::Plain),
         nr::CONNECT => (EventKind::Connect, BufShape::Plain),
         nr::SPLICE => (EventKind::Read, BufShape::Plain),
+        nr::CLONE | nr::CLONE3 | nr::FORK | nr::VFORK => {
+            // 0: this is the new task, returning from the call that made it.
+            if ret == 0 {
+                process_started();
+            }
+            return 0;
+        }
         _ => return 0,
     };
     // Failed calls move nothing (EAGAIN is most of them); a non-blocking connect is in progress.
@@ -623,7 +690,11 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> i32 {
             read_addr(staging, si);
             emit(staging, 0);
         }
-        EventKind::Close | EventKind::TlsOpen => {}
+        EventKind::Close
+        | EventKind::TlsOpen
+        | EventKind::ProcessStart
+        | EventKind::ProcessExit
+        | EventKind::ProcessExec => {}
         EventKind::Read | EventKind::Write if nr == nr::SPLICE => {
             // splice(fd_in, off_in, fd_out, ...): bytes moved in the kernel (HAProxy's
             // `option splice-*`); the process read them from one fd and wrote them to the other

@@ -36,11 +36,11 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap},
     programs::{ProbeContext, RetProbeContext},
 };
-use tracetap_ebpf_common::{EventKind, Loss, MAX_NUMBERED_CONNECTIONS};
+use tracetap_ebpf_common::{EventKind, Loss, MAX_NUMBERED_CONNECTIONS, TLS_COOKIE_ANY_PROCESS};
 
 use crate::{
-    BufShape, CONN_TLS, CONN_TLS_ANNOUNCED, CONNS, ConnState, capture_window, conn_key, count_loss, decide_h2, emit,
-    emit_data, emit_header_only, payload_unwanted_at, stage, take_seq,
+    BufShape, CONN_DECIDED, CONN_TLS, CONN_TLS_ANNOUNCED, CONNS, ConnState, capture_window, conn_key, count_loss,
+    decide_h2, drop_opaque_mark, emit, emit_data, emit_header_only, is_target, payload_unwanted_at, stage, take_seq,
 };
 
 /// Threads inside an `SSL_*` call: `pid_tgid` to the call.
@@ -118,9 +118,12 @@ pub(crate) fn bind(pid_tgid: u64, tgid: u32, fd: i32, state: *mut ConnState) -> 
     }
     // SAFETY: as above.
     unsafe {
-        (*state).flags |= CONN_TLS;
+        // The plaintext's first bytes decide HTTP/2 afresh: ciphertext may have decided it before
+        // (a handshake that ran before the probes reached the process).
+        (*state).flags = ((*state).flags | CONN_TLS) & !CONN_DECIDED;
         (*state).ssl = call.ssl;
     }
+    drop_opaque_mark(tgid, fd, state);
     true
 }
 
@@ -150,17 +153,26 @@ pub(crate) fn thread_exit(pid_tgid: u64) {
 /// points at the byte count: 3 (`ssl_{read,write}_internal(s, buf, num, &bytes)`, OpenSSL 3.0
 /// and 3.1) or 4 (OpenSSL 3.2's `ssl_write_internal(s, buf, num, flags, &written)`); at a
 /// function entry it is 0 and unused.
+///
+/// A probe attached for every process that maps the library ([`TLS_COOKIE_ANY_PROCESS`]) notes
+/// calls of traced processes only; a call noted twice (that probe and the process's own, over a
+/// reload) is one entry, and the closing probe that takes it first reports it, once.
 #[inline(always)]
 fn enter(ctx: &ProbeContext, call: u32) -> u32 {
+    // SAFETY: the helper only reads the cookie of the program's attachment.
+    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    let pid_tgid = bpf_get_current_pid_tgid();
+    if cookie & TLS_COOKIE_ANY_PROCESS != 0 && !is_target((pid_tgid >> 32) as u32) {
+        return 0;
+    }
     let ssl: u64 = ctx.arg(0).unwrap_or(0);
     let buf: u64 = ctx.arg(1).unwrap_or(0);
     // Both loaded first, as plain values: the verifier refuses a load through a context pointer
     // the compiler moved (which a select between the two registers' offsets would be).
     let fourth: u64 = core::hint::black_box(ctx.arg(3).unwrap_or(0));
     let fifth: u64 = core::hint::black_box(ctx.arg(4).unwrap_or(0));
-    // SAFETY: the helper only reads the cookie of the program's attachment.
-    let out = if unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } == 4 { fifth } else { fourth };
-    let _ = SSL_CALLS.insert(&bpf_get_current_pid_tgid(), &SslCall { ssl, buf, out, call, _pad: 0 }, 0);
+    let out = if cookie & !TLS_COOKIE_ANY_PROCESS == 4 { fifth } else { fourth };
+    let _ = SSL_CALLS.insert(&pid_tgid, &SslCall { ssl, buf, out, call, _pad: 0 }, 0);
     0
 }
 

@@ -220,6 +220,10 @@ struct Connection {
     spoke_http: bool,
     /// The connection runs in TLS (its bytes are the plaintext).
     tls: Option<TlsInfo>,
+    /// Opaque only because its first bytes were not HTTP: they may be a TLS handshake that ran
+    /// before the TLS probes reached the process (a worker hooked just after it started), so a
+    /// later [`Op::Tls`] starts the connection over, as plaintext.
+    unclassified: bool,
     /// First client bytes held back because they may start the HTTP/2 preface or an HTTP/1
     /// request alike ("P", "PR"); they are `h2::PREFACE[..preface_held]`.
     preface_held: u8,
@@ -247,6 +251,7 @@ impl Connection {
             proxy_client: None,
             spoke_http: false,
             tls: None,
+            unclassified: false,
             preface_held: 0,
             h2: None,
         }
@@ -429,6 +434,18 @@ impl Tracker {
         let conn = self.conns.entry(key).or_insert_with(|| Connection::new(Role::Unknown, None));
         conn.tls = Some(TlsInfo::from_wire(version));
         conn.expect_proxy_header = false;
+        if conn.role == Role::Opaque && conn.unclassified {
+            // The bytes before were the handshake's ciphertext, not another protocol. The probes
+            // dropped the connection's opaque mark when they bound it (so that its plaintext is
+            // copied from the first record on); the agent forgets its mark on this record too.
+            conn.role = Role::Unknown;
+            conn.unclassified = false;
+        } else if conn.role == Role::Opaque {
+            // Opaque for another reason (`mode tcp`): marked again, as binding dropped the mark.
+            let opened_ns = conn.opened_ns;
+            mark_opaque(&mut self.opaque_marks, key, opened_ns);
+            return;
+        }
         if conn.role != Role::Opaque {
             conn.ingress = Framer::new();
             conn.egress = Framer::new();
@@ -636,6 +653,7 @@ impl Tracker {
                 (None, _) => Role::Opaque,
             };
             if conn.role == Role::Opaque {
+                conn.unclassified = conn.tls.is_none();
                 self.stats.unknown_descriptors += 1;
             }
         }
@@ -743,6 +761,7 @@ impl Tracker {
                         self.stats.parse_errors += 1;
                     } else {
                         conn.role = Role::Opaque;
+                        conn.unclassified = conn.tls.is_none();
                         self.stats.opaque_connections += 1;
                         mark_opaque(&mut self.opaque_marks, ctx.key, conn.opened_ns);
                         return found_message;
@@ -789,6 +808,7 @@ impl Tracker {
                 Step::Error(_) if !spoke_http => {
                     let conn = self.conns.get_mut(&ctx.key).expect("present");
                     conn.role = Role::Opaque;
+                    conn.unclassified = conn.tls.is_none();
                     self.stats.opaque_connections += 1;
                     mark_opaque(&mut self.opaque_marks, ctx.key, conn.opened_ns);
                     return found_message;
