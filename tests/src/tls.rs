@@ -1,7 +1,7 @@
 //! TLS material for the tests: one self-signed certificate (with its key, in the one PEM file
 //! `HAProxy`'s `crt` takes), made with the `openssl` command line when first asked for.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::OnceLock;
 
@@ -13,14 +13,22 @@ use crate::haproxy::{self, Version};
 /// When `openssl` fails (run `make setup`).
 #[must_use]
 pub fn certificate(version: Version) -> String {
+    match version {
+        Version::Debian12 => certificate_in(Path::new("/")),
+        Version::Debian13 => certificate_in(&haproxy::trixie_root()),
+    }
+}
+
+/// The PEM file's path as a process whose root is the tree `root` sees it (a pod's container).
+///
+/// # Panics
+/// When `openssl` fails (run `make setup`).
+#[must_use]
+pub fn certificate_in(root: &Path) -> String {
     static PEM: OnceLock<Vec<u8>> = OnceLock::new();
     let pem = PEM.get_or_init(make_pem);
     let inner = format!("/tmp/tracetap-tls-{}/cert.pem", std::process::id());
-    let host = match version {
-        Version::Debian12 => PathBuf::from(&inner),
-        Version::Debian13 => haproxy::trixie_root().join(inner.trim_start_matches('/')),
-    };
-    write_once(&host, pem);
+    write_once(&root.join(inner.trim_start_matches('/')), pem);
     inner
 }
 

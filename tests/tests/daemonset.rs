@@ -35,6 +35,8 @@ struct HaproxyPod {
     pod: FakePod,
     container_id: String,
     port: u16,
+    /// Its TLS frontend (HTTP/1.1 and HTTP/2 by ALPN).
+    tls_port: u16,
     proxy: Haproxy,
     _cgroup: PodCgroup,
 }
@@ -49,9 +51,14 @@ fn haproxy_pods(rig: &Rig) -> Vec<HaproxyPod> {
         .map(|(version, name, uid, tier, id)| {
             let container_id = id.repeat(22)[..64].to_owned();
             let cgroup = PodCgroup::create(uid, &container_id);
-            let port = free_port();
+            let (port, tls_port) = (free_port(), free_port());
             let frontend = format!("fe_{tier}");
-            let config = haproxy::config(port, &[rig.backend.addr], "").replace("fe_main", &frontend);
+            let root = if version == Version::Debian12 { haproxy::bookworm_root() } else { haproxy::trixie_root() };
+            let pem = tracetap_tests::tls::certificate_in(&root);
+            let config = haproxy::config(port, &[rig.backend.addr], "").replace("fe_main", &frontend)
+                + &format!(
+                    "\nfrontend {frontend}_tls\n    bind 127.0.0.1:{tls_port} ssl crt {pem} alpn h2,http/1.1\n    default_backend be_app\n"
+                );
             let shape = PodShape { cgroup: cgroup.dir.clone(), hostname: name.to_owned() };
             let proxy = Haproxy::start_in_pod(version, &rig.comm, &config, port, shape);
             let pod = FakePod {
@@ -60,7 +67,7 @@ fn haproxy_pods(rig: &Rig) -> Vec<HaproxyPod> {
                 labels: vec![("tier".into(), tier.into())],
                 deployment: tier.into(),
             };
-            HaproxyPod { version, pod, container_id, port, proxy, _cgroup: cgroup }
+            HaproxyPod { version, pod, container_id, port, tls_port, proxy, _cgroup: cgroup }
         })
         .collect()
 }
@@ -109,6 +116,55 @@ fn assert_runs_as_the_daemonset_container(pid: u32) {
     assert!(options.split(',').any(|o| o == "ro"), "readOnlyRootFilesystem: {root}");
     let exe = std::fs::read_link(format!("/proc/{pid}/exe")).expect("exe");
     assert_eq!(exe, Path::new(container::IMAGE_BINARY), "the image's binary");
+}
+
+/// `count` requests over TLS to `port`, each on a new connection (`curl`), with HTTP `version`
+/// (`1.1` or `2`), to `path`.
+fn send_tls(port: u16, count: usize, version: &str, path: &str) {
+    for _ in 0..count {
+        let out = std::process::Command::new("curl")
+            .args(["-sk", "-o", "/dev/null", "-w", "%{http_code} %{http_version}", &format!("--http{version}")])
+            .arg(format!("https://127.0.0.1:{port}{path}"))
+            .output()
+            .expect("curl (make setup installs it)");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), format!("200 {version}"), "TLS request answered");
+    }
+}
+
+/// TLS as the `DaemonSet` runs the agent (four capabilities, `RuntimeDefault` seccomp, its own
+/// mount namespace): every request over HTTP/1.1 and HTTP/2 has its SERVER span, `https`, with its
+/// CLIENT span under it.
+fn assert_tls_traced(rig: &Rig, p: &HaproxyPod, agent: &Agent) {
+    for (version, path) in [("1.1", "/tls-h1"), ("2", "/tls-h2")] {
+        send_tls(p.tls_port, REQUESTS, version, path);
+        let got = wait_for(Duration::from_secs(20), || {
+            let spans: Vec<Received> = rig
+                .receiver
+                .spans()
+                .into_iter()
+                .filter(|s| s.resource_str("k8s.pod.name") == Some(p.pod.name.as_str()))
+                .collect();
+            let servers: Vec<&Received> =
+                spans.iter().filter(|s| s.is_server() && s.str_attr("url.path") == Some(path)).collect();
+            let linked = servers
+                .iter()
+                .filter(|server| spans.iter().any(|c| c.is_client() && c.span.parent_span_id == server.span.span_id))
+                .count();
+            (servers.len() == REQUESTS && linked == REQUESTS).then(|| {
+                servers.iter().all(|s| {
+                    s.str_attr("url.scheme") == Some("https") && s.str_attr("network.protocol.version") == Some(version)
+                })
+            })
+        });
+        assert_eq!(
+            got,
+            Some(true),
+            "{}: HTTP/{version} over TLS traced and linked; agent log:\n{}",
+            p.version,
+            agent.log()
+        );
+        println!("[daemonset] {} in pod {}: {REQUESTS} HTTP/{version} requests over TLS traced", p.version, p.pod.name);
+    }
 }
 
 /// Waits until the receiver holds at least `n` spans of pod `name`, then returns them.
@@ -185,6 +241,11 @@ fn the_agent_in_its_daemonset_container_traces_haproxy_pods_of_both_versions() {
             spans.len(),
             &p.container_id[..12]
         );
+    }
+    let (_, ready) = agent.get("/readyz").expect("/readyz");
+    assert!(ready.contains("tls: uprobe-multi links"), "TLS through uprobe-multi links: {ready}");
+    for p in &pods {
+        assert_tls_traced(&rig, p, &agent);
     }
     let stored: Vec<_> = std::fs::read_dir(state.path()).expect("state dir").flatten().map(|e| e.file_name()).collect();
     assert!(!stored.is_empty(), "the tail store was written to the state hostPath");

@@ -242,3 +242,45 @@ fn master_worker_reloads_under_tls_load_lose_no_request() {
         );
     }
 }
+
+/// A traced HAProxy that ends leaves nothing behind in the agent: its connections (idle
+/// keep-alive ones here, whose close the probes never see: the kernel closes them at exit) and
+/// its TLS probes go as soon as the probes report its end.
+#[test]
+fn an_ended_process_leaves_no_connection_or_probe_behind() {
+    if !require_root() {
+        return;
+    }
+    let rig = Rig::new();
+    let port = free_port();
+    let pem = tracetap_tests::tls::certificate(haproxy::Version::Debian12);
+    let config = haproxy::config(port, &[rig.backend.addr], "").replace(
+        &format!("bind 127.0.0.1:{port}"),
+        &format!("bind 127.0.0.1:{port}\n    bind 127.0.0.1:{} ssl crt {pem}", free_port()),
+    );
+    let haproxy = Haproxy::start(&rig.comm, &config, port);
+    let agent = Agent::start_with_daemonset_capabilities(&rig.agent_env());
+    let front = SocketAddr::from(([127, 0, 0, 1], port));
+    let conns: Vec<Conn> = (0..20)
+        .map(|i| {
+            let mut conn = Conn::connect(front).expect("connect");
+            assert_eq!(conn.get(&format!("/idle/{i}"), &[]).expect("request").status, 200);
+            conn
+        })
+        .collect();
+    let _ = rig.receiver.wait_for_spans(40);
+    assert!(agent.metric("tracetap_connections") >= 20, "the idle connections are tracked");
+    assert_eq!(agent.metric("tracetap_tls_processes"), 1, "the TLS probes are attached");
+    drop(haproxy);
+    let freed = wait_for(Duration::from_secs(10), || {
+        (agent.metric("tracetap_connections") == 0 && agent.metric("tracetap_tls_processes") == 0).then_some(())
+    });
+    assert!(
+        freed.is_some(),
+        "connections {}, TLS processes {} after HAProxy ended\n{}",
+        agent.metric("tracetap_connections"),
+        agent.metric("tracetap_tls_processes"),
+        agent.log()
+    );
+    drop(conns);
+}

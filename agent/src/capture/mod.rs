@@ -146,7 +146,16 @@ pub fn run(
             let selected: BTreeSet<u32> =
                 candidates.iter().copied().filter(|pid| pods.selected(*pid) && !lifecycles.exited(*pid)).collect();
             metrics::set(&metrics.k8s_targets_not_selected, (candidates.len() - selected.len()) as u64);
-            for pid in refresh_targets(&mut probes, selected, &mut targets, &mut tracker, metrics) {
+            let mut gone = refresh_targets(&mut probes, selected, &mut targets, &mut tracker, metrics);
+            // A traced process that ended before discovery ever selected it (a short-lived HAProxy
+            // the kernel traced by its name) has connections in the tracker all the same.
+            for pid in lifecycles.take_ended() {
+                if !gone.contains(&pid) {
+                    tracker.forget_process(pid, loader::monotonic_ns());
+                    gone.push(pid);
+                }
+            }
+            for pid in gone {
                 opaque.forget_process(&mut probes.opaque, pid);
                 listeners.forget_process(pid);
                 names.forget_process(pid);
@@ -246,6 +255,9 @@ struct Lifecycles {
     started: std::collections::HashMap<u32, Instant>,
     /// An exit arrived since the last housekeeping, which then runs at once.
     exits_pending: bool,
+    /// Processes that ended since the last housekeeping, to forget whether or not they were
+    /// targets.
+    ended: Vec<u32>,
 }
 
 /// How long an ended process stays excluded from discovery's results, and a started one may stay
@@ -275,8 +287,13 @@ impl Lifecycles {
                 self.exited.insert(pid, Instant::now());
                 probes.unhook_tls(pid);
                 self.exits_pending = true;
+                self.ended.push(pid);
             }
         }
+    }
+
+    fn take_ended(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.ended)
     }
 
     fn exited(&self, pid: u32) -> bool {
