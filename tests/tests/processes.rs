@@ -205,7 +205,7 @@ fn master_worker_reloads_under_tls_load_lose_no_request() {
             std::thread::sleep(Duration::from_millis(1500));
             haproxy.reload_master();
         }
-        std::thread::sleep(Duration::from_millis(1000));
+        std::thread::sleep(Duration::from_secs(1));
         stop.store(true, Ordering::Relaxed);
         let answered: BTreeSet<String> = clients.into_iter().flat_map(|c| c.join().expect("a client")).collect();
         let traced = |receiver: &tracetap_tests::otlp::Receiver| -> BTreeSet<String> {

@@ -318,7 +318,7 @@ impl Probes {
                     let call_sites = plan.iter().filter(|p| p.program.ends_with("_call")).count();
                     TlsHook::Attached { object: object.clone(), call_sites }
                 }
-                Err(e) => TlsHook::Failed { object: object.clone(), error: e.to_string() },
+                Err(error) => TlsHook::Failed { object: object.clone(), error },
             };
         }
         unreadable.unwrap_or(TlsHook::NoLibrary)
@@ -508,9 +508,7 @@ fn choose_tls_route(ebpf: &mut Ebpf, btf: &Btf, choice: TlsRouteChoice) -> Resul
         }
     };
     let pid = std::process::id();
-    let multi = if !tries(TlsRouteChoice::UprobeMulti) {
-        skipped(format!("{choice:?}"))
-    } else {
+    let multi = if tries(TlsRouteChoice::UprobeMulti) {
         let maps = ebpf.maps().map(|(name, map)| (name, map_data(map).fd().as_fd()));
         match MultiPrograms::load(PROBES, maps, btf, &super::tls::PROGRAMS) {
             Ok(programs) => match programs.attach(SELF_TEST_PROGRAM, &target.0, &[target.1], &[0], pid) {
@@ -527,7 +525,10 @@ fn choose_tls_route(ebpf: &mut Ebpf, btf: &Btf, choice: TlsRouteChoice) -> Resul
             Err(uprobes::MultiLoadError::Load { error, .. }) => error,
             Err(e) => std::io::Error::other(e.to_string()),
         }
+    } else {
+        skipped(format!("{choice:?}"))
     };
+
     for name in super::tls::PROGRAMS {
         let program: &mut UProbe = program_of(ebpf, name)?;
         program.load().map_err(|source| LoadError::Attach { program: name.to_owned(), source: Box::new(source) })?;

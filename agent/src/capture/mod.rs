@@ -92,6 +92,10 @@ impl Output {
 /// Runs until `stop` is set, then hands out nothing more and returns (dropping the queue sender
 /// lets the exporter, or the tail thread, flush and finish).
 #[expect(clippy::needless_pass_by_value, reason = "the queue is dropped on return, which lets the exporter finish")]
+#[expect(
+    clippy::too_many_lines,
+    reason = "the capture loop owns every per-event structure, so that no event takes a lock; split, its steps would pass a dozen of them around"
+)]
 pub fn run(
     mut probes: Probes,
     config: &Config,
@@ -146,16 +150,8 @@ pub fn run(
             let selected: BTreeSet<u32> =
                 candidates.iter().copied().filter(|pid| pods.selected(*pid) && !lifecycles.exited(*pid)).collect();
             metrics::set(&metrics.k8s_targets_not_selected, (candidates.len() - selected.len()) as u64);
-            let mut gone = refresh_targets(&mut probes, selected, &mut targets, &mut tracker, metrics);
-            // A traced process that ended before discovery ever selected it (a short-lived HAProxy
-            // the kernel traced by its name) has connections in the tracker all the same.
-            for pid in lifecycles.take_ended() {
-                if !gone.contains(&pid) {
-                    tracker.forget_process(pid, loader::monotonic_ns());
-                    gone.push(pid);
-                }
-            }
-            for pid in gone {
+            let ended = lifecycles.take_ended();
+            for pid in refresh_targets(&mut probes, selected, &mut targets, &mut tracker, metrics, ended) {
                 opaque.forget_process(&mut probes.opaque, pid);
                 listeners.forget_process(pid);
                 names.forget_process(pid);
@@ -411,13 +407,16 @@ fn is_tcp_mode(ev: &tracetap_proxy::SyscallEvent<'_>, names: &mut Names) -> bool
     }
 }
 
-/// Makes `now` the traced set; returns the processes no longer traced.
+/// Makes `now` the traced set; returns the processes no longer traced, with those of `ended` that
+/// were not targets: a traced process that ended before discovery ever selected it (a short-lived
+/// HAProxy the kernel traced by its name) has connections in the tracker all the same.
 fn refresh_targets(
     probes: &mut Probes,
     now: BTreeSet<u32>,
     targets: &mut BTreeSet<u32>,
     tracker: &mut Tracker,
     metrics: &Metrics,
+    ended: Vec<u32>,
 ) -> Vec<u32> {
     for pid in now.difference(targets) {
         if let Err(e) = probes.trace(*pid) {
@@ -427,12 +426,18 @@ fn refresh_targets(
         }
         hook_tls(probes, *pid, metrics);
     }
-    let gone: Vec<u32> = targets.difference(&now).copied().collect();
+    let mut gone: Vec<u32> = targets.difference(&now).copied().collect();
     for pid in &gone {
         probes.untrace(*pid);
         probes.unhook_tls(*pid);
         tracker.forget_process(*pid, loader::monotonic_ns());
         tracing::info!(pid, "process gone");
+    }
+    for pid in ended {
+        if !targets.contains(&pid) {
+            tracker.forget_process(pid, loader::monotonic_ns());
+            gone.push(pid);
+        }
     }
     *targets = now;
     probes.write_target_set(&targets.iter().copied().collect::<Vec<_>>());

@@ -94,12 +94,12 @@ mod tests {
         io::Error::from_raw_os_error(errno)
     }
 
-    fn message(multi: i32, tracefs: Option<TracefsError>, paranoid: i32, seccomp: bool) -> String {
+    fn message(multi: i32, tracefs: Option<&TracefsError>, paranoid: i32, seccomp: bool) -> String {
         no_route_message(&Refusals {
             kernel: "6.1.0-50-amd64".to_owned(),
             multi: &os(multi),
             perf: "Permission denied (os error 13)".to_owned(),
-            tracefs: tracefs.as_ref(),
+            tracefs,
             perf_event_paranoid: Some(paranoid),
             seccomp,
         })
@@ -108,7 +108,7 @@ mod tests {
     #[test]
     fn debian_12s_default_paranoia_names_the_setting_and_its_value() {
         let refused = TracefsError { step: TracefsStep::Open, error: os(libc::EACCES) };
-        let m = message(libc::EINVAL, Some(refused), 3, false);
+        let m = message(libc::EINVAL, Some(&refused), 3, false);
         assert!(m.contains("Linux 6.1.0-50-amd64"), "{m}");
         assert!(m.contains("this kernel has none (they came in Linux 6.6)"), "{m}");
         assert!(m.contains("kernel.perf_event_paranoid at 3"), "{m}");
@@ -135,7 +135,7 @@ mod tests {
     #[test]
     fn a_read_only_tracefs_asks_for_a_writable_one() {
         let refused = TracefsError { step: TracefsStep::Write, error: os(libc::EROFS) };
-        let m = message(libc::EINVAL, Some(refused), 2, false);
+        let m = message(libc::EINVAL, Some(&refused), 2, false);
         assert!(m.contains("writable"), "{m}");
     }
 }

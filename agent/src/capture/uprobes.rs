@@ -154,6 +154,7 @@ impl MultiPrograms {
     }
 
     /// A duplicate of `program`'s descriptor (for the [`AttachWarmer`]).
+    #[must_use]
     pub fn program_fd(&self, program: &str) -> Option<io::Result<OwnedFd>> {
         self.programs.get(program).map(|p| p.fd.try_clone())
     }
@@ -335,6 +336,7 @@ fn write_events(tracefs: &Path, line: &str) -> io::Result<()> {
 
 /// Removes the events of agents that no longer run (`tracetap_PID` groups whose pid is gone or is
 /// not a tracetap). Returns how many were removed.
+#[must_use]
 pub fn remove_stale_events(tracefs: &Path, proc_root: &Path) -> usize {
     let Ok(listing) = std::fs::read_to_string(tracefs.join("uprobe_events")) else { return 0 };
     let mut removed = 0;
@@ -443,7 +445,7 @@ fn perf_tracepoint(id: u64, pid: u32) -> io::Result<OwnedFd> {
             pid as libc::pid_t,
             -1 as libc::c_int,
             -1 as libc::c_int,
-            aya_obj::generated::PERF_FLAG_FD_CLOEXEC as libc::c_ulong,
+            libc::c_ulong::from(aya_obj::generated::PERF_FLAG_FD_CLOEXEC),
         )
     };
     if ret < 0 {

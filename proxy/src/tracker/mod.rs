@@ -185,6 +185,17 @@ enum Role {
     Opaque,
 }
 
+/// Why a connection is opaque.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OpaqueCause {
+    /// Its first bytes were not HTTP, before any TLS was declared: they may be a TLS handshake
+    /// that ran before the TLS probes reached the process (a worker hooked just after it
+    /// started), so a later [`Op::Tls`] starts the connection over, as plaintext.
+    FirstBytes,
+    /// Anything else (`mode tcp`, bytes after TLS was declared, a bad PROXY header).
+    Other,
+}
+
 #[derive(Debug)]
 struct Connection {
     role: Role,
@@ -220,10 +231,8 @@ struct Connection {
     spoke_http: bool,
     /// The connection runs in TLS (its bytes are the plaintext).
     tls: Option<TlsInfo>,
-    /// Opaque only because its first bytes were not HTTP: they may be a TLS handshake that ran
-    /// before the TLS probes reached the process (a worker hooked just after it started), so a
-    /// later [`Op::Tls`] starts the connection over, as plaintext.
-    unclassified: bool,
+    /// Why the connection is opaque (meaningful while its role is [`Role::Opaque`]).
+    opaque_cause: OpaqueCause,
     /// First client bytes held back because they may start the HTTP/2 preface or an HTTP/1
     /// request alike ("P", "PR"); they are `h2::PREFACE[..preface_held]`.
     preface_held: u8,
@@ -251,7 +260,7 @@ impl Connection {
             proxy_client: None,
             spoke_http: false,
             tls: None,
-            unclassified: false,
+            opaque_cause: OpaqueCause::Other,
             preface_held: 0,
             h2: None,
         }
@@ -434,12 +443,12 @@ impl Tracker {
         let conn = self.conns.entry(key).or_insert_with(|| Connection::new(Role::Unknown, None));
         conn.tls = Some(TlsInfo::from_wire(version));
         conn.expect_proxy_header = false;
-        if conn.role == Role::Opaque && conn.unclassified {
+        if conn.role == Role::Opaque && conn.opaque_cause == OpaqueCause::FirstBytes {
             // The bytes before were the handshake's ciphertext, not another protocol. The probes
             // dropped the connection's opaque mark when they bound it (so that its plaintext is
             // copied from the first record on); the agent forgets its mark on this record too.
             conn.role = Role::Unknown;
-            conn.unclassified = false;
+            conn.opaque_cause = OpaqueCause::Other;
         } else if conn.role == Role::Opaque {
             // Opaque for another reason (`mode tcp`): marked again, as binding dropped the mark.
             let opened_ns = conn.opened_ns;
@@ -653,7 +662,7 @@ impl Tracker {
                 (None, _) => Role::Opaque,
             };
             if conn.role == Role::Opaque {
-                conn.unclassified = conn.tls.is_none();
+                conn.opaque_cause = if conn.tls.is_none() { OpaqueCause::FirstBytes } else { OpaqueCause::Other };
                 self.stats.unknown_descriptors += 1;
             }
         }
@@ -761,7 +770,8 @@ impl Tracker {
                         self.stats.parse_errors += 1;
                     } else {
                         conn.role = Role::Opaque;
-                        conn.unclassified = conn.tls.is_none();
+                        conn.opaque_cause =
+                            if conn.tls.is_none() { OpaqueCause::FirstBytes } else { OpaqueCause::Other };
                         self.stats.opaque_connections += 1;
                         mark_opaque(&mut self.opaque_marks, ctx.key, conn.opened_ns);
                         return found_message;
@@ -808,7 +818,7 @@ impl Tracker {
                 Step::Error(_) if !spoke_http => {
                     let conn = self.conns.get_mut(&ctx.key).expect("present");
                     conn.role = Role::Opaque;
-                    conn.unclassified = conn.tls.is_none();
+                    conn.opaque_cause = if conn.tls.is_none() { OpaqueCause::FirstBytes } else { OpaqueCause::Other };
                     self.stats.opaque_connections += 1;
                     mark_opaque(&mut self.opaque_marks, ctx.key, conn.opened_ns);
                     return found_message;
