@@ -61,6 +61,19 @@ pub enum TlsRoute {
     Tracefs,
 }
 
+impl TlsRoute {
+    /// The value of `TRACETAP_TLS_ROUTE` that names this one route; `None` for `Auto`.
+    #[must_use]
+    pub fn name(self) -> Option<&'static str> {
+        match self {
+            Self::Auto => None,
+            Self::UprobeMulti => Some("uprobe_multi"),
+            Self::Perf => Some("perf"),
+            Self::Tracefs => Some("tracefs"),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     /// Where spans go (`OTEL_EXPORTER_OTLP_*`); no endpoint means JSON lines on stdout.

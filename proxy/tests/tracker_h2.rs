@@ -624,14 +624,21 @@ fn ciphertext_before_a_late_tls_binding_is_forgotten() {
 }
 
 /// A connection HAProxy relays in `mode tcp` (the agent's `Ignore`) stays opaque when TLS is
-/// declared on it: only a connection made opaque by its first bytes starts over.
+/// declared on it, and is marked opaque again (the probes dropped its mark when they bound it):
+/// only a connection made opaque by its first bytes starts over.
 #[test]
 fn an_ignored_connection_stays_opaque_under_tls() {
+    fn numbered(ts: u64, op: Op<'_>) -> SyscallEvent<'_> {
+        SyscallEvent { seq: ts as u32, ..at(ts, 12, op) }
+    }
     let mut t = Tracker::default();
-    t.handle(&at(1, 12, Op::Accept { peer: None, local: None }));
-    t.handle(&at(2, 12, Op::Ignore));
-    t.handle(&at(3, 12, Op::Tls { version: 0x0304 }));
-    t.handle(&at(4, 12, Op::Read(Chunk::complete(&h1_request("/tcp")))));
-    t.handle(&at(5, 12, Op::Write(Chunk::complete(&h1_response(200, "a", "a")))));
+    t.handle(&numbered(1, Op::Accept { peer: None, local: None }));
+    t.handle(&numbered(2, Op::Ignore));
+    assert_eq!(t.take_opaque_marks().len(), 1, "marked when ignored");
+    t.handle(&numbered(3, Op::Tls { version: 0x0304 }));
+    assert_eq!(t.take_opaque_marks().len(), 1, "marked again when bound");
+    let (request, response) = (h1_request("/tcp"), h1_response(200, "a", "a"));
+    t.handle(&numbered(4, Op::Read(Chunk::complete(&request))));
+    t.handle(&numbered(5, Op::Write(Chunk::complete(&response))));
     assert_eq!(t.drain().count(), 0);
 }

@@ -223,6 +223,9 @@ fn master_worker_reloads_under_tls_load_lose_no_request() {
         let pids: BTreeSet<i64> = rig.receiver.spans().iter().map(|s| s.pid).collect();
         let untraced: Vec<&String> = answered.difference(&got).collect();
         println!("[tls reload, {version}] untraced requests (client-number): {untraced:?}");
+        for warning in agent.log().lines().filter(|l| l.contains("WARN")) {
+            println!("[tls reload, {version}] agent: {warning}");
+        }
         println!(
             "[tls reload, {version}] answered {}, traced {}, missing {missing}, workers {}, unbound TLS records {}, hook failures {}, ring losses {}",
             answered.len(),

@@ -99,7 +99,9 @@ pub struct Probes {
     /// The object file each hooked process's TLS probes are on.
     tls_objects: HashMap<u32, std::path::PathBuf>,
     /// Links for every process mapping a library, over a reload (see [`Probes::expect_new_workers`]).
-    tls_bridge: Option<Bridge>,
+    tls_bridges: Vec<Bridge>,
+    /// Processes whose TLS probes could not be attached (counted once each).
+    tls_refused: std::collections::HashSet<u32>,
     /// Attach plans by file, so that a new worker of a known `HAProxy` is hooked without reading
     /// its library again.
     tls_plans: super::tls::PlanCache,
@@ -130,13 +132,14 @@ impl TlsRoute {
     }
 }
 
-/// Links of the TLS probes for every process that maps `object`, until `until` (see
-/// [`Probes::expect_new_workers`]).
+/// Links of the TLS probes for every process that maps a file (device and inode), until `until`
+/// (see [`Probes::expect_new_workers`]). Dropped last link first (opening probes first).
 struct Bridge {
-    object: std::path::PathBuf,
-    /// Held for their drop, which detaches them.
-    _links: Vec<std::os::fd::OwnedFd>,
+    file: (u64, u64),
+    links: Vec<std::os::fd::OwnedFd>,
     until: std::time::Instant,
+    /// A new process started since the bridge was made or renewed.
+    settled: bool,
 }
 
 /// One attached TLS probe; the last two detach when dropped.
@@ -248,7 +251,8 @@ impl Probes {
             _stats: stats,
             tls_links: HashMap::new(),
             tls_objects: HashMap::new(),
-            tls_bridge: None,
+            tls_bridges: Vec::new(),
+            tls_refused: std::collections::HashSet::new(),
             tls_plans: super::tls::PlanCache::default(),
             tls_route,
             tls_hooked,
@@ -318,8 +322,14 @@ impl Probes {
                     let call_sites = plan.iter().filter(|p| p.program.ends_with("_call")).count();
                     TlsHook::Attached { object: object.clone(), call_sites }
                 }
-                Err(error) => TlsHook::Failed { object: object.clone(), error },
+                Err(error) => {
+                    self.tls_refused.insert(pid);
+                    TlsHook::Failed { object: object.clone(), error }
+                }
             };
+        }
+        if unreadable.is_some() {
+            self.tls_refused.insert(pid);
         }
         unreadable.unwrap_or(TlsHook::NoLibrary)
     }
@@ -374,8 +384,10 @@ impl Probes {
         program.try_into()
     }
 
+    /// Detaches `links`, last first: attached closing probes first, they go opening probes first,
+    /// so that no call is noted with nothing left to clear it.
     fn detach_tls(&mut self, links: Vec<TlsLink>) {
-        for link in links {
+        for link in links.into_iter().rev() {
             if let TlsLink::Perf(name, link) = link
                 && let Ok(program) = self.uprobe(name)
             {
@@ -387,9 +399,17 @@ impl Probes {
     /// Detaches the TLS probes of a process that is no longer traced.
     pub fn unhook_tls(&mut self, pid: u32) {
         self.tls_objects.remove(&pid);
+        self.tls_refused.remove(&pid);
         if let Some(links) = self.tls_links.remove(&pid) {
             self.detach_tls(links);
         }
+    }
+
+    /// Whether process `pid` had its TLS probes attached, or refused (each process is tried and
+    /// counted once).
+    #[must_use]
+    pub fn tls_settled(&self, pid: u32) -> bool {
+        self.tls_links.contains_key(&pid) || self.tls_refused.contains(&pid)
     }
 
     /// Whether the TLS probes are loaded (`TRACETAP_TLS_PROBES` is not `off`, and not in the
@@ -404,20 +424,26 @@ impl Probes {
     /// made once it knows the worker (it has to be scheduled, and the kernel may make it wait; see
     /// [`AttachWarmer`]). So, on the uprobe-multi route, the library `pid` was hooked on gets
     /// links for every process that maps it ([`TLS_COOKIE_ANY_PROCESS`]: the probes act for traced
-    /// processes only) until [`uprobes::WARM_FOR`] from now: the bridge. Meanwhile every process
-    /// mapping that file pays a breakpoint per TLS call (in a container, `HAProxy`'s own).
-    /// Returns how many bridge links were made, `None` when there is nothing to bridge.
+    /// processes only) until a new process has started and [`uprobes::SETTLE`] more, or
+    /// [`uprobes::MAX_WAIT_FOR_WORKERS`] at most: the bridge, one per file (pods of one image
+    /// reloading together share it). Meanwhile every process mapping that file pays a breakpoint
+    /// per TLS call (in a container, `HAProxy`'s own). Returns how many bridge links were made,
+    /// `None` when there is nothing to bridge.
     pub fn expect_new_workers(&mut self, pid: u32) -> Option<Result<usize, String>> {
+        use std::os::unix::fs::MetadataExt as _;
         let Ok(TlsRoute::Multi(programs, warmer)) = &self.tls_route else { return None };
         if let Some(warmer) = warmer {
             warmer.warm();
         }
         let object = self.tls_objects.get(&pid)?.clone();
-        let until = std::time::Instant::now() + uprobes::WARM_FOR;
-        if let Some(bridge) = &mut self.tls_bridge
-            && bridge.object == object
-        {
+        let until = std::time::Instant::now() + uprobes::MAX_WAIT_FOR_WORKERS;
+        let file = match std::fs::metadata(&object) {
+            Ok(meta) => (meta.dev(), meta.ino()),
+            Err(e) => return Some(Err(e.to_string())),
+        };
+        if let Some(bridge) = self.tls_bridges.iter_mut().find(|b| b.file == file) {
             bridge.until = until;
+            bridge.settled = false;
             return Some(Ok(0));
         }
         let plan = match self.tls_plans.plan(&object, self.tls_placement == TlsProbes::Auto) {
@@ -434,16 +460,38 @@ impl Probes {
             }
         }
         let made = links.len();
-        self.tls_bridge = Some(Bridge { object, _links: links, until });
+        self.tls_bridges.push(Bridge { file, links, until, settled: false });
         Some(Ok(made))
     }
 
-    /// Drops the bridge of [`Probes::expect_new_workers`] once its time is up.
-    pub fn end_bridge_when_due(&mut self) {
-        if self.tls_bridge.as_ref().is_some_and(|b| b.until <= std::time::Instant::now()) {
-            self.tls_bridge = None;
-            tracing::debug!("TLS bridge links dropped");
+    /// A traced process started: the bridges and the warmer end [`uprobes::SETTLE`] from now.
+    pub fn new_process_hooked(&mut self) {
+        let soon = std::time::Instant::now() + uprobes::SETTLE;
+        for bridge in &mut self.tls_bridges {
+            if !bridge.settled {
+                bridge.settled = true;
+                bridge.until = bridge.until.min(soon);
+            }
         }
+        if let Ok(TlsRoute::Multi(_, Some(warmer))) = &self.tls_route {
+            warmer.settle();
+        }
+        // The probes may have marked the target set incomplete for the new process.
+        self.target_set_written = None;
+    }
+
+    /// Drops the bridges of [`Probes::expect_new_workers`] whose time is up.
+    pub fn end_bridges_when_due(&mut self) {
+        let now = std::time::Instant::now();
+        self.tls_bridges.retain_mut(|bridge| {
+            if bridge.until > now {
+                return true;
+            }
+            // Opening probes first: a call is never noted with nothing left to clear it.
+            while bridge.links.pop().is_some() {}
+            tracing::debug!("TLS bridge links dropped");
+            false
+        });
     }
 
     /// How the TLS probes reach the kernel, or why they cannot (the one message, see
@@ -497,7 +545,7 @@ const SELF_TEST_PROGRAM: &str = "ssl_handshake_entry";
 /// them. Only a failure to load the programs for perf links (which every route but the first
 /// needs) is an error of the agent's.
 fn choose_tls_route(ebpf: &mut Ebpf, btf: &Btf, choice: TlsRouteChoice) -> Result<Result<TlsRoute, String>, LoadError> {
-    let skipped = |route| std::io::Error::other(format!("not tried (TRACETAP_TLS_ROUTE names {route})"));
+    use super::tls_route::{Refusal, Refusals, no_route_message};
     let tries = |wanted| choice == TlsRouteChoice::Auto || choice == wanted;
     let target = match uprobes::self_test_target() {
         Ok(target) => target,
@@ -507,7 +555,16 @@ fn choose_tls_route(ebpf: &mut Ebpf, btf: &Btf, choice: TlsRouteChoice) -> Resul
             )));
         }
     };
+    // Events of agents killed before are removed whichever route this one takes.
+    let tracefs_dir = uprobes::tracefs_dir();
+    if let Some(dir) = &tracefs_dir {
+        let removed = uprobes::remove_stale_events(dir, Path::new("/proc"));
+        if removed > 0 {
+            tracing::info!(removed, tracefs = %dir.display(), "removed uprobe events left by agents that no longer run");
+        }
+    }
     let pid = std::process::id();
+    let multi_error;
     let multi = if tries(TlsRouteChoice::UprobeMulti) {
         let maps = ebpf.maps().map(|(name, map)| (name, map_data(map).fd().as_fd()));
         match MultiPrograms::load(PROBES, maps, btf, &super::tls::PROGRAMS) {
@@ -520,13 +577,16 @@ fn choose_tls_route(ebpf: &mut Ebpf, btf: &Btf, choice: TlsRouteChoice) -> Resul
                     });
                     return Ok(Ok(TlsRoute::Multi(programs, warmer)));
                 }
-                Err(e) => e,
+                Err(e) => {
+                    multi_error = e;
+                    Refusal::Attach(&multi_error)
+                }
             },
-            Err(uprobes::MultiLoadError::Load { error, .. }) => error,
-            Err(e) => std::io::Error::other(e.to_string()),
+            // The verifier's or the object's word, not the kernel's lack of the link type.
+            Err(e) => Refusal::Other(e.to_string()),
         }
     } else {
-        skipped(format!("{choice:?}"))
+        Refusal::NotTried
     };
 
     for name in super::tls::PROGRAMS {
@@ -536,46 +596,49 @@ fn choose_tls_route(ebpf: &mut Ebpf, btf: &Btf, choice: TlsRouteChoice) -> Resul
     let program: &mut UProbe = program_of(ebpf, SELF_TEST_PROGRAM)?;
     let at = UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(target.1), cookie: None };
     let scope = UProbeScope::OneProcess(NonZeroU32::new(pid).expect("the agent is not pid 0"));
+    let perf_error;
     let perf = if tries(TlsRouteChoice::Perf) {
         match program.attach(at, &target.0, scope) {
             Ok(link) => {
                 let _ = program.detach(link);
                 return Ok(Ok(TlsRoute::PerfPmu));
             }
-            Err(e) => e.to_string(),
+            Err(e) => {
+                perf_error = e.to_string();
+                Refusal::Attach(&perf_error)
+            }
         }
     } else {
-        skipped(format!("{choice:?}")).to_string()
+        Refusal::NotTried
     };
-    let tracefs = match uprobes::tracefs_dir() {
-        _ if !tries(TlsRouteChoice::Tracefs) => {
-            Err(uprobes::TracefsError { step: uprobes::TracefsStep::Write, error: skipped(format!("{choice:?}")) })
-        }
+    let tracefs_error;
+    let tracefs = match tracefs_dir {
+        _ if !tries(TlsRouteChoice::Tracefs) => Some(Refusal::NotTried),
         Some(dir) => {
-            let removed = uprobes::remove_stale_events(&dir, Path::new("/proc"));
-            if removed > 0 {
-                tracing::info!(removed, tracefs = %dir.display(), "removed uprobe events left by agents that no longer run");
-            }
             let fd = program.fd().map_err(|source| LoadError::Attach {
                 program: SELF_TEST_PROGRAM.to_owned(),
                 source: Box::new(source),
             })?;
             match uprobes::attach_tracefs(&dir, fd.as_fd(), false, &target.0, target.1, 0, pid) {
                 Ok(_event) => return Ok(Ok(TlsRoute::Tracefs(dir))),
-                Err(e) => Err(e),
+                Err(e) => {
+                    tracefs_error = e;
+                    Some(Refusal::Attach(&tracefs_error))
+                }
             }
         }
-        None => Ok(()),
+        None => None,
     };
-    Ok(Err(super::tls_route::no_route_message(&super::tls_route::Refusals {
-        multi: &multi,
+    Ok(Err(no_route_message(&Refusals {
+        multi,
         perf,
-        tracefs: tracefs.as_ref().err(),
+        tracefs,
         perf_event_paranoid: std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
             .ok()
             .and_then(|s| s.trim().parse().ok()),
         seccomp: seccomp_filtered(),
         kernel: kernel_release(),
+        forced: choice.name(),
     })))
 }
 

@@ -219,7 +219,7 @@ pub fn run(
                 hand_out(&mut tracker, &mut staging, &mut builder, &mut names, &mut batcher, &queue, metrics);
             }
         }
-        probes.end_bridge_when_due();
+        probes.end_bridges_when_due();
         poll = if events == 0 { (poll * 2).min(IDLE_POLL) } else { POLL };
         metrics::add(&metrics.events_captured, events);
         metrics::add(&metrics.payload_bytes_captured, std::mem::take(&mut payload_bytes));
@@ -264,20 +264,31 @@ impl Lifecycles {
     fn handle(&mut self, event: decode::Lifecycle, probes: &mut Probes, metrics: &Metrics) {
         match event {
             decode::Lifecycle::Start(pid, started_ns) => {
+                // A pid reused at once is a new process: not the one that ended.
                 self.exited.remove(&pid);
-                self.started.insert(pid, Instant::now());
+                self.ended.retain(|p| *p != pid);
+                if self.started.insert(pid, Instant::now()).is_some() && probes.tls_settled(pid) {
+                    // Reported by its parent and by itself: hooked on the first report.
+                    return;
+                }
                 let seen_us = loader::monotonic_ns().saturating_sub(started_ns) / 1000;
                 hook_tls(probes, pid, metrics);
                 let hooked_us = loader::monotonic_ns().saturating_sub(started_ns) / 1000;
                 tracing::debug!(pid, seen_us, hooked_us, "process started");
+                probes.new_process_hooked();
             }
-            decode::Lifecycle::Exec(pid) => match probes.expect_new_workers(pid) {
-                Some(Ok(links)) => tracing::debug!(pid, links, "traced process executed a program; TLS bridge up"),
-                Some(Err(error)) => {
-                    tracing::warn!(pid, %error, "cannot bridge the TLS probes over this reload; the new workers' first connections may go untraced");
+            decode::Lifecycle::Exec(pid) => {
+                // A process with a reused pid may be reported by its exec alone (its parent is not
+                // traced): not the one that ended.
+                self.exited.remove(&pid);
+                match probes.expect_new_workers(pid) {
+                    Some(Ok(links)) => tracing::debug!(pid, links, "traced process executed a program; TLS bridge up"),
+                    Some(Err(error)) => {
+                        tracing::warn!(pid, %error, "cannot bridge the TLS probes over this reload; the new workers' first connections may go untraced");
+                    }
+                    None => tracing::debug!(pid, "traced process executed a program"),
                 }
-                None => tracing::debug!(pid, "traced process executed a program"),
-            },
+            }
             decode::Lifecycle::Exit(pid) => {
                 self.started.remove(&pid);
                 self.exited.insert(pid, Instant::now());
@@ -447,18 +458,29 @@ fn refresh_targets(
 
 /// Attaches the TLS probes to a newly traced process, when it maps a TLS library.
 fn hook_tls(probes: &mut Probes, pid: u32, metrics: &Metrics) {
-    if !probes.captures_tls() {
+    if !probes.captures_tls() || probes.tls_settled(pid) {
         return;
     }
+    // A process that ended meanwhile (a short-lived child reported at its fork) is no failure.
+    let ended = || !Path::new("/proc").join(pid.to_string()).exists();
     let objects = match tls::objects_of(Path::new("/proc"), pid) {
         Ok(objects) => objects,
+        Err(e) if ended() => {
+            tracing::debug!(pid, error = %e, "process ended before its TLS library was found");
+            return;
+        }
         Err(e) => {
             tracing::warn!(pid, error = %e, "cannot read the process's memory maps; its TLS connections are not traced");
             metrics::add(&metrics.tls_hook_failures, 1);
             return;
         }
     };
-    match probes.hook_tls(pid, &objects.usable) {
+    let hooked = probes.hook_tls(pid, &objects.usable);
+    if !matches!(hooked, loader::TlsHook::Attached { .. } | loader::TlsHook::AlreadyHooked) && ended() {
+        tracing::debug!(pid, ?hooked, "process ended before its TLS probes were attached");
+        return;
+    }
+    match hooked {
         loader::TlsHook::Attached { object, call_sites } => {
             tracing::info!(pid, object = %object.display(), call_sites, "TLS probes attached");
         }

@@ -184,11 +184,21 @@ const MAX_OBJECT_BYTES: u64 = 256 << 20;
 /// Files whose plans the cache keeps; past that it starts over (a node runs few TLS builds).
 const MAX_CACHED_PLANS: usize = 64;
 
-/// [`attach_plan`] of each object file, by device and inode: workers of one `HAProxy` (every
+/// [`attach_plan`] of each object file, by device, inode, size and change times: workers of one `HAProxy` (every
 /// reload brings new ones) map the same library, which is read and parsed once.
 #[derive(Debug, Default)]
 pub struct PlanCache {
-    plans: std::collections::HashMap<(u64, u64), Option<std::sync::Arc<[ProbePoint]>>>,
+    plans: std::collections::HashMap<PlanKey, Option<std::sync::Arc<[ProbePoint]>>>,
+}
+
+/// A file as [`PlanCache`] knows it: its identity and what changes when it is rewritten.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct PlanKey {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime_ns: (i64, i64),
+    ctime_ns: (i64, i64),
 }
 
 impl PlanCache {
@@ -199,7 +209,15 @@ impl PlanCache {
         use std::os::unix::fs::MetadataExt as _;
         let file = std::fs::File::open(object)?;
         let meta = file.metadata()?;
-        let key = (meta.dev(), meta.ino());
+        // An inode is reused once its file is gone (an image pulled again), and a file can be
+        // rewritten in place: the size and both change times tell such files apart.
+        let key = PlanKey {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            len: meta.len(),
+            mtime_ns: (meta.mtime(), meta.mtime_nsec()),
+            ctime_ns: (meta.ctime(), meta.ctime_nsec()),
+        };
         if let Some(plan) = self.plans.get(&key) {
             return Ok(plan.clone());
         }

@@ -61,11 +61,12 @@ impl fmt::Display for Route {
 /// `BPF_F_UPROBE_MULTI_RETURN`: every offset of the link is a return probe.
 const UPROBE_MULTI_RETURN: u32 = 1;
 
-fn bpf(cmd: bpf_cmd, attr: &bpf_attr) -> io::Result<OwnedFd> {
+fn bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<OwnedFd> {
     // SAFETY: `attr` is a fully initialised `bpf_attr` whose pointers outlive the call; the
-    // kernel reads at most `size_of::<bpf_attr>()` bytes.
+    // kernel reads at most `size_of::<bpf_attr>()` bytes and may write some back (the verifier
+    // log's true size, Linux 6.4+), hence the exclusive borrow.
     let ret =
-        unsafe { libc::syscall(libc::SYS_bpf, cmd as libc::c_long, std::ptr::from_ref(attr), size_of::<bpf_attr>()) };
+        unsafe { libc::syscall(libc::SYS_bpf, cmd as libc::c_long, std::ptr::from_mut(attr), size_of::<bpf_attr>()) };
     if ret < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -184,7 +185,7 @@ fn load_for_multi(name: &str, instructions: &[bpf_insn], license: &CString) -> R
                 load.log_buf = log.as_mut_ptr() as u64;
             }
         }
-        bpf(bpf_cmd::BPF_PROG_LOAD, &attr)
+        bpf(bpf_cmd::BPF_PROG_LOAD, &mut attr)
     };
     match attempt(None) {
         Ok(fd) => Ok(fd),
@@ -230,7 +231,7 @@ fn link_multi(
         multi.flags = if returns { UPROBE_MULTI_RETURN } else { 0 };
         multi.pid = pid;
     }
-    bpf(bpf_cmd::BPF_LINK_CREATE, &attr)
+    bpf(bpf_cmd::BPF_LINK_CREATE, &mut attr)
 }
 
 fn c_path(path: &Path) -> io::Result<CString> {
@@ -246,16 +247,22 @@ fn c_path(path: &Path) -> io::Result<CString> {
 /// within that time, and their handshakes run without the probes. The semaphore stays in writer
 /// mode for a grace period after each writer leaves, so the agent registers a probe that never
 /// fires (the self-test's) every millisecond from the moment a traced `HAProxy` re-executes itself
-/// (a reload: it forks its new workers right after) until [`WARM_FOR`] later: the worker's links
-/// then wait for nothing. While it warms, `fork` on the node takes the semaphore's slower read
-/// path (an atomic operation), and each registration costs the agent about 10 µs.
+/// (a reload: it forks its new workers once it has read its configuration) until a new process
+/// has started and [`SETTLE`] more, or [`MAX_WAIT_FOR_WORKERS`] at most: the worker's links then
+/// wait for nothing. While it warms, `fork` on the node takes the semaphore's slower read path (an
+/// atomic operation), and each registration costs the agent about 10 µs.
 #[derive(Debug)]
 pub struct AttachWarmer {
     until: std::sync::Arc<(std::sync::Mutex<Option<std::time::Instant>>, std::sync::Condvar)>,
 }
 
-/// How long the warmer runs after a traced process re-executes itself.
-pub const WARM_FOR: std::time::Duration = std::time::Duration::from_secs(1);
+/// The longest the agent waits for new workers after a traced process re-executes itself (an
+/// `HAProxy` that reads a large configuration, many certificates, may take seconds).
+pub const MAX_WAIT_FOR_WORKERS: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How long the warmer and the bridge go on once a new process started after the re-execution
+/// (its links are in by then; a second worker, if any, follows within it).
+pub const SETTLE: std::time::Duration = std::time::Duration::from_millis(250);
 
 impl AttachWarmer {
     /// Starts the warming thread, which registers `program` at the self-test target when asked.
@@ -280,11 +287,21 @@ impl AttachWarmer {
         Ok(Self { until })
     }
 
-    /// Warms until [`WARM_FOR`] from now.
+    /// Warms until [`MAX_WAIT_FOR_WORKERS`] from now, or [`Self::settle`].
     pub fn warm(&self) {
+        self.set(|_| Some(std::time::Instant::now() + MAX_WAIT_FOR_WORKERS));
+    }
+
+    /// A new process started: warming stops [`SETTLE`] from now, if it was to go on longer.
+    pub fn settle(&self) {
+        let soon = std::time::Instant::now() + SETTLE;
+        self.set(|until| until.map(|t| t.min(soon)));
+    }
+
+    fn set(&self, change: impl FnOnce(Option<std::time::Instant>) -> Option<std::time::Instant>) {
         let (lock, wake) = &*self.until;
         if let Ok(mut until) = lock.lock() {
-            *until = Some(std::time::Instant::now() + WARM_FOR);
+            *until = change(*until);
             wake.notify_one();
         }
     }
@@ -425,7 +442,14 @@ pub fn attach_tracefs(
         .and_then(|id| id.trim().parse().map_err(|_| io::Error::other("the event's id is not a number")))
         .map_err(remove(TracefsStep::Write))?;
     let perf = perf_tracepoint(id, pid).map_err(remove(TracefsStep::Open))?;
-    let link = link_perf_event(program, perf.as_fd(), cookie).map_err(remove(TracefsStep::Link))?;
+    let link = match link_perf_event(program, perf.as_fd(), cookie) {
+        Ok(link) => link,
+        Err(error) => {
+            // An open perf event keeps its uprobe event busy: closed first.
+            drop(perf);
+            return Err(remove(TracefsStep::Link)(error));
+        }
+    };
     Ok(TracefsEvent { link: Some(link), perf: Some(perf), tracefs: tracefs.to_owned(), name })
 }
 
@@ -466,7 +490,7 @@ fn link_perf_event(program: BorrowedFd<'_>, perf: BorrowedFd<'_>, cookie: u64) -
         link.attach_type = BPF_PERF_EVENT as u32;
         link.__bindgen_anon_3.perf_event.bpf_cookie = cookie;
     }
-    bpf(bpf_cmd::BPF_LINK_CREATE, &attr)
+    bpf(bpf_cmd::BPF_LINK_CREATE, &mut attr)
 }
 
 /// The function the route self-test probes: never called, so its probe never fires.

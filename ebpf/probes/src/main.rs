@@ -340,8 +340,8 @@ pub fn sched_process_exec(_ctx: BtfTracePointContext) -> i32 {
     0
 }
 
-/// A process ended (its main thread exits): the agent is told (a traced one), and with a command
-/// filter its cached verdict goes, so a later process with the same pid is judged afresh.
+/// A process ended (its main thread exits): the agent is told (a traced one), and its verdict
+/// goes, so a later process with the same pid is judged afresh.
 #[btf_tracepoint(function = "sched_process_exit")]
 pub fn sched_process_exit(_ctx: BtfTracePointContext) -> i32 {
     let pid_tgid = bpf_get_current_pid_tgid();
@@ -354,9 +354,9 @@ pub fn sched_process_exit(_ctx: BtfTracePointContext) -> i32 {
         {
             emit(staging, 0);
         }
-        if comm_verdict().is_some() {
-            let _ = TARGET_PIDS.remove(&tgid);
-        }
+        // Its verdict goes with it (the agent untraces it too): a later process with the pid is
+        // judged afresh, and one the probes marked traced at its fork leaves no stray entry.
+        let _ = TARGET_PIDS.remove(&tgid);
     }
     0
 }
@@ -374,10 +374,52 @@ fn process_started() {
     emit_at_once(EventKind::ProcessStart);
 }
 
+/// `clone` flag: the new task is a thread of the caller's process.
+const CLONE_THREAD: u64 = 0x0001_0000;
+
+/// In a traced parent returning from the `fork`/`clone` that made process `child` (not a thread):
+/// the child is traced from now on without waiting for the agent (`TARGET_PIDS`, and the target
+/// set is no longer complete until the agent rewrites it), which matters where no command-name
+/// filter traces it already (`TRACETAP_TARGET_PIDS`, a pod selector), and it is reported (the
+/// agent hooks it once whichever of this and [`process_started`] comes first).
+#[inline(always)]
+fn process_forked(regs: u64, nr: u64, child: u32) {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if !is_target(tgid) {
+        return;
+    }
+    let flags = match nr {
+        nr::CLONE => reg(regs, PT_REGS_DI),
+        // SAFETY: a helper read of user memory (`struct clone_args`, flags first), which faults
+        // safely; an unreadable one is taken for a thread.
+        nr::CLONE3 => unsafe { bpf_probe_read_user(reg(regs, PT_REGS_DI) as *const u64) }.unwrap_or(CLONE_THREAD),
+        _ => 0,
+    };
+    if flags & CLONE_THREAD != 0 {
+        return;
+    }
+    let _ = TARGET_PIDS.insert(&child, &1, 0);
+    if let Some(set) = TARGET_SET.get_ptr_mut(0) {
+        // SAFETY: the array's one value; a racing write by the agent only makes this moot.
+        unsafe { (*set).complete = 0 };
+    }
+    let Some(staging) = stage(EventKind::ProcessStart, -1, 0) else { return };
+    staging.header.tgid = child;
+    staging.header.tid = child;
+    send_at_once(staging);
+}
+
 /// Emits a record of `kind` for the current process, without payload, and wakes the agent.
 #[inline(always)]
 fn emit_at_once(kind: EventKind) {
-    let Some(staging) = stage(kind, -1, 0) else { return };
+    if let Some(staging) = stage(kind, -1, 0) {
+        send_at_once(staging);
+    }
+}
+
+/// Sends the header of `staging`, waking the agent.
+#[inline(always)]
+fn send_at_once(staging: &mut Staging) {
     // SAFETY: a plain load of a global, as in `emit`.
     staging.header.loss_epoch = unsafe { core::ptr::read_volatile(&raw const LOSS_EPOCH) };
     // SAFETY: the header lies at the start of `Staging`, which `staging` points to.
@@ -648,9 +690,12 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> i32 {
         nr::CONNECT => (EventKind::Connect, BufShape::Plain),
         nr::SPLICE => (EventKind::Read, BufShape::Plain),
         nr::CLONE | nr::CLONE3 | nr::FORK | nr::VFORK => {
-            // 0: this is the new task, returning from the call that made it.
+            // 0: this is the new task, returning from the call that made it; more: the parent,
+            // with the new task's id.
             if ret == 0 {
                 process_started();
+            } else if ret > 0 {
+                process_forked(regs, nr, ret as u32);
             }
             return 0;
         }
