@@ -59,6 +59,21 @@ impl Agent {
     /// `CAP_DAC_READ_SEARCH`, and `no_new_privs`; waits until ready.
     #[must_use]
     pub fn start_with_daemonset_capabilities(env: &[(&str, String)]) -> Self {
+        let agent = Self::spawn_with_daemonset_capabilities(env);
+        agent.wait_ready();
+        agent
+    }
+
+    /// [`Agent::start_with_daemonset_capabilities`], waiting only for the admin endpoint to answer
+    /// (readiness needs a target).
+    #[must_use]
+    pub fn start_with_daemonset_capabilities_without_targets(env: &[(&str, String)]) -> Self {
+        let agent = Self::spawn_with_daemonset_capabilities(env);
+        crate::wait_for(Duration::from_secs(20), || agent.get("/readyz")).expect("admin endpoint up");
+        agent
+    }
+
+    fn spawn_with_daemonset_capabilities(env: &[(&str, String)]) -> Self {
         let mut cmd = Command::new("setpriv");
         cmd.args([
             "--bounding-set=-all,+bpf,+perfmon,+sys_ptrace,+dac_read_search",
@@ -67,9 +82,7 @@ impl Agent {
             "--",
         ])
         .arg(binary());
-        let agent = Self::spawn_command(cmd, env);
-        agent.wait_ready();
-        agent
+        Self::spawn_command(cmd, env)
     }
 
     /// The agent's process id.

@@ -178,13 +178,16 @@ fn tls_without_a_route_is_refused_once_and_loudly() {
     let pem = tracetap_tests::tls::certificate(Version::Debian12);
     let config = haproxy::config(plain_port, &[rig.backend.addr], "")
         + &format!("\nfrontend fe_tls\n    bind 127.0.0.1:{tls_port} ssl crt {pem}\n    default_backend be_app\n");
-    let _haproxy = Haproxy::start_on(Version::Debian12, &rig.comm, &config, plain_port);
     let mut env = rig.agent_env();
     env.push(("TRACETAP_TLS_ROUTE", "perf".to_owned()));
-    let agent = Agent::start_with_daemonset_capabilities(&env);
+    // HAProxy after the agent: reported at its start, then selected by discovery.
+    let agent = Agent::start_with_daemonset_capabilities_without_targets(&env);
+    let _haproxy = Haproxy::start_master_worker_on(Version::Debian12, &rig.comm, &config, plain_port);
+    agent.wait_ready();
+    // The master and its worker, both mapping the TLS library.
     let counted =
-        wait_for(Duration::from_secs(10), || (agent.metric("tracetap_tls_hook_failures_total") == 1).then_some(()));
-    assert!(counted.is_some(), "the process is counted\n{}", agent.log());
+        wait_for(Duration::from_secs(10), || (agent.metric("tracetap_tls_hook_failures_total") >= 2).then_some(()));
+    assert!(counted.is_some(), "each process is counted\n{}", agent.log());
     let log = agent.log();
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
     let message = log.lines().find(|l| l.contains("TLS connections cannot be traced on this node")).expect(&log);
@@ -201,4 +204,7 @@ fn tls_without_a_route_is_refused_once_and_loudly() {
     assert_eq!(Conn::connect(front).unwrap().get("/cleartext", &[]).unwrap().status, 200);
     let spans = rig.receiver.wait_for_spans(2);
     assert!(spans.iter().any(|s| s.is_server() && s.str_attr("url.path") == Some("/cleartext")));
+    // Reported at its start (master and worker, when the version forks one) and selected by
+    // discovery since: each process counted once.
+    assert_eq!(agent.metric("tracetap_tls_hook_failures_total"), 2, "each counted once\n{}", agent.log());
 }
