@@ -100,6 +100,8 @@ pub struct Probes {
     tls_objects: HashMap<u32, std::path::PathBuf>,
     /// Links for every process mapping a library, over a reload (see [`Probes::expect_new_workers`]).
     tls_bridges: Vec<Bridge>,
+    /// Processes waiting for the plan of one of their files (see [`super::tls::PlanCache`]).
+    tls_pending: std::collections::HashSet<u32>,
     /// Processes whose TLS probes could not be attached (counted once each).
     tls_refused: std::collections::HashSet<u32>,
     /// Attach plans by file, so that a new worker of a known `HAProxy` is hooked without reading
@@ -161,6 +163,9 @@ pub enum TlsHook {
     NoLibrary,
     /// The process has its TLS probes already (hooked when it started).
     AlreadyHooked,
+    /// A file of the process is being read for its plan, off the capture thread: asked again
+    /// when [`Probes::retry_pending_tls`] lists it.
+    Pending,
     /// The process maps a TLS library but attaching failed.
     Failed { object: std::path::PathBuf, error: String },
 }
@@ -253,7 +258,8 @@ impl Probes {
             tls_objects: HashMap::new(),
             tls_bridges: Vec::new(),
             tls_refused: std::collections::HashSet::new(),
-            tls_plans: super::tls::PlanCache::default(),
+            tls_plans: super::tls::PlanCache::new(tls_probes == TlsProbes::Auto),
+            tls_pending: std::collections::HashSet::new(),
             tls_route,
             tls_hooked,
             tls_placement: tls_probes,
@@ -303,8 +309,13 @@ impl Probes {
         }
         let mut unreadable = None;
         for object in objects {
-            let plan = match self.tls_plans.plan(object, self.tls_placement == TlsProbes::Auto) {
-                Ok(plan) => plan,
+            let plan = match self.tls_plans.plan(object) {
+                Ok(super::tls::Planned::Ready(plan)) => plan,
+                // An earlier candidate decides first: asked again once its plan is made.
+                Ok(super::tls::Planned::Pending) => {
+                    self.tls_pending.insert(pid);
+                    return TlsHook::Pending;
+                }
                 Err(e) => {
                     // Another candidate may still be the library.
                     unreadable = Some(TlsHook::Failed { object: object.clone(), error: e.to_string() });
@@ -400,9 +411,18 @@ impl Probes {
     pub fn unhook_tls(&mut self, pid: u32) {
         self.tls_objects.remove(&pid);
         self.tls_refused.remove(&pid);
+        self.tls_pending.remove(&pid);
         if let Some(links) = self.tls_links.remove(&pid) {
             self.detach_tls(links);
         }
+    }
+
+    /// The processes to hook again: some plan was made since they were left pending.
+    pub fn retry_pending_tls(&mut self) -> Vec<u32> {
+        if self.tls_pending.is_empty() || !self.tls_plans.take_made() {
+            return Vec::new();
+        }
+        self.tls_pending.drain().collect()
     }
 
     /// Whether process `pid` had its TLS probes attached, or refused (each process is tried and
@@ -446,9 +466,10 @@ impl Probes {
             bridge.settled = false;
             return Some(Ok(0));
         }
-        let plan = match self.tls_plans.plan(&object, self.tls_placement == TlsProbes::Auto) {
-            Ok(Some(plan)) => plan,
-            Ok(None) => return None,
+        let plan = match self.tls_plans.plan(&object) {
+            Ok(super::tls::Planned::Ready(Some(plan))) => plan,
+            // The master's library was planned when it was hooked, unless the cache started over.
+            Ok(super::tls::Planned::Ready(None) | super::tls::Planned::Pending) => return None,
             Err(e) => return Some(Err(e.to_string())),
         };
         let mut links = Vec::with_capacity(plan.len());

@@ -220,6 +220,9 @@ pub fn run(
             }
         }
         probes.end_bridges_when_due();
+        for pid in probes.retry_pending_tls() {
+            hook_tls(&mut probes, pid, metrics);
+        }
         poll = if events == 0 { (poll * 2).min(IDLE_POLL) } else { POLL };
         metrics::add(&metrics.events_captured, events);
         metrics::add(&metrics.payload_bytes_captured, std::mem::take(&mut payload_bytes));
@@ -476,7 +479,9 @@ fn hook_tls(probes: &mut Probes, pid: u32, metrics: &Metrics) {
         }
     };
     let hooked = probes.hook_tls(pid, &objects.usable);
-    if !matches!(hooked, loader::TlsHook::Attached { .. } | loader::TlsHook::AlreadyHooked) && ended() {
+    if !matches!(hooked, loader::TlsHook::Attached { .. } | loader::TlsHook::AlreadyHooked | loader::TlsHook::Pending)
+        && ended()
+    {
         tracing::debug!(pid, ?hooked, "process ended before its TLS probes were attached");
         return;
     }
@@ -490,6 +495,7 @@ fn hook_tls(probes: &mut Probes, pid: u32, metrics: &Metrics) {
         }
         loader::TlsHook::NoLibrary => tracing::debug!(pid, "no TLS library mapped"),
         loader::TlsHook::AlreadyHooked => {}
+        loader::TlsHook::Pending => tracing::debug!(pid, "TLS library being read for its plan"),
         loader::TlsHook::Failed { object, error } if probes.tls_route().is_err() => {
             // The one message was logged at start (and is on /readyz); each process is counted.
             tracing::warn!(pid, object = %object.display(), "cannot attach the TLS probes: no route to the kernel on this node (see the message at start or /readyz); this process's TLS connections are not traced");

@@ -17,9 +17,11 @@
 //! (never for every process that maps the same library: other programs on the node must not pay a
 //! uprobe per TLS call), and detached when the process goes.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::sync::{Arc, Mutex};
 
 use procfs_core::FromBufRead as _;
 use procfs_core::process::{MMPermissions, MMapPath, MemoryMaps};
@@ -184,11 +186,33 @@ const MAX_OBJECT_BYTES: u64 = 256 << 20;
 /// Files whose plans the cache keeps; past that it starts over (a node runs few TLS builds).
 const MAX_CACHED_PLANS: usize = 64;
 
-/// [`attach_plan`] of each object file, by device, inode, size and change times: workers of one `HAProxy` (every
-/// reload brings new ones) map the same library, which is read and parsed once.
-#[derive(Debug, Default)]
+/// A plan, or why the file could not be read for one.
+type Made = Result<Option<Arc<[ProbePoint]>>, String>;
+
+/// [`attach_plan`] of each object file, by device, inode, size and change times: workers of one
+/// `HAProxy` (every reload brings new ones) map the same library, which is read and parsed once,
+/// and not on the capture thread: a file a traced process maps is of its choosing, and reading a
+/// large one must not stall the drain of the ring. A file not planned yet is read by the planner
+/// thread ([`PlanCache::plan`] says [`Planned::Pending`]), and the caller asks again once
+/// [`PlanCache::take_made`] says a plan was made.
+#[derive(Debug)]
 pub struct PlanCache {
-    plans: std::collections::HashMap<PlanKey, Option<std::sync::Arc<[ProbePoint]>>>,
+    made: Arc<Mutex<HashMap<PlanKey, Made>>>,
+    /// To the planner thread, started at the first file not planned yet.
+    requests: Option<SyncSender<(PlanKey, PathBuf)>>,
+    /// One message per plan made.
+    done: Option<Receiver<()>>,
+    in_flight: HashSet<PlanKey>,
+    call_sites: bool,
+}
+
+/// What [`PlanCache::plan`] has for a file.
+#[derive(Debug)]
+pub enum Planned {
+    /// The plan; `None`: the file does not define the TLS functions.
+    Ready(Option<Arc<[ProbePoint]>>),
+    /// Being read off the capture thread.
+    Pending,
 }
 
 /// A file as [`PlanCache`] knows it: its identity and what changes when it is rewritten.
@@ -201,38 +225,87 @@ struct PlanKey {
     ctime_ns: (i64, i64),
 }
 
-impl PlanCache {
-    /// The plan of `object` (`None`: it does not define the TLS functions), from the cache or read
-    /// now, at most [`MAX_OBJECT_BYTES`] of it.
-    pub fn plan(&mut self, object: &Path, call_sites: bool) -> std::io::Result<Option<std::sync::Arc<[ProbePoint]>>> {
-        use std::io::Read as _;
+impl PlanKey {
+    fn of(meta: &std::fs::Metadata) -> Self {
         use std::os::unix::fs::MetadataExt as _;
-        let file = std::fs::File::open(object)?;
-        let meta = file.metadata()?;
         // An inode is reused once its file is gone (an image pulled again), and a file can be
         // rewritten in place: the size and both change times tell such files apart.
-        let key = PlanKey {
+        Self {
             dev: meta.dev(),
             ino: meta.ino(),
             len: meta.len(),
             mtime_ns: (meta.mtime(), meta.mtime_nsec()),
             ctime_ns: (meta.ctime(), meta.ctime_nsec()),
-        };
-        if let Some(plan) = self.plans.get(&key) {
-            return Ok(plan.clone());
         }
-        if meta.len() > MAX_OBJECT_BYTES {
-            return Err(std::io::Error::other(format!("larger than {MAX_OBJECT_BYTES} bytes; not read")));
-        }
-        let mut data = Vec::with_capacity(meta.len() as usize);
-        file.take(MAX_OBJECT_BYTES).read_to_end(&mut data)?;
-        let plan: Option<std::sync::Arc<[ProbePoint]>> = attach_plan(&data, call_sites).map(Into::into);
-        if self.plans.len() >= MAX_CACHED_PLANS {
-            self.plans.clear();
-        }
-        self.plans.insert(key, plan.clone());
-        Ok(plan)
     }
+}
+
+impl PlanCache {
+    /// Plans with call sites where the code is recognised, unless `call_sites` is false.
+    #[must_use]
+    pub fn new(call_sites: bool) -> Self {
+        Self { made: Arc::default(), requests: None, done: None, in_flight: HashSet::new(), call_sites }
+    }
+
+    /// The plan of `object`, if made; else it is asked of the planner thread.
+    pub fn plan(&mut self, object: &Path) -> std::io::Result<Planned> {
+        let key = PlanKey::of(&std::fs::metadata(object)?);
+        if let Some(made) = self.made.lock().map_err(|_| std::io::Error::other("plan cache poisoned"))?.get(&key) {
+            self.in_flight.remove(&key);
+            return made.clone().map(Planned::Ready).map_err(std::io::Error::other);
+        }
+        if self.in_flight.insert(key) {
+            self.request(key, object.to_owned())?;
+        }
+        Ok(Planned::Pending)
+    }
+
+    /// Whether a plan was made since the last call (the callers whose files were pending may ask
+    /// again).
+    pub fn take_made(&mut self) -> bool {
+        self.done.as_ref().is_some_and(|done| done.try_iter().count() > 0)
+    }
+
+    fn request(&mut self, key: PlanKey, object: PathBuf) -> std::io::Result<()> {
+        if self.requests.is_none() {
+            let (requests, inbox) = sync_channel::<(PlanKey, PathBuf)>(MAX_CACHED_PLANS);
+            let (tell, done) = sync_channel::<()>(MAX_CACHED_PLANS);
+            let (made, call_sites) = (Arc::clone(&self.made), self.call_sites);
+            std::thread::Builder::new().name("tls-planner".into()).spawn(move || {
+                for (key, object) in inbox {
+                    let plan = read_plan(&object, call_sites);
+                    let Ok(mut made) = made.lock() else { return };
+                    if made.len() >= MAX_CACHED_PLANS {
+                        made.clear();
+                    }
+                    made.insert(key, plan);
+                    drop(made);
+                    let _ = tell.try_send(());
+                }
+            })?;
+            self.requests = Some(requests);
+            self.done = Some(done);
+        }
+        let sent = self.requests.as_ref().is_some_and(|r| r.try_send((key, object)).is_ok());
+        if !sent {
+            // The planner is behind (or gone): asked again at the next call.
+            self.in_flight.remove(&key);
+        }
+        Ok(())
+    }
+}
+
+/// Reads `object`, at most [`MAX_OBJECT_BYTES`] of it, for its plan.
+fn read_plan(object: &Path, call_sites: bool) -> Made {
+    use std::io::Read as _;
+    let file = std::fs::File::open(object).map_err(|e| e.to_string())?;
+    let len = file.metadata().map_err(|e| e.to_string())?.len();
+    if len > MAX_OBJECT_BYTES {
+        return Err(format!("larger than {MAX_OBJECT_BYTES} bytes; not read"));
+    }
+    let mut data = Vec::with_capacity(len as usize);
+    file.take(MAX_OBJECT_BYTES).read_to_end(&mut data).map_err(|e| e.to_string())?;
+    Ok(attach_plan(&data, call_sites).map(Into::into))
 }
 
 /// Files mapped executable by the process that may hold the TLS functions: every `libssl*`, and
@@ -433,6 +506,33 @@ mod tests {
         let plan = attach_plan(&data, false).expect("libssl defines SSL_read and SSL_write");
         assert!(plan.iter().all(|p| p.program.ends_with("_entry") || p.program.ends_with("_return")), "{plan:?}");
         assert_eq!(plan.len(), 6);
+    }
+
+    /// Waits (10 s at most, for liveness) until `object`'s plan is made off this thread.
+    fn planned(cache: &mut PlanCache, object: &Path) -> Option<Arc<[ProbePoint]>> {
+        for _ in 0..1000 {
+            match cache.plan(object).expect("a readable file") {
+                Planned::Ready(plan) => return plan,
+                Planned::Pending => {
+                    let _ = cache.take_made();
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+            }
+        }
+        panic!("no plan made for {}", object.display());
+    }
+
+    #[test]
+    fn plans_are_made_off_the_callers_thread_and_follow_a_file_rewritten_in_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let object = dir.path().join("libssl.so.3");
+        std::fs::copy("/usr/lib/x86_64-linux-gnu/libssl.so.3", &object).expect("libssl3 (Debian 12)");
+        let mut cache = PlanCache::new(true);
+        assert!(matches!(cache.plan(&object).unwrap(), Planned::Pending), "not read on the caller's thread");
+        assert!(planned(&mut cache, &object).is_some(), "libssl defines the TLS functions");
+        // Rewritten in place (same inode): another file, planned afresh.
+        std::fs::write(&object, std::fs::read("/usr/sbin/haproxy").expect("haproxy (make setup)")).unwrap();
+        assert!(planned(&mut cache, &object).is_none(), "HAProxy only imports them");
     }
 
     #[test]
