@@ -540,8 +540,19 @@ impl TailStore for SledStore {
 mod tests {
     use super::*;
 
+    /// Opens the store in `dir`. A store just dropped may still hold its file lock for a moment
+    /// (sled's flusher thread lets go of it last), so a lock refusal is tried again, for 10 s at
+    /// most.
     fn open(dir: &Path) -> SledStore {
-        SledStore::open(dir, SledOptions::default()).unwrap()
+        for _ in 0..500 {
+            match SledStore::open(dir, SledOptions::default()) {
+                Err(e) if e.to_string().contains("could not acquire lock") => {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                opened => return opened.unwrap(),
+            }
+        }
+        panic!("the store in {} stayed locked", dir.display());
     }
 
     fn fragment<'a>(trace: u8, first_seen: u64, root_ended: Option<u64>, spans: &'a [&'a [u8]]) -> Fragment<'a> {
