@@ -4,13 +4,17 @@
 SHELL := /bin/bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-APT_PACKAGES := haproxy wrk curl openssl nghttp2-client pkg-config llvm-22-dev libpolly-22-dev libzstd-dev python3-venv debootstrap libseccomp-dev
+APT_PACKAGES := haproxy wrk curl openssl nghttp2-client pkg-config llvm-22-dev libpolly-22-dev libzstd-dev python3-venv debootstrap libseccomp-dev \
+	qemu-system-x86 cpio binutils
 # Minimal Debian trees (scripts/debootstrap_root.sh) for the tests that run things as containers:
 # Debian 13's HAProxy 3.0 for the tests that run a scenario against both versions, Debian 12's 2.6
 # as a pod's container, and the agent's image root (tests/src/haproxy.rs, tests/src/container.rs).
 TRIXIE := $(CURDIR)/.tools/trixie
 BOOKWORM_HAPROXY := $(CURDIR)/.tools/bookworm-haproxy
 IMAGE_ROOT := $(CURDIR)/.tools/image
+# The kernel matrix (tests/tests/kernels.rs): Debian 12's and Debian 13's kernels, booted under qemu
+# with Debian 12's tree (HAProxy 2.6, h2load) as the guest's root, Debian 13's inside it.
+VM_ROOT := $(CURDIR)/.tools/vm-bookworm
 export DEBIAN_MIRROR ?= http://deb.debian.org/debian
 BPF_LINKER_VERSION := 0.13.0
 # Debian 12's kubectl (package kubernetes-client, kustomize 2.0.3), unpacked into the checkout:
@@ -40,6 +44,9 @@ setup:
 	@[ -x $(TRIXIE)/usr/sbin/haproxy ] || scripts/debootstrap_root.sh $(TRIXIE) trixie haproxy
 	@scripts/debootstrap_root.sh $(BOOKWORM_HAPROXY) bookworm haproxy
 	@scripts/debootstrap_root.sh $(IMAGE_ROOT) bookworm
+	@scripts/debootstrap_root.sh $(VM_ROOT) bookworm haproxy,nghttp2-client,openssl,iproute2
+	@scripts/vm_kernel.sh $(CURDIR)/.tools/kernel-bookworm bookworm
+	@scripts/vm_kernel.sh $(CURDIR)/.tools/kernel-trixie trixie
 	@if [ ! -x $(KUBECTL_DEBIAN) ]; then \
 		echo "unpacking Debian's kubernetes-client into .tools/kubernetes-client"; \
 		d=$$(mktemp -d) && chmod 755 $$d \

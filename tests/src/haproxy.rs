@@ -55,6 +55,15 @@ impl Version {
         }
     }
 
+    /// `HAProxy`'s version: "2.6" or "3.0".
+    #[must_use]
+    pub fn number(self) -> &'static str {
+        match self {
+            Self::Debian12 => "2.6",
+            Self::Debian13 => "3.0",
+        }
+    }
+
     /// For messages: "HAProxy 2.6 (Debian 12)".
     #[must_use]
     pub fn name(self) -> &'static str {

@@ -21,6 +21,7 @@ pub mod otlp;
 pub mod pki;
 pub mod seccomp;
 pub mod tls;
+pub mod vm;
 
 use std::net::SocketAddr;
 
@@ -211,6 +212,44 @@ impl Stack {
                 .collect();
             panic!("SERVER spans for {paths:?} did not all arrive; got {got:?}\nagent log:\n{}", self.agent.log())
         })
+    }
+
+    /// Sends `n` identical requests to `fe_main` (`scheme` `http` or `https`) with `h2load`
+    /// (`options`), the backend choosing statuses and delays; asserts each was answered, and
+    /// returns the spans once a SERVER span per request arrived (60 s at most, for liveness), with
+    /// half a second for stragglers.
+    ///
+    /// # Panics
+    /// When a request is not answered.
+    #[must_use]
+    pub fn identical_requests(&self, scheme: &str, path: &str, options: &[&str], n: usize) -> Vec<otlp::Received> {
+        self.identical_requests_to(self.front, scheme, path, options, n)
+    }
+
+    /// [`Stack::identical_requests`] to another of the configuration's frontends, at `front`.
+    ///
+    /// # Panics
+    /// When a request is not answered.
+    #[must_use]
+    pub fn identical_requests_to(
+        &self,
+        front: SocketAddr,
+        scheme: &str,
+        path: &str,
+        options: &[&str],
+        n: usize,
+    ) -> Vec<otlp::Received> {
+        let url = format!("{scheme}://{front}{path}");
+        let count = n.to_string();
+        let cycle = ["-H", "x-want-status: cycle", "-H", "x-delay-ms: random"];
+        let out = h2load::run(&[options, &["-n", count.as_str()], &cycle, &[url.as_str()]].concat());
+        assert_eq!((out.answered(), out.errored), (n, 0), "every request to {url} answered: {out:?}");
+        let servers = |spans: &[otlp::Received]| {
+            spans.iter().filter(|s| s.is_server() && s.str_attr("url.path") == Some(path)).count()
+        };
+        let _ = wait_for(Duration::from_mins(1), || (servers(&self.receiver.spans()) >= n).then_some(()));
+        std::thread::sleep(Duration::from_millis(500));
+        self.receiver.spans()
     }
 
     /// The SERVER span of `path` and its CLIENT spans.

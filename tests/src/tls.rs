@@ -1,6 +1,7 @@
 //! TLS material for the tests: one self-signed certificate (with its key, in the one PEM file
 //! `HAProxy`'s `crt` takes), made with the `openssl` command line when first asked for.
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
 use std::sync::OnceLock;
@@ -16,6 +17,19 @@ pub fn certificate(version: Version) -> String {
     match version {
         Version::Debian12 => certificate_in(Path::new("/")),
         Version::Debian13 => certificate_in(&haproxy::trixie_root()),
+    }
+}
+
+/// A configuration for [`crate::Stack::with_agent`]: [`haproxy::config`] with `fe_main` serving
+/// TLS (HTTP/1.1 and HTTP/2 by ALPN) with [`certificate`], and two threads (the probes must follow
+/// every thread of the process, not its first).
+pub fn frontend(version: Version) -> impl FnOnce(u16, SocketAddr) -> String {
+    let pem = certificate(version);
+    move |port, backend| {
+        haproxy::config(port, &[backend], "").replace("global\n", "global\n    nbthread 2\n").replace(
+            &format!("bind 127.0.0.1:{port}"),
+            &format!("bind 127.0.0.1:{port} ssl crt {pem} alpn h2,http/1.1"),
+        )
     }
 }
 

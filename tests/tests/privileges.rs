@@ -9,8 +9,7 @@ use std::time::Duration;
 use tracetap_tests::agent::Agent;
 use tracetap_tests::client::Conn;
 use tracetap_tests::haproxy::{self, Haproxy, Version};
-use tracetap_tests::otlp::Received;
-use tracetap_tests::{Rig, Stack, free_port, h2load, require_root, wait_for};
+use tracetap_tests::{Rig, Stack, free_port, require_root, tls, wait_for};
 
 /// Capability numbers (linux/capability.h).
 const CAP_DAC_READ_SEARCH: u32 = 2;
@@ -60,33 +59,6 @@ fn unprivileged_agent_says_what_is_missing() {
     assert!(stderr.contains("root") && stderr.contains("CAP_"), "the message says how to grant access: {stderr}");
 }
 
-/// Sends `n` identical requests (the backend choosing statuses and delays) with `h2load`
-/// (`options`), asserts each was answered, and returns the spans once a SERVER span per request
-/// arrived (60 s at most, for liveness), with half a second for stragglers.
-fn identical_requests(stack: &Stack, path: &str, options: &[&str], n: usize) -> Vec<Received> {
-    let url = format!("https://127.0.0.1:{}{path}", stack.front.port());
-    let count = n.to_string();
-    let cycle = ["-H", "x-want-status: cycle", "-H", "x-delay-ms: random"];
-    let out = h2load::run(&[options, &["-n", count.as_str()], &cycle, &[url.as_str()]].concat());
-    assert_eq!((out.answered(), out.errored), (n, 0), "every request answered: {out:?}");
-    let servers =
-        |spans: &[Received]| spans.iter().filter(|s| s.is_server() && s.str_attr("url.path") == Some(path)).count();
-    let _ = wait_for(Duration::from_mins(1), || (servers(&stack.receiver.spans()) >= n).then_some(()));
-    std::thread::sleep(Duration::from_millis(500));
-    stack.receiver.spans()
-}
-
-fn tls_config(version: Version) -> impl FnOnce(u16, SocketAddr) -> String {
-    let pem = tracetap_tests::tls::certificate(version);
-    move |port, backend| {
-        // Two threads: the probes must follow every thread of the process, not its first.
-        haproxy::config(port, &[backend], "").replace("global\n", "global\n    nbthread 2\n").replace(
-            &format!("bind 127.0.0.1:{port}"),
-            &format!("bind 127.0.0.1:{port} ssl crt {pem} alpn h2,http/1.1"),
-        )
-    }
-}
-
 /// TLS under exactly the four capabilities, HTTP/1.1 and HTTP/2, on both HAProxy versions, by
 /// each route that does not need `CAP_SYS_ADMIN` (see the agent's `capture/uprobes.rs`):
 /// `auto` (which picks uprobe-multi links on this kernel), and tracefs uprobe events, the route
@@ -101,7 +73,8 @@ fn tls_under_the_daemonsets_four_capabilities() {
         for (route, expected) in [("auto", "uprobe-multi links"), ("tracefs", "tracefs uprobe events")] {
             let mut env = tracetap_tests::linking::agent_env();
             env.push(("TRACETAP_TLS_ROUTE", route.to_owned()));
-            let stack = Stack::with_agent(version, tls_config(version), &env, Agent::start_with_daemonset_capabilities);
+            let stack =
+                Stack::with_agent(version, tls::frontend(version), &env, Agent::start_with_daemonset_capabilities);
             let (_, ready) = stack.agent.get("/readyz").expect("/readyz answers");
             assert!(
                 ready.contains(&format!("tls: {expected}")),
@@ -112,7 +85,7 @@ fn tls_under_the_daemonsets_four_capabilities() {
             {
                 let label = format!("{version}, TRACETAP_TLS_ROUTE={route}, HTTP/{protocol} over TLS");
                 let path = format!("/same-h{protocol}");
-                let spans = identical_requests(&stack, &path, options, n);
+                let spans = stack.identical_requests("https", &path, options, n);
                 let acc = tracetap_tests::linking::accuracy(&spans, &path);
                 println!("[{label}] {acc:?}");
                 let log = || stack.agent.log();
@@ -175,7 +148,7 @@ fn tls_without_a_route_is_refused_once_and_loudly() {
     let rig = Rig::new();
     let tls_port = free_port();
     let plain_port = free_port();
-    let pem = tracetap_tests::tls::certificate(Version::Debian12);
+    let pem = tls::certificate(Version::Debian12);
     let config = haproxy::config(plain_port, &[rig.backend.addr], "")
         + &format!("\nfrontend fe_tls\n    bind 127.0.0.1:{tls_port} ssl crt {pem}\n    default_backend be_app\n");
     let mut env = rig.agent_env();

@@ -1,0 +1,226 @@
+//! The kernel matrix: the kernels nodes run, booted under qemu (`tracetap_tests::vm`), with the
+//! agent inside under exactly the `DaemonSet`'s four capabilities, tracing `HAProxy` 2.6 and 3.0
+//! through a TLS and a cleartext frontend, HTTP/1.1 and HTTP/2 (the guest half:
+//! `src/bin/kernel-guest.rs`). This machine's own kernel is covered by every other test.
+//!
+//! | kernel | TLS route | `perf_event_paranoid` |
+//! |---|---|---|
+//! | Debian 12's 6.1 | tracefs uprobe events | 2; at Debian's default 3, the one message instead |
+//! | Debian 13's 6.12 | uprobe-multi links | Debian's default 3 |
+//!
+//! The guest's root is Debian 12's tree `make setup` makes (`.tools/vm-bookworm`: `HAProxy` 2.6,
+//! `h2load`), with Debian 13's (`.tools/trixie`, `HAProxy` 3.0) inside it, run the way the other
+//! tests run it: in its own mount and pid namespaces.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use tracetap_tests::haproxy::{self, Version};
+use tracetap_tests::vm::{self, Layer};
+use tracetap_tests::{agent, require_root};
+
+/// Where `make setup` keeps the trees and kernels.
+fn tools() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.tools")
+}
+
+/// Debian 12's kernel: no uprobe-multi links (6.6+), so TLS goes through tracefs uprobe events,
+/// which Debian's default `perf_event_paranoid` of 3 refuses without `CAP_SYS_ADMIN`.
+#[test]
+fn debian_12_kernel_6_1() {
+    if !require_root() {
+        return;
+    }
+    let guest = Guest::boot("kernel-bookworm", "3,2");
+    guest.assert_release("6.1.");
+    guest.assert_paranoid_at_boot(3);
+    for version in haproxy::versions() {
+        let refused = label(3, version);
+        let route = guest.route(&refused);
+        for part in ["tls: none: TLS connections cannot be traced", "kernel.perf_event_paranoid at 3"] {
+            assert!(route.contains(part), "[{refused}] /readyz has {part:?}: {route}\n{guest}");
+        }
+        assert_eq!(guest.metric(&refused, "refusal_messages"), 1, "[{refused}] said once\n{guest}");
+        assert!(guest.metric(&refused, "tracetap_tls_hook_failures_total") >= 1, "[{refused}] counted\n{guest}");
+        guest.assert_traced(&refused, &["clear-h1", "clear-h2"]);
+
+        let traced = label(2, version);
+        assert_eq!(guest.route(&traced), "tls: tracefs uprobe events", "[{traced}]\n{guest}");
+        guest.assert_traced(&traced, &["clear-h1", "clear-h2", "tls-h1", "tls-h2"]);
+        guest.assert_no_tls_loss(&traced);
+    }
+}
+
+/// Debian 13's kernel: uprobe-multi links, which need no `CAP_SYS_ADMIN` and are not gated by
+/// `perf_event_paranoid`, left at Debian's default.
+#[test]
+fn debian_13_kernel_6_12() {
+    if !require_root() {
+        return;
+    }
+    let guest = Guest::boot("kernel-trixie", "3");
+    guest.assert_release("6.12.");
+    guest.assert_paranoid_at_boot(3);
+    for version in haproxy::versions() {
+        let label = label(3, version);
+        assert_eq!(guest.route(&label), "tls: uprobe-multi links", "[{label}]\n{guest}");
+        guest.assert_traced(&label, &["clear-h1", "clear-h2", "tls-h1", "tls-h2"]);
+        guest.assert_no_tls_loss(&label);
+    }
+}
+
+/// How the guest labels a run: `paranoid=P haproxy=V`.
+fn label(paranoid: u32, version: Version) -> String {
+    format!("paranoid={paranoid} haproxy={}", version.number())
+}
+
+/// What one guest printed, read from its `tracetap-guest:` lines.
+struct Guest {
+    console: Vec<String>,
+    facts: BTreeMap<String, String>,
+}
+
+impl Guest {
+    /// Boots the kernel in `.tools/KERNEL_DIR` and runs the guest half with the given
+    /// `perf_event_paranoid` phases. The guests of this file boot one at a time: each takes both
+    /// CPUs, and its timings are not what is tested.
+    fn boot(kernel_dir: &str, paranoid: &str) -> Self {
+        static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+        let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let kernel = tools().join(kernel_dir).join("vmlinuz");
+        assert!(kernel.exists(), "{} is missing: run `make setup`", kernel.display());
+        let console = vm::boot(
+            &kernel,
+            initramfs(),
+            "/tracetap/init",
+            &format!("TRACETAP_GUEST_PARANOID={paranoid}"),
+            Duration::from_mins(25),
+        );
+        // "KEY: VALUE", the key being all before the first ": " (see kernel-guest.rs).
+        let facts = console
+            .lines
+            .iter()
+            .filter_map(|l| l.split_once("tracetap-guest: ")?.1.split_once(": "))
+            .map(|(key, value)| (key.to_owned(), value.to_owned()))
+            .collect();
+        let guest = Self { console: console.lines, facts };
+        for line in guest.console.iter().filter(|l| l.contains("tracetap-guest: ")) {
+            println!("[{kernel_dir}] {line}");
+        }
+        assert!(guest.console.iter().any(|l| l.ends_with("tracetap-guest: done")), "the guest finished\n{guest}");
+        guest
+    }
+
+    fn fact(&self, key: &str) -> &str {
+        self.facts.get(key).unwrap_or_else(|| panic!("the guest did not say {key:?}\n{self}"))
+    }
+
+    fn assert_release(&self, prefix: &str) {
+        let release = self.fact("kernel");
+        assert!(release.starts_with(prefix), "booted {release}, expected {prefix}*\n{self}");
+    }
+
+    fn assert_paranoid_at_boot(&self, level: u32) {
+        assert_eq!(self.fact("paranoid-at-boot"), level.to_string(), "Debian's default\n{self}");
+    }
+
+    fn route(&self, label: &str) -> &str {
+        self.fact(&format!("route {label}"))
+    }
+
+    fn metric(&self, label: &str, name: &str) -> u64 {
+        let value = self.fact(&format!("metric {label} {name}"));
+        value.parse().unwrap_or_else(|_| panic!("metric {name}={value}"))
+    }
+
+    /// Every request of each load in `what` has its SERVER span with a CLIENT span under it.
+    fn assert_traced(&self, label: &str, what: &[&str]) {
+        for w in what {
+            let figures = self.fact(&format!("check {label} {w}"));
+            let n = figures.rsplit_once("of=").map(|(_, n)| n).expect("of=N");
+            assert_eq!(figures, format!("server={n} linked={n} of={n}"), "[{label}] {w}\n{self}");
+        }
+    }
+
+    fn assert_no_tls_loss(&self, label: &str) {
+        assert_eq!(self.metric(label, "tracetap_tls_hook_failures_total"), 0, "[{label}]\n{self}");
+        assert_eq!(self.metric(label, "tracetap_events_lost_tls_unbound_total"), 0, "[{label}]\n{self}");
+    }
+}
+
+impl std::fmt::Display for Guest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "guest console:")?;
+        self.console.iter().try_for_each(|l| writeln!(f, "  {l}"))
+    }
+}
+
+/// The initramfs both guests boot, made once: Debian 12's tree as `/`, Debian 13's inside it as
+/// `/trixie`, and `/tracetap` (the agent, the guest half, and the init that runs it).
+fn initramfs() -> &'static Path {
+    static MADE: OnceLock<PathBuf> = OnceLock::new();
+    MADE.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("tracetap-kernels-{}", std::process::id()));
+        let payload = dir.join("tracetap");
+        std::fs::create_dir_all(&payload).expect("payload directory");
+        // Debug information is left out (the agent's is most of its size); its symbols stay, as
+        // its TLS self-test looks one up in its own file.
+        for (from, name) in
+            [(agent::binary(), "tracetap"), (PathBuf::from(env!("CARGO_BIN_EXE_kernel-guest")), "kernel-guest")]
+        {
+            let status = std::process::Command::new("objcopy")
+                .arg("--strip-debug")
+                .arg(&from)
+                .arg(payload.join(name))
+                .status()
+                .expect("run objcopy (binutils)");
+            assert!(status.success(), "objcopy {}", from.display());
+        }
+        std::fs::write(payload.join("init"), INIT).expect("write init");
+        set_executable(&payload.join("init"));
+        let root = tools().join("vm-bookworm");
+        assert!(root.join("usr/bin/h2load").exists(), "{} is not made: run `make setup`", root.display());
+        let trixie = haproxy::trixie_root();
+        assert_eq!(trixie.file_name().and_then(|n| n.to_str()), Some("trixie"), "INIT's TRACETAP_TRIXIE_ROOT");
+        let out = dir.join("initramfs.cpio");
+        vm::initramfs(&out, &[Layer::Root(&root), Layer::Under(&trixie), Layer::Under(&payload)]);
+        out
+    })
+}
+
+fn set_executable(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).expect("chmod init");
+}
+
+/// The guest's init: the mounts a node has, loopback up, the guest half, then power off.
+///
+/// The kernel's initramfs root (rootfs) cannot be `pivot_root`ed away, as the container runtime
+/// of the `HAProxy` 3.0 tests does; so init first moves a bind mount of it over `/` and
+/// continues chrooted into that, a root `pivot_root` can leave.
+const INIT: &str = r#"#!/bin/sh
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root
+if [ -z "$TRACETAP_GUEST_MOVED" ]; then
+    mkdir -p /.root && mount --bind / /.root && cd /.root && mount --move . / \
+        && TRACETAP_GUEST_MOVED=1 exec chroot . /tracetap/init
+    echo "tracetap-guest: exit: could not move the root"
+    exit 1
+fi
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+mkdir -p /dev/pts /dev/shm && mount -t devpts devpts /dev/pts && mount -t tmpfs tmpfs /dev/shm
+mount -t tmpfs tmpfs /tmp
+mount -t tmpfs tmpfs /run
+mount -t tracefs tracefs /sys/kernel/tracing
+mount -t bpf bpf /sys/fs/bpf
+mount -t cgroup2 cgroup2 /sys/fs/cgroup
+ip link set lo up
+echo "tracetap-guest: paranoid-at-boot: $(cat /proc/sys/kernel/perf_event_paranoid)"
+TRACETAP_BIN=/tracetap/tracetap TRACETAP_TRIXIE_ROOT=/trixie /tracetap/kernel-guest
+echo "tracetap-guest: exit: $?"
+echo o > /proc/sysrq-trigger
+sleep 60
+"#;
