@@ -111,7 +111,11 @@ fn route<B>(req: &Request<B>, metrics: &Metrics, prometheus: bool) -> Response<F
     match req.uri().path() {
         "/healthz" => text(StatusCode::OK, "ok\n".into(), "text/plain"),
         "/readyz" => {
-            let tls = metrics.tls_route.get().map(|route| format!("{route}\n")).unwrap_or_default();
+            let mut tls = metrics.tls_route.get().map(|route| format!("{route}\n")).unwrap_or_default();
+            // Readiness is the probes'; a failing export is said, not made a restart reason.
+            if let Some(why) = metrics.export_failing.lock().ok().and_then(|f| f.clone()) {
+                tls = tls + "export: failing: " + &why + "\n";
+            }
             if metrics.ready.load(Relaxed) {
                 text(StatusCode::OK, format!("ready\n{tls}"), "text/plain")
             } else {

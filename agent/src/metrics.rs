@@ -16,6 +16,20 @@ pub struct Descriptor {
 }
 
 impl Metrics {
+    /// Counts a failed TLS handshake of a span export, by its cause's label.
+    pub fn count_export_tls_failure(&self, reason: &'static str) {
+        if let Ok(mut failures) = self.export_tls_failures.lock() {
+            *failures.entry(reason).or_default() += 1;
+        }
+    }
+
+    /// Records why span exports fail (`Some`), or that they work again (`None`).
+    pub fn set_export_failing(&self, why: Option<String>) {
+        if let Ok(mut failing) = self.export_failing.lock() {
+            *failing = why;
+        }
+    }
+
     /// Tail decisions by (policy, outcome) so far.
     #[must_use]
     pub fn tail_decisions(&self) -> Vec<((String, &'static str), u64)> {
@@ -36,6 +50,10 @@ macro_rules! metrics {
             pub tls_route: std::sync::OnceLock<String>,
             /// Tail decisions by (policy, outcome); the policy is `none` when no policy matched.
             pub tail_decisions: Mutex<BTreeMap<(String, &'static str), u64>>,
+            /// Failed TLS handshakes of span exports, by cause (`export::tls_failure`'s labels).
+            pub export_tls_failures: Mutex<BTreeMap<&'static str, u64>>,
+            /// Why the last span export failed; `None` once one succeeds (shown by `/readyz`).
+            pub export_failing: Mutex<Option<String>>,
         }
 
         /// Every plain counter and gauge, for exporters other than the Prometheus text (the
@@ -65,6 +83,13 @@ macro_rules! metrics {
                 let _ = writeln!(out, "tracetap_ready {}", u8::from(self.ready.load(Relaxed)));
                 let _ = writeln!(out, "# HELP tracetap_tail_decisions_total Tail sampling decisions by deciding policy and outcome");
                 let _ = writeln!(out, "# TYPE tracetap_tail_decisions_total counter");
+                let _ = writeln!(out, "# HELP tracetap_export_tls_failures_total Span exports whose TLS handshake failed, by cause (the log and /readyz say what to change); retried, the spans held");
+                let _ = writeln!(out, "# TYPE tracetap_export_tls_failures_total counter");
+                if let Ok(failures) = self.export_tls_failures.lock() {
+                    for (reason, n) in failures.iter() {
+                        let _ = writeln!(out, "tracetap_export_tls_failures_total{{reason=\"{reason}\"}} {n}");
+                    }
+                }
                 if let Ok(decisions) = self.tail_decisions.lock() {
                     for ((policy, outcome), n) in decisions.iter() {
                         let policy = policy.replace('\\', "\\\\").replace('"', "\\\"");

@@ -97,10 +97,18 @@ impl Prepared {
         let Some(settings) = &telemetry.otlp else { return Ok(None) };
         // No endpoint anywhere: the OTLP default, on this host.
         let endpoint = settings.endpoint.clone().unwrap_or_else(|| match settings.protocol {
-            Protocol::HttpProtobuf => {
-                Endpoint { tls: false, authority: "localhost:4318".into(), path: "/v1/metrics".into() }
-            }
-            Protocol::Grpc => Endpoint { tls: false, authority: "localhost:4317".into(), path: "/".into() },
+            Protocol::HttpProtobuf => Endpoint {
+                var: "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+                tls: false,
+                authority: "localhost:4318".into(),
+                path: "/v1/metrics".into(),
+            },
+            Protocol::Grpc => Endpoint {
+                var: "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+                tls: false,
+                authority: "localhost:4317".into(),
+                path: "/".into(),
+            },
         });
         let tls_config = if endpoint.tls { tls::client_config(&settings.tls)? } else { tls::plaintext_config() };
         Ok(Some(Self { endpoint, settings: settings.clone(), tls_config, interval: telemetry.interval }))

@@ -15,7 +15,45 @@ pub struct Pki {
     pub server_key_pem: String,
     pub client_cert_pem: String,
     pub client_key_pem: String,
+    issuer: Issuer<'static, KeyPair>,
     dir: tempfile::TempDir,
+}
+
+/// A server certificate's shape, for the collector cases of the export tests.
+#[derive(Debug, Clone, Copy)]
+pub struct Leaf<'a> {
+    /// subjectAltName entries: DNS names, or IP addresses when they parse as one.
+    pub names: &'a [&'a str],
+    /// `basicConstraints CA:TRUE`.
+    pub ca: bool,
+    /// Valid from the start of one year to the start of another.
+    pub years: (i32, i32),
+}
+
+impl Leaf<'_> {
+    /// For `localhost` and `127.0.0.1`, not a CA, valid now.
+    pub const DEFAULT: Leaf<'static> = Leaf { names: &["localhost", "127.0.0.1"], ca: false, years: (2020, 2090) };
+
+    fn params(&self) -> CertificateParams {
+        let mut params =
+            CertificateParams::new(self.names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>()).expect("params");
+        params.distinguished_name.push(DnType::CommonName, self.names.first().copied().unwrap_or("collector"));
+        if self.ca {
+            params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        } else {
+            params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        }
+        params.not_before = rcgen::date_time_ymd(self.years.0, 1, 1);
+        params.not_after = rcgen::date_time_ymd(self.years.1, 1, 1);
+        params
+    }
+
+    /// Self-signed: its certificate and key, PEM.
+    #[must_use]
+    pub fn self_signed(&self) -> (String, String) {
+        let key = KeyPair::generate().expect("key");
+        (self.params().self_signed(&key).expect("self-signed certificate").pem(), key.serialize_pem())
+    }
 }
 
 impl Pki {
@@ -47,6 +85,7 @@ impl Pki {
             server_key_pem: server_key.serialize_pem(),
             client_cert_pem: client_cert.pem(),
             client_key_pem: client_key.serialize_pem(),
+            issuer,
             dir: tempfile::tempdir().expect("tempdir"),
         };
         for (file, pem) in
@@ -67,6 +106,21 @@ impl Pki {
     #[must_use]
     pub fn client_files(&self) -> (PathBuf, PathBuf) {
         (self.dir.path().join("client.pem"), self.dir.path().join("client.key"))
+    }
+
+    /// A server certificate of this shape signed by the CA: its certificate and key, PEM.
+    #[must_use]
+    pub fn leaf(&self, shape: Leaf<'_>) -> (String, String) {
+        let key = KeyPair::generate().expect("key");
+        (shape.params().signed_by(&key, &self.issuer).expect("certificate").pem(), key.serialize_pem())
+    }
+
+    /// Writes `pem` as `name` in [`Pki::dir`] and returns its path.
+    #[must_use]
+    pub fn write(&self, name: &str, pem: &str) -> PathBuf {
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, pem).expect("write PEM");
+        path
     }
 
     /// A directory for more files of the test.

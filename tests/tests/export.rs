@@ -1,7 +1,11 @@
 //! Export as an operator configures it, end to end: the real agent tracing a real HAProxy, exporting
-//! to a receiver that decodes with the official definitions. OTLP/HTTP over TLS with a private CA
-//! (trusted, then untrusted), mutual TLS, OTLP/gRPC plain and over TLS with gzip, and a collector
-//! that answers 429 with `Retry-After`. Every test here needs root (see `require_root`).
+//! to a receiver that decodes with the official definitions. Over OTLP/HTTP and OTLP/gRPC with
+//! TLS, the certificates people make (a private CA's leaf, a self-signed leaf, `openssl req
+//! -x509`'s self-signed CA, an IP-only name, mutual TLS), and each refusal with its counted cause
+//! and message (an expired certificate, another name, an unknown issuer, a CA certificate not
+//! named, no client certificate; files that cannot be read stop the agent at start:
+//! `config_errors.rs`); OTLP/gRPC plain and with gzip, and a collector that answers 429 with
+//! `Retry-After`. Every test here needs root (see `require_root`).
 
 use std::time::Duration;
 
@@ -9,7 +13,7 @@ use tracetap_tests::agent::Agent;
 use tracetap_tests::client::Conn;
 use tracetap_tests::haproxy::{self, Haproxy};
 use tracetap_tests::otlp::{Options, Receiver, RetryAfter, ServerTls};
-use tracetap_tests::pki::Pki;
+use tracetap_tests::pki::{Leaf, Pki};
 use tracetap_tests::{Rig, free_port, require_root, wait_for};
 
 /// HAProxy in front of the rig's backend, a receiver as `options` say, and an agent exporting to it
@@ -69,70 +73,221 @@ fn path(p: &std::path::Path) -> String {
     p.display().to_string()
 }
 
+/// A collector's TLS as one case sets it up: the certificate the receiver serves, and what the
+/// agent is told to trust and to present.
+struct Collector {
+    tls: ServerTls,
+    /// `OTEL_EXPORTER_OTLP_CERTIFICATE`, if set.
+    trust: Option<std::path::PathBuf>,
+    /// `OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE` and `_KEY`, if set.
+    client: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    /// The endpoint names `127.0.0.1` instead of `localhost`.
+    by_ip: bool,
+}
+
+impl Collector {
+    fn serving((cert_pem, key_pem): (String, String), trust: Option<std::path::PathBuf>) -> Self {
+        Self { tls: ServerTls { cert_pem, key_pem, client_ca_pem: None }, trust, client: None, by_ip: false }
+    }
+
+    fn start(&self, grpc: bool, extra: &[(&'static str, String)]) -> Traced {
+        let mut env = vec![("OTEL_EXPORTER_OTLP_PROTOCOL", if grpc { "grpc" } else { "http/protobuf" }.to_owned())];
+        env.extend(self.trust.iter().map(|f| ("OTEL_EXPORTER_OTLP_CERTIFICATE", path(f))));
+        if let Some((cert, key)) = &self.client {
+            env.extend([
+                ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", path(cert)),
+                ("OTEL_EXPORTER_OTLP_CLIENT_KEY", path(key)),
+            ]);
+        }
+        env.extend(extra.iter().cloned());
+        Traced::start(Options { grpc, tls: Some(self.tls.clone()), by_ip: self.by_ip, ..Options::default() }, &env)
+    }
+
+    /// Over OTLP/HTTP and OTLP/gRPC: 20 requests give their 40 spans, and no handshake fails.
+    fn delivers(&self) {
+        for grpc in [false, true] {
+            let t = self.start(grpc, &[]);
+            t.send(20);
+            t.expect_spans(40);
+            assert_eq!(t.receiver.stats().handshake_failures, 0, "[grpc {grpc}]");
+            assert_eq!(t.metric("tracetap_export_failures_total"), 0);
+            assert!(!metrics_text(&t).contains("tracetap_export_tls_failures_total{"), "[grpc {grpc}]");
+        }
+    }
+
+    /// Over OTLP/HTTP and OTLP/gRPC: the handshake fails for `reason`, counted under that label,
+    /// retried with the spans held (none dropped as failed), logged with a message that has
+    /// `says`, and `/readyz` says so; the agent keeps running.
+    fn is_refused(&self, reason: &str, says: &[&str]) {
+        for grpc in [false, true] {
+            let mut t = self.start(grpc, &[]);
+            t.send(10);
+            let counted = wait_for(Duration::from_secs(20), || (tls_failures(&t, reason) >= 4).then_some(()));
+            assert!(
+                counted.is_some(),
+                "[grpc {grpc}] {reason} counted and retried:\n{}\n{}",
+                metrics_text(&t),
+                t.agent.log()
+            );
+            let log = t.agent.log();
+            let lines: Vec<_> =
+                log.lines().filter(|l| l.contains("failed: ") && says.iter().all(|p| l.contains(p))).collect();
+            assert!(!lines.is_empty(), "[grpc {grpc}] the message says {says:?}:\n{log}");
+            assert!(lines.len() < tls_failures(&t, reason) as usize, "[grpc {grpc}] rate-limited per cause:\n{log}");
+            let (_, ready) = t.agent.get("/readyz").expect("/readyz");
+            assert!(ready.contains("export: failing: ") && says.iter().all(|p| ready.contains(p)), "{ready}");
+            assert_eq!(t.metric("tracetap_spans_dropped_export_failed_total"), 0, "held, not dropped");
+            assert_eq!(t.metric("tracetap_spans_exported_total"), 0);
+            assert!(t.receiver.spans().is_empty());
+            assert!(t.agent.is_running());
+        }
+    }
+}
+
+fn metrics_text(t: &Traced) -> String {
+    t.agent.get("/metrics").expect("/metrics").1
+}
+
+fn tls_failures(t: &Traced, reason: &str) -> u64 {
+    let name = format!("tracetap_export_tls_failures_total{{reason=\"{reason}\"}} ");
+    metrics_text(t).lines().find_map(|l| l.strip_prefix(&name)?.parse().ok()).unwrap_or(0)
+}
+
 #[test]
-fn https_with_a_private_ca_named_by_the_certificate_variable() {
+fn a_private_ca_and_its_leaf() {
     if !require_root() {
         return;
     }
     let pki = Pki::new("tracetap-test-ca");
-    let t = Traced::start(
-        Options { tls: Some(server_tls(&pki, false)), ..Options::default() },
-        &[("OTEL_EXPORTER_OTLP_CERTIFICATE", path(&pki.ca_file()))],
+    Collector::serving(pki.leaf(Leaf::DEFAULT), Some(pki.ca_file())).delivers();
+}
+
+#[test]
+fn a_self_signed_leaf_named_as_the_certificate_to_trust() {
+    if !require_root() {
+        return;
+    }
+    let pki = Pki::new("unused");
+    let (cert, key) = Leaf::DEFAULT.self_signed();
+    let trust = pki.write("self-signed.pem", &cert);
+    Collector::serving((cert, key), Some(trust)).delivers();
+}
+
+/// The certificate `openssl req -x509` makes, marked `CA:TRUE`, given to the collector as its own
+/// and to the agent as the one to trust: what the Collector and the Go and Python SDKs accept.
+#[test]
+fn a_self_signed_ca_certificate_as_openssl_req_makes_it() {
+    if !require_root() {
+        return;
+    }
+    let pki = Pki::new("unused");
+    let (cert, key) = (pki.dir().join("collector.pem"), pki.dir().join("collector.key"));
+    let status = std::process::Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost"])
+        .args(["-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("openssl (make setup installs it)");
+    assert!(status.success());
+    let read = |p: &std::path::Path| std::fs::read_to_string(p).expect("PEM");
+    assert!(
+        String::from_utf8_lossy(
+            &std::process::Command::new("openssl")
+                .args(["x509", "-noout", "-text", "-in"])
+                .arg(&cert)
+                .output()
+                .unwrap()
+                .stdout
+        )
+        .contains("CA:TRUE"),
+        "the case under test: a CA certificate"
     );
-    t.send(20);
-    t.expect_spans(40);
-    assert_eq!(t.receiver.stats().handshake_failures, 0);
-    assert_eq!(t.metric("tracetap_export_failures_total"), 0);
+    let mut collector = Collector::serving((read(&cert), read(&key)), Some(cert.clone()));
+    collector.delivers();
+    // By IP as well: the IP name is checked.
+    collector.by_ip = true;
+    collector.delivers();
+    // Name checks stay on: the same certificate for another name than the endpoint's.
+    let (other_cert, other_key) = Leaf { names: &["collector.example"], ca: true, ..Leaf::DEFAULT }.self_signed();
+    let trust = pki.write("other.pem", &other_cert);
+    Collector::serving((other_cert, other_key), Some(trust))
+        .is_refused("name_mismatch", &["not valid for localhost", "OTEL_EXPORTER_OTLP_ENDPOINT"]);
 }
 
 #[test]
-fn an_untrusted_certificate_is_a_counted_failure_and_the_agent_keeps_running() {
-    untrusted_certificate(false);
+fn a_certificate_with_an_ip_address_only() {
+    if !require_root() {
+        return;
+    }
+    let pki = Pki::new("tracetap-ip-ca");
+    let mut collector =
+        Collector::serving(pki.leaf(Leaf { names: &["127.0.0.1"], ..Leaf::DEFAULT }), Some(pki.ca_file()));
+    collector.by_ip = true;
+    collector.delivers();
 }
 
 #[test]
-fn an_untrusted_certificate_over_grpc_is_a_counted_failure_too() {
-    untrusted_certificate(true);
+fn an_expired_certificate_is_refused_as_expired() {
+    if !require_root() {
+        return;
+    }
+    let pki = Pki::new("tracetap-expired-ca");
+    Collector::serving(pki.leaf(Leaf { years: (2020, 2021), ..Leaf::DEFAULT }), Some(pki.ca_file()))
+        .is_refused("expired", &["certificate has expired", "renew it on the collector"]);
 }
 
-fn untrusted_certificate(grpc: bool) {
+#[test]
+fn a_certificate_for_another_name_is_refused_naming_the_endpoint_variable() {
+    if !require_root() {
+        return;
+    }
+    let pki = Pki::new("tracetap-name-ca");
+    Collector::serving(pki.leaf(Leaf { names: &["collector.example"], ..Leaf::DEFAULT }), Some(pki.ca_file()))
+        .is_refused(
+            "name_mismatch",
+            &["not valid for localhost (it names collector.example)", "OTEL_EXPORTER_OTLP_ENDPOINT"],
+        );
+}
+
+/// No `OTEL_EXPORTER_OTLP_CERTIFICATE`: the system's CAs do not know the private CA. The spans
+/// wait, up to the queue's bound, and what overflows it is counted.
+#[test]
+fn an_unknown_issuer_is_refused_and_spans_wait_up_to_the_queue_bound() {
     if !require_root() {
         return;
     }
     let pki = Pki::new("tracetap-untrusted-ca");
-    // No OTEL_EXPORTER_OTLP_CERTIFICATE: the system's roots do not know this CA.
-    let protocol = if grpc { "grpc" } else { "http/protobuf" };
-    let mut t = Traced::start(
-        Options { grpc, tls: Some(server_tls(&pki, false)), ..Options::default() },
-        &[("OTEL_EXPORTER_OTLP_PROTOCOL", protocol.into())],
+    let collector = Collector::serving(pki.leaf(Leaf::DEFAULT), None);
+    collector.is_refused("unknown_issuer", &["not signed by a certificate in OTEL_EXPORTER_OTLP_CERTIFICATE (unset"]);
+    let t = collector.start(
+        false,
+        &[
+            ("OTEL_BSP_MAX_QUEUE_SIZE", "4".into()),
+            ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "2".into()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "50".into()),
+        ],
     );
-    t.send(10);
-    let failed = wait_for(Duration::from_secs(20), || {
-        (t.metric("tracetap_spans_dropped_export_failed_total") >= 20).then_some(())
-    });
-    assert!(failed.is_some(), "the failed exports must be counted; log:\n{}", t.agent.log());
-    assert!(t.metric("tracetap_export_failures_total") >= 1);
-    // A certificate that does not verify is not retried: the next attempt would meet it again.
-    assert_eq!(t.metric("tracetap_export_retries_total"), 0, "log:\n{}", t.agent.log());
-    assert_eq!(t.metric("tracetap_spans_exported_total"), 0);
-    assert!(t.receiver.spans().is_empty());
-    // The receiver notes the failed handshake when its accept returns, which can be after the
-    // agent counted the failure: waited for, not raced.
-    let refused = wait_for(Duration::from_secs(20), || (t.receiver.stats().handshake_failures >= 1).then_some(()));
-    assert!(refused.is_some(), "the receiver saw the handshake fail");
-    let log = t.agent.log();
-    let lines: Vec<_> = log.lines().filter(|l| l.contains("certificate did not verify")).collect();
-    assert_eq!(lines.len(), 1, "one clear line (then rate-limited): {log}");
-    assert!(lines[0].contains("OTEL_EXPORTER_OTLP_CERTIFICATE"), "it says what to set: {}", lines[0]);
-    assert!(t.agent.is_running());
-    assert_eq!(t.agent.get("/healthz").map(|(s, _)| s), Some(200));
-    // More traffic, more counted failures, still running.
-    t.send(5);
-    let more = wait_for(Duration::from_secs(20), || {
-        (t.metric("tracetap_spans_dropped_export_failed_total") >= 30).then_some(())
-    });
-    assert!(more.is_some());
-    assert!(t.agent.is_running());
+    t.send(20);
+    let overflowed =
+        wait_for(Duration::from_secs(20), || (t.metric("tracetap_spans_dropped_queue_full_total") > 0).then_some(()));
+    assert!(overflowed.is_some(), "the queue's overflow is counted:\n{}", metrics_text(&t));
+    assert_eq!(t.metric("tracetap_spans_dropped_export_failed_total"), 0);
+    assert!(tls_failures(&t, "unknown_issuer") >= 1);
+}
+
+/// A certificate marked as a CA that the server presents as its own, signed by the CA the agent
+/// trusts but not itself named: refused, saying how to trust it.
+#[test]
+fn a_ca_certificate_not_named_is_refused_as_such() {
+    if !require_root() {
+        return;
+    }
+    let pki = Pki::new("tracetap-ca-leaf-ca");
+    Collector::serving(pki.leaf(Leaf { ca: true, ..Leaf::DEFAULT }), Some(pki.ca_file()))
+        .is_refused("ca_used_as_end_entity", &["CA:TRUE", "OTEL_EXPORTER_OTLP_CERTIFICATE"]);
 }
 
 #[test]
@@ -141,29 +296,12 @@ fn mutual_tls_sends_the_client_certificate() {
         return;
     }
     let pki = Pki::new("tracetap-mtls-ca");
-    let (cert, key) = pki.client_files();
-    let options = Options { tls: Some(server_tls(&pki, true)), ..Options::default() };
-    // Without the client certificate the receiver refuses the handshake: counted, nothing lost silently.
-    let without = Traced::start(options.clone(), &[("OTEL_EXPORTER_OTLP_CERTIFICATE", path(&pki.ca_file()))]);
-    without.send(5);
-    let failed = wait_for(Duration::from_secs(20), || {
-        (without.metric("tracetap_spans_dropped_export_failed_total") >= 10).then_some(())
-    });
-    assert!(failed.is_some(), "log:\n{}", without.agent.log());
-    assert!(without.receiver.spans().is_empty());
-    drop(without);
-
-    let with = Traced::start(
-        options,
-        &[
-            ("OTEL_EXPORTER_OTLP_CERTIFICATE", path(&pki.ca_file())),
-            ("OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE", path(&cert)),
-            ("OTEL_EXPORTER_OTLP_CLIENT_KEY", path(&key)),
-        ],
-    );
-    with.send(20);
-    with.expect_spans(40);
-    assert_eq!(with.metric("tracetap_export_failures_total"), 0);
+    let mut collector =
+        Collector { tls: server_tls(&pki, true), trust: Some(pki.ca_file()), client: None, by_ip: false };
+    // Without the client certificate the receiver refuses the handshake.
+    collector.is_refused("handshake_refused", &["refused the TLS handshake", "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE"]);
+    collector.client = Some(pki.client_files());
+    collector.delivers();
 }
 
 #[test]

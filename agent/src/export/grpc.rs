@@ -22,15 +22,16 @@ use tonic::codec::{Codec, CompressionEncoding, DecodeBuf, Decoder, EncodeBuf, En
 use tonic::metadata::MetadataMap;
 use tonic::{Code, Status};
 
+use super::handshake_watch::{LastTlsFailure, Watched};
 use super::retry::Attempt;
 use super::rpc;
 use super::settings::{Compression, Endpoint, ExportSettings, Signal};
-use super::tls;
+use super::{tls, tls_failure};
 
 /// Bytes of a collector's answer decoded at most (it is a small protobuf message).
 const MAX_RESPONSE_BYTES: usize = 64 * 1024;
 
-type HyperClient = Client<HttpsConnector<HttpConnector>, tonic::body::Body>;
+type HyperClient = Client<Watched<HttpsConnector<HttpConnector>>, tonic::body::Body>;
 
 #[derive(Clone)]
 pub struct GrpcTransport {
@@ -38,24 +39,36 @@ pub struct GrpcTransport {
     path: PathAndQuery,
     headers: HeaderMap,
     timeout: Duration,
+    /// Why a connection's TLS failed after its handshake looked done (see `handshake_watch`).
+    last_tls_failure: LastTlsFailure,
 }
 
 impl GrpcTransport {
     #[must_use]
     pub fn new(endpoint: &Endpoint, settings: &ExportSettings, tls_config: rustls::ClientConfig) -> Self {
-        let client: HyperClient =
-            Client::builder(TokioExecutor::new()).http2_only(true).build(tls::http2_connector(tls_config));
+        let last_tls_failure = LastTlsFailure::default();
+        let connector = Watched::new(tls::http2_connector(tls_config), last_tls_failure.clone());
+        let client: HyperClient = Client::builder(TokioExecutor::new()).http2_only(true).build(connector);
         let mut grpc =
             tonic::client::Grpc::with_origin(client, endpoint.uri()).max_decoding_message_size(MAX_RESPONSE_BYTES);
         if settings.compression == Compression::Gzip {
             grpc = grpc.send_compressed(CompressionEncoding::Gzip);
         }
         let headers = settings.header_map();
-        Self { grpc, path: PathAndQuery::from_static(Signal::Traces.grpc_path()), headers, timeout: settings.timeout }
+        let path = PathAndQuery::from_static(Signal::Traces.grpc_path());
+        Self { grpc, path, headers, timeout: settings.timeout, last_tls_failure }
     }
 
     /// One attempt.
     pub async fn send(&self, body: Bytes) -> Attempt {
+        let attempt = self.attempt(body).await;
+        if matches!(attempt, Attempt::Accepted { .. }) {
+            self.last_tls_failure.clear();
+        }
+        attempt
+    }
+
+    async fn attempt(&self, body: Bytes) -> Attempt {
         let mut grpc = self.grpc.clone();
         if let Err(e) = grpc.ready().await {
             return Attempt::Retryable { reason: format!("connection error: {e}"), after: None };
@@ -73,15 +86,20 @@ impl GrpcTransport {
                     .unwrap_or_default();
                 Attempt::Accepted { rejected, message }
             }
-            Ok(Err(status)) => classify(&status),
+            // Cancelled, or failed in the client, with no cause given: its connection's TLS
+            // failure, if it met one.
+            Ok(Err(status)) => match self.last_tls_failure.get() {
+                Some(failure) if matches!(status.code(), Code::Cancelled | Code::Unknown) => Attempt::Tls(failure),
+                _ => classify(&status),
+            },
         }
     }
 }
 
 /// What a failed call comes to.
 fn classify(status: &Status) -> Attempt {
-    if let Some(reason) = std::error::Error::source(status).and_then(tls::certificate_error) {
-        return Attempt::Permanent { reason };
+    if let Some(failure) = std::error::Error::source(status).and_then(tls_failure::classify) {
+        return Attempt::Tls(failure);
     }
     let reason = format!("gRPC {:?}: {}", status.code(), status.message());
     let after = retry_delay(status.details());

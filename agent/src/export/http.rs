@@ -16,7 +16,7 @@ use prost::Message as _;
 use super::retry::{self, Attempt};
 use super::rpc;
 use super::settings::{Compression, Endpoint, ExportSettings};
-use super::tls;
+use super::{tls, tls_failure};
 
 /// Bytes of a collector's answer read at most (it is a small protobuf message).
 const MAX_RESPONSE_BYTES: usize = 64 * 1024;
@@ -50,8 +50,8 @@ impl HttpTransport {
                 return Attempt::Retryable { reason: format!("no answer within {:?}", self.timeout), after: None };
             }
             Ok(Err(e)) => {
-                return match tls::certificate_error(&e) {
-                    Some(reason) => Attempt::Permanent { reason },
+                return match tls_failure::classify(&e) {
+                    Some(failure) => Attempt::Tls(failure),
                     None => Attempt::Retryable { reason: format!("connection error: {e:#}"), after: None },
                 };
             }

@@ -4,7 +4,10 @@
 //!
 //! Nothing is lost silently: a full queue drops the batch and counts its spans; an export that
 //! fails for good counts its spans as dropped; retries (see `retry`) and spans a collector
-//! rejected (OTLP partial success) are counted too.
+//! rejected (OTLP partial success) are counted too. A failed TLS handshake is retried until its
+//! cause is fixed (a certificate renewed, a CA trusted), holding its batch while later ones wait
+//! in the bounded queue: it is counted by cause and logged once per cause every 10 s at most, with
+//! what to change (`tls_failure`), and `/readyz` says exports are failing and why.
 //!
 //! Nothing blocks the runtime, which also serves `/healthz`: gzip and the stdout sink's writes run
 //! on the blocking pool, and the exporter sends one request at a time, so a slow destination backs
@@ -12,11 +15,14 @@
 
 pub mod settings;
 pub mod tls;
+pub mod tls_failure;
 
 mod grpc;
+mod handshake_watch;
 mod http;
 mod retry;
 mod rpc;
+mod verifier;
 
 use std::io::Write as _;
 use std::sync::Arc;
@@ -122,6 +128,7 @@ enum Inner {
         transport: Box<Transport>,
         endpoint: Endpoint,
         gzip_body: bool,
+        hints: Box<tls_failure::Hints>,
     },
 }
 
@@ -137,7 +144,13 @@ impl Destination {
             Protocol::Grpc => Transport::Grpc(grpc::GrpcTransport::new(endpoint, settings, tls_config)),
         };
         let gzip_body = settings.compression == Compression::Gzip && settings.protocol == Protocol::HttpProtobuf;
-        Ok(Self(Inner::Otlp { transport: Box::new(transport), endpoint: endpoint.clone(), gzip_body }))
+        let hints = tls_failure::Hints { endpoint_var: endpoint.var, files: settings.tls.clone() };
+        Ok(Self(Inner::Otlp {
+            transport: Box::new(transport),
+            endpoint: endpoint.clone(),
+            gzip_body,
+            hints: Box::new(hints),
+        }))
     }
 
     /// What the startup log says.
@@ -152,8 +165,9 @@ impl Destination {
 
 /// Runs the exporter until the queue's senders are gone and everything queued was exported.
 pub async fn run(destination: Destination, mut rx: mpsc::Receiver<EncodedBatch>, metrics: Arc<Metrics>) {
-    let mut failures = RateLimitedLog { last: None, suppressed: 0 };
-    let mut rejections = RateLimitedLog { last: None, suppressed: 0 };
+    let mut failures = RateLimitedLog::default();
+    let mut rejections = RateLimitedLog::default();
+    let mut tls_report = None;
     while let Some(mut batch) = rx.recv().await {
         let delivered = batch.delivered.take();
         match &destination.0 {
@@ -162,7 +176,8 @@ pub async fn run(destination: Destination, mut rx: mpsc::Receiver<EncodedBatch>,
                 // A slow log pipe blocks a pool thread, never the runtime.
                 let _ = tokio::task::spawn_blocking(move || print_json(&batch, &metrics)).await;
             }
-            Inner::Otlp { transport, endpoint, gzip_body } => {
+            Inner::Otlp { transport, endpoint, gzip_body, hints } => {
+                let report = tls_report.get_or_insert_with(|| TlsReport::new(endpoint, hints));
                 let spans = batch.spans;
                 let body = if *gzip_body {
                     let raw = batch.body;
@@ -170,8 +185,9 @@ pub async fn run(destination: Destination, mut rx: mpsc::Receiver<EncodedBatch>,
                 } else {
                     batch.body
                 };
-                match send_with_retries(transport, body, &metrics).await {
+                match send_with_retries(transport, body, &metrics, report).await {
                     Ok((rejected, message)) => {
+                        metrics.set_export_failing(None);
                         metrics::add(&metrics.spans_exported, spans.saturating_sub(rejected));
                         if rejected > 0 {
                             metrics::add(&metrics.spans_rejected, rejected);
@@ -185,6 +201,7 @@ pub async fn run(destination: Destination, mut rx: mpsc::Receiver<EncodedBatch>,
                         metrics::add(&metrics.export_failures, 1);
                         metrics::add(&metrics.spans_dropped_export_failed, spans);
                         failures.warn(&format!("export of {spans} spans to {endpoint} failed: {reason}"));
+                        metrics.set_export_failing(Some(reason));
                     }
                 }
             }
@@ -195,12 +212,66 @@ pub async fn run(destination: Destination, mut rx: mpsc::Receiver<EncodedBatch>,
     }
 }
 
-/// Sends one request, retrying as the specification says; the partial success on success.
-async fn send_with_retries(transport: &Transport, body: Bytes, metrics: &Metrics) -> Result<(u64, String), String> {
+/// What the exporter says about failed TLS handshakes: each cause counted, logged at most every
+/// 10 s with its message, and shown on `/readyz` until an export succeeds.
+struct TlsReport {
+    endpoint: String,
+    hints: tls_failure::Hints,
+    logs: std::collections::BTreeMap<&'static str, RateLimitedLog>,
+    failing: bool,
+}
+
+impl TlsReport {
+    fn new(endpoint: &Endpoint, hints: &tls_failure::Hints) -> Self {
+        Self {
+            endpoint: endpoint.to_string(),
+            hints: hints.clone(),
+            logs: std::collections::BTreeMap::new(),
+            failing: false,
+        }
+    }
+
+    fn failed(&mut self, failure: &tls_failure::TlsFailure, metrics: &Metrics) {
+        let reason = failure.reason();
+        metrics.count_export_tls_failure(reason);
+        let message = failure.message(&self.hints);
+        self.logs.entry(reason).or_default().warn(&format!(
+            "export to {} failed: {message} (retrying; spans wait in the export queue, and what overflows it is counted in tracetap_spans_dropped_queue_full_total)",
+            self.endpoint
+        ));
+        metrics.set_export_failing(Some(message));
+        self.failing = true;
+    }
+
+    fn succeeded(&mut self) {
+        if std::mem::take(&mut self.failing) {
+            tracing::info!(endpoint = %self.endpoint, "the TLS handshake with the collector succeeds again");
+        }
+    }
+}
+
+/// Sends one request, retrying as the specification says, and a failed TLS handshake until it
+/// succeeds; the partial success on success.
+async fn send_with_retries(
+    transport: &Transport,
+    body: Bytes,
+    metrics: &Metrics,
+    tls: &mut TlsReport,
+) -> Result<(u64, String), String> {
     let mut attempt = 1;
+    let mut tls_attempt = 0;
     loop {
         match transport.send(body.clone()).await {
-            Attempt::Accepted { rejected, message } => return Ok((rejected, message)),
+            Attempt::Accepted { rejected, message } => {
+                tls.succeeded();
+                return Ok((rejected, message));
+            }
+            Attempt::Tls(failure) => {
+                tls.failed(&failure, metrics);
+                metrics::add(&metrics.export_retries, 1);
+                tls_attempt += 1;
+                tokio::time::sleep(retry::wait_before_next(tls_attempt, None)).await;
+            }
             Attempt::Retryable { reason, after } if attempt < retry::MAX_ATTEMPTS => {
                 tracing::debug!(attempt, %reason, "export failed, retrying");
                 metrics::add(&metrics.export_retries, 1);

@@ -4,6 +4,8 @@
 
 use std::time::{Duration, SystemTime};
 
+use super::tls_failure::TlsFailure;
+
 /// Most attempts for one export request.
 pub const MAX_ATTEMPTS: u32 = 5;
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
@@ -21,6 +23,9 @@ pub enum Attempt {
     Retryable { reason: String, after: Option<Duration> },
     /// Failed for good.
     Permanent { reason: String },
+    /// The TLS handshake failed: retried until the cause is fixed, the request held meanwhile
+    /// (later ones wait in the bounded queue, whose overflow is counted).
+    Tls(TlsFailure),
 }
 
 /// The wait before attempt `attempt + 1` (`attempt` counts from 1): the server's wish when it

@@ -108,6 +108,8 @@ pub enum Compression {
 /// A parsed `http://` or `https://` endpoint URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Endpoint {
+    /// The variable that named it, for messages.
+    pub var: &'static str,
     /// `https`: the connection is TLS.
     pub tls: bool,
     /// `host:port`, as dialled (the port made explicit).
@@ -288,7 +290,7 @@ fn parse_endpoint(
         (Protocol::HttpProtobuf, None) if path.is_empty() => "/".to_owned(),
         (Protocol::HttpProtobuf, None) => path.to_owned(),
     };
-    let endpoint = Endpoint { tls, authority: format!("{}:{port}", authority.host()), path };
+    let endpoint = Endpoint { var, tls, authority: format!("{}:{port}", authority.host()), path };
     // Built again from its parts, as the exporter will: anything HTTP does not take is refused here.
     endpoint.to_string().parse::<hyper::Uri>().map_err(|e| ConfigError::new(var, url, format!("{expected}: {e}")))?;
     Ok(endpoint)

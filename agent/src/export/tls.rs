@@ -2,10 +2,10 @@
 //! else the webpki roots compiled in) and the client certificate for mutual TLS, read once at
 //! start so that a bad file stops the agent there, naming its variable.
 //!
-//! At run time a certificate that does not verify is not a crash and not worth retrying: the
-//! exporter counts the failure and logs [`certificate_error`]'s one clear line.
+//! The certificates the variable names are trusted as roots, and as the collector's own even when
+//! marked as a CA (`super::verifier`). At run time a certificate that does not verify is not a
+//! crash: the exporter counts it by cause and logs one clear line per cause (`super::tls_failure`).
 
-use std::error::Error as StdError;
 use std::sync::Arc;
 
 use hyper_rustls::HttpsConnector;
@@ -15,6 +15,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::{ClientConfig, RootCertStore};
 
 use super::settings::{NamedFile, TlsFiles};
+use super::verifier::CollectorVerifier;
 use crate::config_error::ConfigError;
 
 /// Certificate and key files are small; a larger one is not what the variable should name.
@@ -45,21 +46,23 @@ pub fn plaintext_config() -> ClientConfig {
 
 /// Builds the client TLS configuration.
 pub fn client_config(files: &TlsFiles) -> Result<ClientConfig, ConfigError> {
-    let roots = match &files.certificate {
-        Some(file) => {
-            let mut roots = RootCertStore::empty();
-            for cert in read_certificates(file)? {
-                roots.add(cert).map_err(|e| bad(file, format!("a CA certificate rustls accepts: {e}")))?;
-            }
-            roots
-        }
-        None => system_roots(),
-    };
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = ClientConfig::builder_with_provider(provider)
+    let builder = ClientConfig::builder_with_provider(Arc::clone(&provider))
         .with_safe_default_protocol_versions()
-        .expect("ring supports the default protocol versions")
-        .with_root_certificates(roots);
+        .expect("ring supports the default protocol versions");
+    let builder = match &files.certificate {
+        Some(file) => {
+            let named = read_certificates(file)?;
+            let mut roots = RootCertStore::empty();
+            for cert in &named {
+                roots.add(cert.clone()).map_err(|e| bad(file, format!("a CA certificate rustls accepts: {e}")))?;
+            }
+            let verifier = CollectorVerifier::new(named, roots, provider)
+                .map_err(|e| bad(file, format!("certificates rustls can verify with: {e}")))?;
+            builder.dangerous().with_custom_certificate_verifier(Arc::new(verifier))
+        }
+        None => builder.with_root_certificates(system_roots()),
+    };
     let config = match (&files.client_certificate, &files.client_key) {
         (Some(cert_file), Some(key_file)) => {
             let chain = read_certificates(cert_file)?;
@@ -120,50 +123,9 @@ fn bad(file: &NamedFile, expected: impl Into<String>) -> ConfigError {
     ConfigError::new(file.var, &file.path.display().to_string(), expected)
 }
 
-/// When an export failed because the TLS handshake did (the peer's certificate did not verify, or
-/// it refused ours), the reason an operator can act on. Such a failure is not retried: the next
-/// attempt would meet the same certificate.
-#[must_use]
-pub fn certificate_error(error: &(dyn StdError + 'static)) -> Option<String> {
-    Some(match find_rustls_error(error)? {
-        rustls::Error::InvalidCertificate(why) => format!(
-            "the collector's certificate did not verify ({why}); trust its CA with OTEL_EXPORTER_OTLP_CERTIFICATE"
-        ),
-        rustls::Error::AlertReceived(alert) => format!(
-            "the collector refused the TLS handshake ({alert:?}); check OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE and _KEY"
-        ),
-        other => {
-            format!("TLS failed ({other}); check the endpoint's scheme and port, and OTEL_EXPORTER_OTLP_CERTIFICATE")
-        }
-    })
-}
-
-/// The rustls error in a chain. An `io::Error` wrapping another error reports that error's
-/// *source* as its own, skipping the error itself, so wrapped errors are opened one by one.
-fn find_rustls_error<'a>(error: &'a (dyn StdError + 'static)) -> Option<&'a rustls::Error> {
-    if let Some(found) = error.downcast_ref::<rustls::Error>() {
-        return Some(found);
-    }
-    if let Some(inner) = error.downcast_ref::<std::io::Error>().and_then(std::io::Error::get_ref) {
-        return find_rustls_error(inner);
-    }
-    error.source().and_then(find_rustls_error)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_certificate_error_is_found_through_wrapped_io_errors() {
-        // As hyper-rustls reports it: io::Error::other(io::Error(InvalidData, rustls::Error)).
-        let rustls_error = rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
-        let inner = std::io::Error::new(std::io::ErrorKind::InvalidData, rustls_error);
-        let outer = std::io::Error::other(inner);
-        let reason = certificate_error(&outer).expect("found");
-        assert!(reason.contains("did not verify") && reason.contains("OTEL_EXPORTER_OTLP_CERTIFICATE"), "{reason}");
-        assert_eq!(certificate_error(&std::io::Error::other("connection refused")), None);
-    }
 
     #[test]
     fn the_named_ca_file_is_read_and_checked() {
