@@ -92,7 +92,7 @@ macro_rules! metrics {
                 }
                 if let Ok(decisions) = self.tail_decisions.lock() {
                     for ((policy, outcome), n) in decisions.iter() {
-                        let policy = policy.replace('\\', "\\\\").replace('"', "\\\"");
+                        let policy = escape_label_value(policy);
                         let _ = writeln!(out, "tracetap_tail_decisions_total{{policy=\"{policy}\",outcome=\"{outcome}\"}} {n}");
                     }
                 }
@@ -186,6 +186,21 @@ pub fn add(counter: &AtomicU64, n: u64) {
     counter.fetch_add(n, Relaxed);
 }
 
+/// A label value as the Prometheus text format writes it: backslash, double quote and line feed
+/// escaped (a tail policy's name comes from the operator's file and may hold any of them).
+fn escape_label_value(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 /// Sets a gauge (or a counter mirrored from a source that already counts).
 pub fn set(gauge: &AtomicU64, value: u64) {
     gauge.store(value, Relaxed);
@@ -207,5 +222,15 @@ mod tests {
             assert!(name.starts_with("tracetap_"));
             value.parse::<u64>().unwrap();
         }
+    }
+
+    #[test]
+    fn a_policy_name_with_a_line_feed_stays_on_its_line() {
+        let m = Metrics::default();
+        m.tail_decisions.lock().unwrap().insert(("slow\nfake_metric 1 \"\\".to_owned(), "kept"), 2);
+        let text = m.render();
+        let lines: Vec<_> = text.lines().filter(|l| l.starts_with("tracetap_tail_decisions_total")).collect();
+        assert_eq!(lines, [r#"tracetap_tail_decisions_total{policy="slow\nfake_metric 1 \"\\",outcome="kept"} 2"#]);
+        assert!(!text.lines().any(|l| l.starts_with("fake_metric")));
     }
 }
