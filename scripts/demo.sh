@@ -61,28 +61,12 @@ metrics=$(curl -s "http://127.0.0.1:$admin/metrics")
 kill -TERM "$agent"; wait "$agent" || true
 
 echo
-echo "Spans (one JSON object per span on tracetap's stdout; summary first):"
-python3 - "$work/spans.jsonl" <<'PY'
-import json, sys
-spans = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-def attr(s, k):
-    for a in s["span"]["attributes"]:
-        if a["key"] == k:
-            return next(iter(a["value"].values()))
-    return ""
-for s in spans:
-    sp = s["span"]
-    kind = {2: "SERVER", 3: "CLIENT"}.get(sp["kind"], sp["kind"])
-    ms = (int(sp["endTimeUnixNano"]) - int(sp["startTimeUnixNano"])) / 1e6
-    print(f'  {kind:6} {sp["name"]:5} {attr(s, "url.path"):12} status={attr(s, "http.response.status_code"):3} '
-          f'trace={sp["traceId"]} span={sp["spanId"]} parent={sp["parentSpanId"] or "-":16} {ms:.2f} ms')
-if spans:
-    print("\nFirst span in full:")
-    print(json.dumps(spans[0], indent=2))
-else:
-    print("no spans: agent log follows", file=sys.stderr)
-PY
-[ -s "$work/spans.jsonl" ] || { cat "$work/agent.log"; exit 1; }
+[ -s "$work/spans.jsonl" ] || { echo "no spans: agent log follows" >&2; cat "$work/agent.log"; exit 1; }
+echo "Spans, one waterfall per trace (tracetap view $work/spans.jsonl: the JSON lines tracetap"
+echo "wrote on its stdout, as it does with no OTLP endpoint set):"
+./target/debug/tracetap view "$work/spans.jsonl"
+echo "First span in full:"
+head -n 1 "$work/spans.jsonl" | python3 -m json.tool
 echo
 echo "Metrics (from /metrics before shutdown):"
 grep -E '^tracetap_(requests_total|spans_built|events_captured|events_lost)' <<<"$metrics" || true

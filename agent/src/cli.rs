@@ -2,11 +2,12 @@
 //! configured with environment variables (`config`); arguments only choose a command.
 
 use std::ffi::OsString;
+use std::path::PathBuf;
 
 use crate::snippet;
 
 /// What the binary was asked to do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
     /// No argument: run the agent.
     Run,
@@ -18,6 +19,8 @@ pub enum Command {
     Snippet(snippet::Options),
     /// `haproxy-snippet --help`.
     SnippetHelp,
+    /// `view [FILE]`: the stdout sink's spans as waterfalls, from FILE or standard input.
+    View(Option<PathBuf>),
 }
 
 /// Arguments that name no command; `main` prints it with [`USAGE`] and exits 2.
@@ -31,6 +34,8 @@ usage: tracetap                      run the agent (configured with environment 
                                      print HAProxy configuration lines that propagate trace
                                      context for this sampler (OTEL_TRACES_SAMPLER and
                                      OTEL_TRACES_SAMPLER_ARG)
+       tracetap view [FILE]          print the spans the agent wrote as JSON lines (no endpoint
+                                     set) as one waterfall per trace; FILE or standard input
        tracetap --help               this text and every configuration variable
        tracetap --version";
 
@@ -67,6 +72,9 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, UsageE
             }
             Ok(Command::Snippet(options))
         }
+        ["view"] | ["view", "-"] => Ok(Command::View(None)),
+        ["view", file] if !file.starts_with('-') => Ok(Command::View(Some(PathBuf::from(file)))),
+        ["view", ..] => Err(UsageError("view takes one file (or none: standard input)".into())),
         [first, ..] => Err(UsageError(format!("unknown argument {first:?}"))),
     }
 }
@@ -91,6 +99,9 @@ mod tests {
             Ok(Command::Snippet(snippet::Options { response: true }))
         );
         assert_eq!(parsed(&["haproxy-snippet", "--help"]), Ok(Command::SnippetHelp));
+        assert_eq!(parsed(&["view"]), Ok(Command::View(None)));
+        assert_eq!(parsed(&["view", "-"]), Ok(Command::View(None)));
+        assert_eq!(parsed(&["view", "spans.jsonl"]), Ok(Command::View(Some("spans.jsonl".into()))));
     }
 
     #[test]
@@ -98,6 +109,8 @@ mod tests {
         assert_eq!(parsed(&["--verbose"]), Err(UsageError("unknown argument \"--verbose\"".into())));
         assert!(parsed(&["--help", "extra"]).is_err());
         assert!(parsed(&["--version", "--help"]).is_err());
+        assert!(parsed(&["view", "a", "b"]).is_err());
+        assert!(parsed(&["view", "--color"]).is_err());
         let e = parsed(&["haproxy-snippet", "--respons"]).unwrap_err();
         assert!(e.0.contains("--respons"), "{e}");
     }

@@ -23,3 +23,4 @@ pub mod spans;
 pub mod tail;
 pub mod target;
 pub mod telemetry;
+pub mod view;

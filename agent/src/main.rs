@@ -47,6 +47,7 @@ fn main() -> ExitCode {
                 }
             };
         }
+        Ok(Command::View(file)) => return view(file.as_deref()),
         Err(e) => {
             eprintln!("tracetap: {e}\n{}", cli::USAGE);
             return ExitCode::from(2);
@@ -294,6 +295,33 @@ fn run(
         admin.abort();
     });
     Ok(())
+}
+
+/// `tracetap view [FILE]`: exits 1 when the input cannot be read, 0 otherwise (lines that are
+/// not spans are counted on standard error).
+fn view(file: Option<&std::path::Path>) -> ExitCode {
+    let rendered = match file {
+        Some(path) => std::fs::File::open(path).and_then(|f| tracetap::view::render(std::io::BufReader::new(f))),
+        None => tracetap::view::render(std::io::stdin().lock()),
+    };
+    let what = file.map_or_else(|| "standard input".to_owned(), |p| p.display().to_string());
+    match rendered {
+        Ok((text, read)) => {
+            use std::io::Write as _;
+            let _ = std::io::stdout().lock().write_all(text.as_bytes());
+            if read.skipped > 0 {
+                eprintln!("tracetap view: {} line(s) of {what} were not spans; skipped", read.skipped);
+            }
+            if read.spans == 0 {
+                eprintln!("tracetap view: no spans in {what}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("tracetap view: cannot read {what}: {e}");
+            ExitCode::from(1)
+        }
+    }
 }
 
 async fn wait_for_signal() {
