@@ -238,7 +238,7 @@ fn run(
     // tonic's compression, a slow stdout) never delays the admin endpoint's answers.
     let (exported_tx, exported_rx) = tokio::sync::oneshot::channel::<()>();
     let exporter = {
-        let metrics = Arc::clone(&metrics);
+        let (metrics, stop) = (Arc::clone(&metrics), Arc::clone(&stop));
         let export_runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -246,7 +246,7 @@ fn run(
         std::thread::Builder::new()
             .name("export".into())
             .spawn(move || {
-                export_runtime.block_on(export::run(destination, rx, metrics));
+                export_runtime.block_on(export::run(destination, rx, metrics, stop));
                 let _ = exported_tx.send(());
             })
             .context("starting the export thread")?

@@ -98,7 +98,8 @@ async fn export_batches_answered(statuses: Vec<u16>, ok_body: Vec<u8>, batches: 
     let config = config(&url);
     let metrics = Arc::new(Metrics::default());
     let (queue, rx) = export::queue(config.max_queue_size, config.max_export_batch_size, Arc::clone(&metrics));
-    let exporter = tokio::spawn(export::run(Destination::new(&config.export).unwrap(), rx, Arc::clone(&metrics)));
+    let exporter =
+        tokio::spawn(export::run(Destination::new(&config.export).unwrap(), rx, Arc::clone(&metrics), Arc::default()));
     for i in 0..batches {
         queue.push(batch(&format!("s{i}")));
     }

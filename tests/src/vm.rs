@@ -50,10 +50,9 @@ pub fn initramfs(out: &Path, layers: &[Layer<'_>]) {
     }
 }
 
-/// What a guest printed on its console, and whether it powered off by itself.
+/// What a guest printed on its console (then what qemu printed on its standard error).
 pub struct Console {
     pub lines: Vec<String>,
-    pub powered_off: bool,
 }
 
 /// Boots `kernel` (`x86_64`) with `initramfs`, running `init` (a path in it), with `args` added to
@@ -78,6 +77,13 @@ pub fn boot(kernel: &Path, initramfs: &Path, init: &str, args: &str, timeout: Du
         .stderr(Stdio::piped())
         .spawn()
         .expect("run qemu-system-x86_64 (make setup installs qemu-system-x86)");
+    // qemu's standard error is read as it comes, so that a chatty qemu never blocks on it.
+    let stderr = child.stderr.take().expect("qemu's stderr");
+    let errors = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut BufReader::new(stderr), &mut text);
+        text
+    });
     let (tx, rx) = mpsc::channel();
     let stdout = child.stdout.take().expect("qemu's stdout");
     std::thread::spawn(move || {
@@ -100,11 +106,8 @@ pub fn boot(kernel: &Path, initramfs: &Path, init: &str, args: &str, timeout: Du
             }
         }
     }
-    let status = child.wait().expect("wait for qemu");
-    let mut stderr = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        let _ = std::io::Read::read_to_string(&mut e, &mut stderr);
-    }
+    let _ = child.wait();
+    let stderr = errors.join().unwrap_or_default();
     lines.extend(stderr.lines().map(|l| format!("qemu: {l}")));
-    Console { lines, powered_off: status.success() }
+    Console { lines }
 }

@@ -278,6 +278,37 @@ fn an_unknown_issuer_is_refused_and_spans_wait_up_to_the_queue_bound() {
     assert!(tls_failures(&t, "unknown_issuer") >= 1);
 }
 
+/// The export queue full behind a TLS failure, and the tail thread waiting for room in it: a
+/// SIGTERM still ends the agent, the spans it could not send counted.
+#[test]
+fn the_agent_stops_while_the_collector_s_tls_keeps_failing() {
+    if !require_root() {
+        return;
+    }
+    let pki = Pki::new("tracetap-stop-ca");
+    let state = tempfile::tempdir().expect("state directory");
+    let mut t = Collector::serving(pki.leaf(Leaf::DEFAULT), None).start(
+        false,
+        &[
+            ("TRACETAP_TAIL_ENABLED", "true".into()),
+            ("TRACETAP_STATE_DIR", path(state.path())),
+            ("TRACETAP_TAIL_GRACE", "100ms".into()),
+            ("TRACETAP_TAIL_DECISION_WAIT", "1s".into()),
+            ("TRACETAP_TAIL_RATIO", "1.0".into()),
+            ("OTEL_BSP_MAX_QUEUE_SIZE", "4".into()),
+            ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "2".into()),
+        ],
+    );
+    t.send(40);
+    let failing = wait_for(Duration::from_secs(20), || (tls_failures(&t, "unknown_issuer") >= 3).then_some(()));
+    assert!(failing.is_some(), "{}", t.agent.log());
+    let pid = t.agent.pid().to_string();
+    assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let exited = t.agent.wait_exit(Duration::from_mins(1));
+    assert!(exited.is_some(), "the agent exits on SIGTERM:\n{}", t.agent.log());
+    assert!(t.agent.log().contains("not retried: the agent is stopping"), "{}", t.agent.log());
+}
+
 /// A certificate marked as a CA that the server presents as its own, signed by the CA the agent
 /// trusts but not itself named: refused, saying how to trust it.
 #[test]

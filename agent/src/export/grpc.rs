@@ -86,14 +86,41 @@ impl GrpcTransport {
                     .unwrap_or_default();
                 Attempt::Accepted { rejected, message }
             }
-            // Cancelled, or failed in the client, with no cause given: its connection's TLS
-            // failure, if it met one.
-            Ok(Err(status)) => match self.last_tls_failure.get() {
-                Some(failure) if matches!(status.code(), Code::Cancelled | Code::Unknown) => Attempt::Tls(failure),
-                _ => classify(&status),
-            },
+            Ok(Err(status)) => self.explain(&status),
         }
     }
+}
+
+impl GrpcTransport {
+    /// What a failed call comes to, with its connection's TLS failure when the client cancelled it
+    /// without a cause. A status the server sent (no source error) or a failed connect says its own
+    /// cause, and shows that an older TLS failure is no longer what happens.
+    fn explain(&self, status: &Status) -> Attempt {
+        let from_client = std::error::Error::source(status).is_some();
+        if !from_client || connect_failed(status) {
+            self.last_tls_failure.clear();
+            return classify(status);
+        }
+        match self.last_tls_failure.get() {
+            Some(failure) if matches!(status.code(), Code::Cancelled | Code::Unknown) => Attempt::Tls(failure),
+            _ => classify(status),
+        }
+    }
+}
+
+/// The connection could not be made (refused, unreachable, no answer): no TLS was spoken.
+fn connect_failed(status: &Status) -> bool {
+    let mut next = std::error::Error::source(status);
+    while let Some(e) = next {
+        if e.downcast_ref::<hyper_util::client::legacy::Error>()
+            .is_some_and(hyper_util::client::legacy::Error::is_connect)
+            && tls_failure::classify(e).is_none()
+        {
+            return true;
+        }
+        next = e.source();
+    }
+    false
 }
 
 /// What a failed call comes to.

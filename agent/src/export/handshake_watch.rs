@@ -8,7 +8,8 @@
 //! unread. So each connection's reads and writes note the TLS failure they meet in a slot the
 //! transport shares, a write the peer hung up on fails only once what the peer said last was
 //! read, and the
-//! transport reads the slot when a request is cancelled without a cause (`super::grpc`).
+//! transport reads the slot when a request fails in the client without a cause (`super::grpc`,
+//! `super::http`); an answer from the collector, or a connect that failed, clears it.
 
 use std::future::Future;
 use std::io;

@@ -13,6 +13,7 @@ use hyper_util::rt::TokioExecutor;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse;
 use prost::Message as _;
 
+use super::handshake_watch::{LastTlsFailure, Watched};
 use super::retry::{self, Attempt};
 use super::rpc;
 use super::settings::{Compression, Endpoint, ExportSettings};
@@ -23,22 +24,26 @@ const MAX_RESPONSE_BYTES: usize = 64 * 1024;
 
 #[derive(Clone)]
 pub struct HttpTransport {
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    client: Client<Watched<HttpsConnector<HttpConnector>>, Full<Bytes>>,
     uri: hyper::Uri,
     headers: HeaderMap,
     timeout: Duration,
+    /// Why a connection's TLS failed after its handshake looked done (see `handshake_watch`).
+    last_tls_failure: LastTlsFailure,
 }
 
 impl HttpTransport {
     #[must_use]
     pub fn new(endpoint: &Endpoint, settings: &ExportSettings, tls_config: rustls::ClientConfig) -> Self {
-        let client = Client::builder(TokioExecutor::new()).build(tls::http1_connector(tls_config));
+        let last_tls_failure = LastTlsFailure::default();
+        let connector = Watched::new(tls::http1_connector(tls_config), last_tls_failure.clone());
+        let client = Client::builder(TokioExecutor::new()).build(connector);
         let mut headers = settings.header_map();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/x-protobuf"));
         if settings.compression == Compression::Gzip {
             headers.insert(CONTENT_ENCODING, HeaderValue::from_static("gzip"));
         }
-        Self { client, uri: endpoint.uri(), headers, timeout: settings.timeout }
+        Self { client, uri: endpoint.uri(), headers, timeout: settings.timeout, last_tls_failure }
     }
 
     /// One attempt.
@@ -50,12 +55,27 @@ impl HttpTransport {
                 return Attempt::Retryable { reason: format!("no answer within {:?}", self.timeout), after: None };
             }
             Ok(Err(e)) => {
-                return match tls_failure::classify(&e) {
+                // A write the collector hung up on (a large body) can fail before its TLS alert
+                // is read: the alert its connection met then says why. A failed connect says its
+                // own cause.
+                let failure = tls_failure::classify(&e).or_else(|| {
+                    if e.is_connect() {
+                        self.last_tls_failure.clear();
+                        None
+                    } else {
+                        self.last_tls_failure.get()
+                    }
+                });
+                return match failure {
                     Some(failure) => Attempt::Tls(failure),
                     None => Attempt::Retryable { reason: format!("connection error: {e:#}"), after: None },
                 };
             }
-            Ok(Ok(response)) => response,
+            Ok(Ok(response)) => {
+                // An answer: TLS works on this endpoint now.
+                self.last_tls_failure.clear();
+                response
+            }
         };
         let status = response.status();
         let after = response

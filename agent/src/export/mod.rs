@@ -164,7 +164,14 @@ impl Destination {
 }
 
 /// Runs the exporter until the queue's senders are gone and everything queued was exported.
-pub async fn run(destination: Destination, mut rx: mpsc::Receiver<EncodedBatch>, metrics: Arc<Metrics>) {
+/// Once `stopping` is set (the agent shuts down), a failed TLS handshake is no longer retried:
+/// its batch is dropped and counted, so that the queue drains and nothing waits on it.
+pub async fn run(
+    destination: Destination,
+    mut rx: mpsc::Receiver<EncodedBatch>,
+    metrics: Arc<Metrics>,
+    stopping: Arc<std::sync::atomic::AtomicBool>,
+) {
     let mut failures = RateLimitedLog::default();
     let mut rejections = RateLimitedLog::default();
     let mut tls_report = None;
@@ -185,7 +192,7 @@ pub async fn run(destination: Destination, mut rx: mpsc::Receiver<EncodedBatch>,
                 } else {
                     batch.body
                 };
-                match send_with_retries(transport, body, &metrics, report).await {
+                match send_with_retries(transport, body, &metrics, report, &stopping).await {
                     Ok((rejected, message)) => {
                         metrics.set_export_failing(None);
                         metrics::add(&metrics.spans_exported, spans.saturating_sub(rejected));
@@ -211,6 +218,9 @@ pub async fn run(destination: Destination, mut rx: mpsc::Receiver<EncodedBatch>,
         }
     }
 }
+
+/// How often a TLS retry's wait looks whether the agent is stopping.
+const STOP_CHECK: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// What the exporter says about failed TLS handshakes: each cause counted, logged at most every
 /// 10 s with its message, and shown on `/readyz` until an export succeeds.
@@ -257,6 +267,7 @@ async fn send_with_retries(
     body: Bytes,
     metrics: &Metrics,
     tls: &mut TlsReport,
+    stopping: &std::sync::atomic::AtomicBool,
 ) -> Result<(u64, String), String> {
     let mut attempt = 1;
     let mut tls_attempt = 0;
@@ -268,9 +279,16 @@ async fn send_with_retries(
             }
             Attempt::Tls(failure) => {
                 tls.failed(&failure, metrics);
+                if stopping.load(std::sync::atomic::Ordering::Relaxed) {
+                    return Err(format!("{} (not retried: the agent is stopping)", failure.message(&tls.hints)));
+                }
                 metrics::add(&metrics.export_retries, 1);
                 tls_attempt += 1;
-                tokio::time::sleep(retry::wait_before_next(tls_attempt, None)).await;
+                // In short steps, so that a shutdown does not wait out a long backoff.
+                let until = tokio::time::Instant::now() + retry::wait_before_next(tls_attempt, None);
+                while tokio::time::Instant::now() < until && !stopping.load(std::sync::atomic::Ordering::Relaxed) {
+                    tokio::time::sleep_until(until.min(tokio::time::Instant::now() + STOP_CHECK)).await;
+                }
             }
             Attempt::Retryable { reason, after } if attempt < retry::MAX_ATTEMPTS => {
                 tracing::debug!(attempt, %reason, "export failed, retrying");

@@ -27,8 +27,8 @@ pub enum TlsFailure {
     /// A CA certificate (`CA:TRUE`) presented as the collector's own, and not one the operator
     /// named (a named one is accepted: `super::verifier`).
     CaUsedAsEndEntity,
-    /// The collector ended the handshake with an alert: it wanted a client certificate, or did
-    /// not accept ours.
+    /// The collector ended the handshake with an alert about the client's certificate: it wanted
+    /// one, or did not accept ours. Other alerts are [`TlsFailure::Other`].
     HandshakeRefused(AlertDescription),
     /// Anything else rustls reports.
     Other(String),
@@ -143,9 +143,30 @@ pub fn classify(error: &(dyn StdError + 'static)) -> Option<TlsFailure> {
             }
             other => TlsFailure::Other(format!("the collector's certificate did not verify: {other:?}")),
         },
-        rustls::Error::AlertReceived(alert) => TlsFailure::HandshakeRefused(*alert),
+        rustls::Error::AlertReceived(alert) if is_about_our_certificate(*alert) => TlsFailure::HandshakeRefused(*alert),
+        rustls::Error::AlertReceived(AlertDescription::NoApplicationProtocol) => TlsFailure::Other(
+            "the collector ended the handshake with alert NoApplicationProtocol: this port does not speak the protocol OTEL_EXPORTER_OTLP_PROTOCOL asks for (HTTP/2 for grpc)".to_owned(),
+        ),
+        rustls::Error::AlertReceived(alert) => {
+            TlsFailure::Other(format!("the collector ended the handshake with alert {alert:?}"))
+        }
         other => TlsFailure::Other(other.to_string()),
     })
+}
+
+/// Alerts a server sends about the client's certificate (missing, or not accepted).
+fn is_about_our_certificate(alert: AlertDescription) -> bool {
+    matches!(
+        alert,
+        AlertDescription::CertificateRequired
+            | AlertDescription::BadCertificate
+            | AlertDescription::UnsupportedCertificate
+            | AlertDescription::CertificateRevoked
+            | AlertDescription::CertificateExpired
+            | AlertDescription::CertificateUnknown
+            | AlertDescription::UnknownCA
+            | AlertDescription::AccessDenied
+    )
 }
 
 /// A presented name as webpki spells it (`DnsName("collector")`, `IpAddress(10.0.0.1)`), plain.
@@ -208,6 +229,9 @@ mod tests {
             ),
             (wrapped(rustls::Error::AlertReceived(AlertDescription::CertificateRequired)), "handshake_refused"),
             (cert(CertificateError::BadSignature), "other"),
+            (wrapped(rustls::Error::AlertReceived(AlertDescription::NoApplicationProtocol)), "other"),
+            (wrapped(rustls::Error::AlertReceived(AlertDescription::ProtocolVersion)), "other"),
+            (wrapped(rustls::Error::AlertReceived(AlertDescription::UnknownCA)), "handshake_refused"),
         ];
         for (error, reason) in cases {
             assert_eq!(classify(&error).map(|f| f.reason()), Some(reason), "{error:?}");
