@@ -116,7 +116,7 @@ pub struct Config {
     pub runtime_api: bool,
 }
 
-/// Every variable the agent reads, with its default and meaning. The README's table is this list.
+/// Every variable the agent reads, with its default and meaning. The table in docs/configuration.md is this list.
 pub const VARIABLES: &[(&str, &str, &str)] = &[
     (
         "OTEL_EXPORTER_OTLP_ENDPOINT",
@@ -896,18 +896,21 @@ mod tests {
 
     #[test]
     fn readme_table_matches_the_code() {
-        let readme = include_str!("../../README.md");
+        let readme = include_str!("../../docs/configuration.md");
         for (var, default, _) in VARIABLES {
             let row = readme
                 .lines()
                 .find(|l| l.starts_with(&format!("| `{var}` |")))
-                .unwrap_or_else(|| panic!("README configuration table lacks {var}"));
-            assert!(row.contains(default), "README row of {var} must show the default {default}: {row}");
+                .unwrap_or_else(|| panic!("docs/configuration.md's table lacks {var}"));
+            assert!(
+                row.contains(default),
+                "docs/configuration.md's row of {var} must show the default {default}: {row}"
+            );
         }
         for row in readme.lines().filter(|l| l.starts_with("| `OTEL_") || l.starts_with("| `TRACETAP_")) {
             assert!(
                 VARIABLES.iter().any(|(var, _, _)| row.starts_with(&format!("| `{var}` |"))),
-                "README documents a variable the code does not read: {row}"
+                "docs/configuration.md documents a variable the code does not read: {row}"
             );
         }
     }

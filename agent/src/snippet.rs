@@ -26,7 +26,7 @@
 //! one `set-header` for `tracestate`; no variable. Only a request with a valid `traceparent` is
 //! stored in a variable, to be read back.
 //!
-//! What the lines cannot do (said in their comments and the README): read `ot=rv:` from an
+//! What the lines cannot do (said in their comments and docs/traces.md): read `ot=rv:` from an
 //! incoming `tracestate` (tracetap does, for non-parent-based ratio samplers with a valid parent;
 //! a difference is counted by the agent), keep more than the last of several `tracestate` header
 //! lines where they rewrite it, or give each retry its own parent id.
@@ -414,12 +414,13 @@ mod tests {
 
     #[test]
     fn the_readme_shows_the_lines_as_printed() {
-        let readme = include_str!("../../README.md");
+        let readme = include_str!("../../docs/traces.md");
         let printed = lines(&sampler("parentbased_traceidratio", Some("0.5")), "", Options::default());
         let printed: Vec<&str> = printed.lines().filter(|l| !l.is_empty() && !l.starts_with('#')).collect();
-        let start = readme.find("```\nhttp-request set-var(txn.tracetap_in)").expect("the README shows the lines") + 4;
+        let start =
+            readme.find("```\nhttp-request set-var(txn.tracetap_in)").expect("docs/traces.md shows the lines") + 4;
         let shown: Vec<&str> = readme[start..].lines().take_while(|l| *l != "```").collect();
-        assert_eq!(shown, printed, "README, Connected traces: the lines for parentbased_traceidratio 0.5");
+        assert_eq!(shown, printed, "docs/traces.md, Connected traces: the lines for parentbased_traceidratio 0.5");
     }
 
     #[test]

@@ -328,7 +328,7 @@ fn backends_continue_traces_under_the_client_span() {
     for version in haproxy::versions() {
         // With the response header every link is exact. Without it, requests without a parent
         // that are identical, with byte-identical responses, can be taken for one another (see
-        // the README's limits): that run holds the requests that came with a parent of their own
+        // docs/traces.md's limits): that run holds the requests that came with a parent of their own
         // (linked by trace id) to every check, and reports the others.
         for (ratio, response) in [("1.0", true), ("0.5", true), ("0.5", false)] {
             let sampler = [("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"), ("OTEL_TRACES_SAMPLER_ARG", ratio)];

@@ -457,6 +457,6 @@ fn the_container_test_matches_the_manifest_and_the_dockerfile() {
         std::fs::read_to_string(root.join("deploy/overlays/seccomp-localhost/daemonset.yaml")).expect("overlay");
     assert!(
         overlay.contains("localhostProfile: profiles/tracetap.json"),
-        "the path the agent's message and the README give"
+        "the path the agent's message and docs/deploy.md give"
     );
 }

@@ -85,7 +85,7 @@ fn assert_server_attrs(label: &str, spans: &[Received], path: &str, scheme: &str
 }
 
 /// The TLS version is read where the library's layout allows it: OpenSSL 3.0 (Debian 12) does,
-/// 3.5 (Debian 13) does not (see the README).
+/// 3.5 (Debian 13) does not (see docs/traces.md).
 fn assert_tls_version(label: &str, version: Version, spans: &[Received], path: &str) {
     for s in spans.iter().filter(|s| s.is_server() && s.str_attr("url.path") == Some(path)) {
         let got = s.str_attr("tls.protocol.version");

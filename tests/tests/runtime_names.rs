@@ -468,7 +468,7 @@ fn a_haproxy_that_chroots_itself_is_named_from_the_root_it_started_in() {
 
 /// The TLS library of a HAProxy that `chroot`ed itself inside its container: mapped from the root
 /// it started in, which neither `/proc/PID/root` (the jail) nor the agent's root holds; found
-/// above the jail (the agent as root: the uprobes need `CAP_SYS_ADMIN`, README, Requirements).
+/// above the jail (the agent as root: the uprobes need `CAP_SYS_ADMIN`, docs/deploy.md, Requirements).
 #[test]
 fn a_haproxy_that_chroots_itself_in_its_container_has_its_tls_traced() {
     if !require_root() {

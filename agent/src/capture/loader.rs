@@ -58,7 +58,7 @@ pub enum LoadError {
          Older RuntimeDefault profiles allow bpf() and perf_event_open() only with CAP_SYS_ADMIN; \
          the CAP_BPF and CAP_PERFMON cases are in {RUNTIMES_WITH_CAP_BPF}. \
          Fix: upgrade the container runtime, or set the pod's seccompProfile to `type: Localhost, localhostProfile: profiles/tracetap.json` \
-         with deploy/seccomp/tracetap.json installed on the node (the README's Kubernetes section says how); \
+         with deploy/seccomp/tracetap.json installed on the node (docs/deploy.md says how); \
          granting CAP_SYS_ADMIN also works but gives the agent far more than it needs"
     )]
     Seccomp,

@@ -52,7 +52,7 @@ pub fn no_route_message(r: &Refusals<'_>) -> String {
             Some(libc::EPERM | libc::EACCES | libc::ENOSYS) => {
                 if r.seccomp {
                     fixes.push(
-                        "use a seccomp profile that allows bpf() and perf_event_open() (deploy/seccomp/tracetap.json, the README's Kubernetes section)"
+                        "use a seccomp profile that allows bpf() and perf_event_open() (deploy/seccomp/tracetap.json, docs/deploy.md)"
                             .to_owned(),
                     );
                 }
