@@ -227,33 +227,11 @@ fn sensitive_value(pair: &str) -> Option<&str> {
 
 /// True when `raw`, percent-decoded, is exactly `want`: a server decodes `%73ig` to `sig` before it
 /// reads the parameter, so the encoded spelling carries the same credential. A `%` not followed by
-/// two hex digits stands for itself. No allocation: bytes are decoded as they are compared.
+/// two hex digits stands for itself (as `percent-encoding` decodes it). No allocation: bytes are
+/// decoded as they are compared.
 fn decodes_to(raw: &[u8], want: &[u8]) -> bool {
     // Percent-encoding only makes a key longer, so most keys are told apart by length.
-    if raw.len() < want.len() {
-        return false;
-    }
-    let (mut i, mut j) = (0, 0);
-    while i < raw.len() {
-        let (byte, width) = match raw[i] {
-            b'%' => match raw.get(i + 1..i + 3).and_then(hex_byte) {
-                Some(b) => (b, 3),
-                None => (b'%', 1),
-            },
-            b => (b, 1),
-        };
-        if want.get(j) != Some(&byte) {
-            return false;
-        }
-        i += width;
-        j += 1;
-    }
-    j == want.len()
-}
-
-fn hex_byte(two: &[u8]) -> Option<u8> {
-    let digit = |b: u8| char::from(b).to_digit(16);
-    Some((digit(two[0])? * 16 + digit(two[1])?) as u8)
+    raw.len() >= want.len() && percent_encoding::percent_decode(raw).eq(want.iter().copied())
 }
 
 /// `s` cut to at most `limit` characters (Unicode scalar values, as the attribute limits of the
