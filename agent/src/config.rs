@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tracetap_ebpf_common::{COMM_BYTES, MAX_CAPTURE_BYTES, MIN_CAPTURE_BYTES};
 
-pub use crate::config_error::{ConfigError, parse_flag};
+pub use crate::config_error::{ConfigError, ConfigErrors, parse_flag};
 use crate::export::settings::{self, ExportSettings, Signal};
 use crate::k8s::selector::LabelSelector;
 use crate::sampling::{Sampler, threshold_for};
@@ -535,86 +535,134 @@ impl Config {
     }
 
     /// Parses the process environment.
-    pub fn from_env() -> Result<Self, ConfigError> {
+    pub fn from_env() -> Result<Self, ConfigErrors> {
         Self::from_lookup(|k| std::env::var(k).ok())
     }
 
     /// Parses a map of variables (tests).
-    pub fn from_map(map: &BTreeMap<String, String>) -> Result<Self, ConfigError> {
+    pub fn from_map(map: &BTreeMap<String, String>) -> Result<Self, ConfigErrors> {
         Self::from_lookup(|k| map.get(k).cloned())
     }
 
-    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+    /// Every variable is read, and every bad value reported, not only the first.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigErrors> {
         let src = Source { get };
 
-        let export = settings::parse(Signal::Traces, &|var| (src.get)(var))?;
-        let telemetry = telemetry::parse(&|var| (src.get)(var))?;
+        let export = settings::parse(Signal::Traces, &|var| (src.get)(var));
+        let telemetry = telemetry::parse(&|var| (src.get)(var));
         let service_name = src.get("OTEL_SERVICE_NAME").map_or_else(|| "haproxy".to_owned(), |v| v.trim().to_owned());
         let resource_attributes = match src.get("OTEL_RESOURCE_ATTRIBUTES") {
-            Some(v) => settings::parse_pairs("OTEL_RESOURCE_ATTRIBUTES", &v)?,
-            None => Vec::new(),
+            Some(v) => settings::parse_pairs("OTEL_RESOURCE_ATTRIBUTES", &v),
+            None => Ok(Vec::new()),
         };
         let sampler = Sampler::from_vars(
             src.get("OTEL_TRACES_SAMPLER").as_deref(),
             src.get("OTEL_TRACES_SAMPLER_ARG").as_deref(),
-        )?;
+        );
 
-        let schedule_delay = src.millis("OTEL_BSP_SCHEDULE_DELAY", 5_000)?;
-        let max_queue_size: usize = src.parse("OTEL_BSP_MAX_QUEUE_SIZE", 2048, "a positive whole number")?;
-        if max_queue_size == 0 {
-            return Err(err("OTEL_BSP_MAX_QUEUE_SIZE", "0", "a positive whole number"));
-        }
-        let max_export_batch_size: usize =
-            src.parse("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512, "a positive whole number")?;
-        if max_export_batch_size == 0 || max_export_batch_size > max_queue_size {
-            return Err(err(
-                "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
-                &max_export_batch_size.to_string(),
-                format!("a positive whole number no larger than OTEL_BSP_MAX_QUEUE_SIZE ({max_queue_size})"),
-            ));
-        }
+        let schedule_delay = src.millis("OTEL_BSP_SCHEDULE_DELAY", 5_000);
+        let (max_queue_size, max_export_batch_size) = parse_batch_sizes(&src);
 
         let admin_addr = src.parse(
             "TRACETAP_ADMIN_ADDR",
             SocketAddr::from(([127, 0, 0, 1], 9464)),
             "an address like 127.0.0.1:9464",
-        )?;
-        let capture_bytes = parse_capture_bytes(&src)?;
-        let targets = parse_targets(&src)?;
-        let ring_bytes = parse_ring_bytes(&src)?;
-        let probe_stats = src.flag("TRACETAP_PROBE_STATS", false)?;
-        let probe_mode = parse_probe_mode(&src)?;
-        let tls_probes = parse_tls_probes(&src)?;
-        let tls_route = parse_tls_route(&src)?;
+        );
+        let capture_bytes = parse_capture_bytes(&src);
+        let targets = parse_targets(&src);
+        let ring_bytes = parse_ring_bytes(&src);
+        let probe_stats = src.flag("TRACETAP_PROBE_STATS", false);
+        let probe_mode = parse_probe_mode(&src);
+        let tls_probes = parse_tls_probes(&src);
+        let tls_route = parse_tls_route(&src);
         let log_filter = src.get("TRACETAP_LOG").unwrap_or_else(|| "info".to_owned());
-        let tail = if src.flag("TRACETAP_TAIL_ENABLED", false)? { Some(parse_tail(&src)?) } else { None };
+        let tail = src.flag("TRACETAP_TAIL_ENABLED", false).and_then(|on| on.then(|| parse_tail(&src)).transpose());
+        let pod_selector = parse_pod_selector(&src);
+        let attribute_value_length_limit = parse_value_length_limit(&src);
+        let exchange_idle_timeout = parse_exchange_idle_timeout(&src);
+        let runtime_api = src.flag("TRACETAP_HAPROXY_RUNTIME_API", true);
 
+        let errors: Vec<ConfigError> = [
+            export.as_ref().err(),
+            telemetry.as_ref().err(),
+            resource_attributes.as_ref().err(),
+            sampler.as_ref().err(),
+            schedule_delay.as_ref().err(),
+            max_queue_size.as_ref().err(),
+            max_export_batch_size.as_ref().err(),
+            admin_addr.as_ref().err(),
+            capture_bytes.as_ref().err(),
+            targets.as_ref().err(),
+            ring_bytes.as_ref().err(),
+            probe_stats.as_ref().err(),
+            probe_mode.as_ref().err(),
+            tls_probes.as_ref().err(),
+            tls_route.as_ref().err(),
+            tail.as_ref().err(),
+            pod_selector.as_ref().err(),
+            attribute_value_length_limit.as_ref().err(),
+            exchange_idle_timeout.as_ref().err(),
+            runtime_api.as_ref().err(),
+        ]
+        .into_iter()
+        .flatten()
+        .cloned()
+        .collect();
+        if !errors.is_empty() {
+            return Err(ConfigErrors(errors));
+        }
+        // No error is left: each `?` below passes its value through.
         Ok(Self {
-            export,
-            telemetry,
+            export: export?,
+            telemetry: telemetry?,
             service_name,
-            resource_attributes,
-            sampler,
-            schedule_delay,
-            max_queue_size,
-            max_export_batch_size,
-            admin_addr,
-            capture_bytes,
-            targets,
-            ring_bytes,
-            probe_stats,
-            probe_mode,
-            tls_probes,
-            tls_route,
+            resource_attributes: resource_attributes?,
+            sampler: sampler?,
+            schedule_delay: schedule_delay?,
+            max_queue_size: max_queue_size?,
+            max_export_batch_size: max_export_batch_size?,
+            admin_addr: admin_addr?,
+            capture_bytes: capture_bytes?,
+            targets: targets?,
+            ring_bytes: ring_bytes?,
+            probe_stats: probe_stats?,
+            probe_mode: probe_mode?,
+            tls_probes: tls_probes?,
+            tls_route: tls_route?,
             log_filter,
-            tail,
+            tail: tail?,
             node_name: src.get("NODE_NAME").map(|n| n.trim().to_owned()),
-            pod_selector: parse_pod_selector(&src)?,
-            attribute_value_length_limit: parse_value_length_limit(&src)?,
-            exchange_idle_timeout: parse_exchange_idle_timeout(&src)?,
-            runtime_api: src.flag("TRACETAP_HAPROXY_RUNTIME_API", true)?,
+            pod_selector: pod_selector?,
+            attribute_value_length_limit: attribute_value_length_limit?,
+            exchange_idle_timeout: exchange_idle_timeout?,
+            runtime_api: runtime_api?,
         })
     }
+}
+
+/// `OTEL_BSP_MAX_QUEUE_SIZE` and `OTEL_BSP_MAX_EXPORT_BATCH_SIZE`, each with its own error: the
+/// batch size is checked against the queue size only when that one is good.
+fn parse_batch_sizes(
+    src: &Source<impl Fn(&str) -> Option<String>>,
+) -> (Result<usize, ConfigError>, Result<usize, ConfigError>) {
+    let positive = "a positive whole number";
+    let max_queue_size: Result<usize, _> = src
+        .parse("OTEL_BSP_MAX_QUEUE_SIZE", 2048, positive)
+        .and_then(|n| if n == 0 { Err(err("OTEL_BSP_MAX_QUEUE_SIZE", "0", positive)) } else { Ok(n) });
+    let max_export_batch_size = src.parse("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512, positive).and_then(|n| {
+        let queue = max_queue_size.as_ref().copied().unwrap_or(usize::MAX);
+        if n == 0 || n > queue {
+            let bound = max_queue_size.as_ref().map_or_else(|_| String::new(), |q| format!(" ({q})"));
+            Err(err(
+                "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+                &n.to_string(),
+                format!("a positive whole number no larger than OTEL_BSP_MAX_QUEUE_SIZE{bound}"),
+            ))
+        } else {
+            Ok(n)
+        }
+    });
+    (max_queue_size, max_export_batch_size)
 }
 
 fn parse_capture_bytes(src: &Source<impl Fn(&str) -> Option<String>>) -> Result<u32, ConfigError> {
@@ -695,9 +743,10 @@ mod tests {
     use super::*;
     use crate::export::settings::{Compression, Protocol};
 
+    /// The configuration, or its first bad value.
     fn parse(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
         let map = pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
-        Config::from_map(&map)
+        Config::from_map(&map).map_err(|e| e.first().clone())
     }
 
     #[test]
@@ -970,5 +1019,40 @@ mod tests {
     fn pids_select_pid_targets() {
         let c = parse(&[("TRACETAP_TARGET_PIDS", "10, 20")]).unwrap();
         assert_eq!(c.targets, Targets::Pids(vec![10, 20]));
+    }
+
+    #[test]
+    fn every_bad_variable_is_reported_at_once() {
+        let map = [
+            ("OTEL_BSP_MAX_QUEUE_SIZE", "many"),
+            ("TRACETAP_RING_BYTES", "1000"),
+            ("TRACETAP_TLS_ROUTE", "kprobe"),
+            ("TRACETAP_TAIL_ENABLED", "true"),
+            ("TRACETAP_TAIL_GRACE", "soon"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
+        ]
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+        let errors = Config::from_map(&map).unwrap_err();
+        let vars: Vec<&str> = errors.0.iter().map(|e| e.var).collect();
+        assert_eq!(
+            vars,
+            [
+                "OTEL_EXPORTER_OTLP_PROTOCOL",
+                "OTEL_BSP_MAX_QUEUE_SIZE",
+                "TRACETAP_RING_BYTES",
+                "TRACETAP_TLS_ROUTE",
+                "TRACETAP_TAIL_GRACE"
+            ]
+        );
+        assert_eq!(errors.to_string().lines().count(), 5);
+        // A batch size is checked against a queue size only when that one is good.
+        let map = [("OTEL_BSP_MAX_QUEUE_SIZE", "x"), ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "4096")]
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        let vars: Vec<&str> = Config::from_map(&map).unwrap_err().0.iter().map(|e| e.var).collect();
+        assert_eq!(vars, ["OTEL_BSP_MAX_QUEUE_SIZE"]);
     }
 }

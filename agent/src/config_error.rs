@@ -18,6 +18,39 @@ impl ConfigError {
     }
 }
 
+/// Every bad value of one configuration, in the order the variables are read: an operator fixes
+/// them in one go rather than one restart each.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl ConfigErrors {
+    /// The first bad value (there is always one).
+    #[must_use]
+    pub fn first(&self) -> &ConfigError {
+        &self.0[0]
+    }
+}
+
+impl From<ConfigError> for ConfigErrors {
+    fn from(e: ConfigError) -> Self {
+        Self(vec![e])
+    }
+}
+
+impl std::fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
 /// A boolean variable: `true`/`1` or `false`/`0`, `default` when unset.
 pub fn parse_flag(var: &'static str, value: Option<&str>, default: bool) -> Result<bool, ConfigError> {
     match value.map(str::trim) {

@@ -55,8 +55,10 @@ fn main() -> ExitCode {
     }
     let config = match Config::from_env() {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("tracetap: configuration error: {e}");
+        Err(errors) => {
+            for e in &errors.0 {
+                eprintln!("tracetap: configuration error: {e}");
+            }
             return ExitCode::from(2);
         }
     };

@@ -34,6 +34,26 @@ fn bad_values_exit_2_and_name_the_variable() {
     }
 }
 
+/// Every bad variable is named in one run, each on a line of its own, so an operator fixes them
+/// all before the next restart.
+#[test]
+fn every_bad_variable_is_named_at_once() {
+    let out = Command::new(tracetap_tests::agent::binary())
+        .env_clear()
+        .env("OTEL_TRACES_SAMPLER", "sometimes")
+        .env("TRACETAP_CAPTURE_BYTES", "99999")
+        .env("TRACETAP_ADMIN_ADDR", "localhost")
+        .output()
+        .expect("run tracetap");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| l.starts_with("tracetap: configuration error: ")).collect();
+    assert_eq!(lines.len(), 3, "{stderr}");
+    for (line, var) in lines.iter().zip(["OTEL_TRACES_SAMPLER", "TRACETAP_ADMIN_ADDR", "TRACETAP_CAPTURE_BYTES"]) {
+        assert!(line.contains(var), "{line}");
+    }
+}
+
 #[test]
 fn help_lists_every_variable() {
     let out = Command::new(tracetap_tests::agent::binary()).arg("--help").output().expect("run tracetap");
