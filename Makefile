@@ -84,7 +84,8 @@ demo: setup
 # 0.0, and HAProxy's own OpenTracing filter (Datadog tracer) at rate-limit 100 and 0; saturated
 # req/s (wrk) and CPU per request at 12 000 req/s (h2load). Prints a markdown table for
 # docs/PERFORMANCE.md (scripts/bench_overhead.py says what is measured and why). Then the criterion
-# micro-benchmarks of span encoding, the tail store (sled against an in-memory store) and the tail
+# micro-benchmarks of span encoding, the tail store (sled against an in-memory store), the agent's
+# per-record path (against its budget in agent/benches/record_path_budget.txt) and the tail
 # engine (CPU per span, RSS with 5 million spans buffered).
 # Only the benchmark needs these (h2load; the tracer plugin for HAProxy's filter), so not in setup.
 BENCH_PACKAGES := nghttp2-client libdd-opentracing0
@@ -99,6 +100,7 @@ bench: setup
 	cargo bench -p tracetap --bench encode
 	cargo bench -p tracetap-storage --bench store
 	cargo bench -p tracetap --bench tail
+	cargo bench -p tracetap --bench record_path
 
 # 5 minutes of mixed traffic; prints the agent's RSS after the first minute and at the end.
 SOAK_SECONDS ?= 300

@@ -544,7 +544,8 @@ impl Config {
         Self::from_lookup(|k| map.get(k).cloned())
     }
 
-    /// Every variable is read, and every bad value reported, not only the first.
+    /// Every variable is read, and each bad one reported, not only the first: the settings of the
+    /// agent one by one, and the export, metrics, sampler and tail settings each with their first.
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigErrors> {
         let src = Source { get };
 
@@ -609,7 +610,7 @@ impl Config {
         .cloned()
         .collect();
         if !errors.is_empty() {
-            return Err(ConfigErrors(errors));
+            return Err(ConfigErrors::new(errors));
         }
         // No error is left: each `?` below passes its value through.
         Ok(Self {
@@ -746,7 +747,7 @@ mod tests {
     /// The configuration, or its first bad value.
     fn parse(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
         let map = pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
-        Config::from_map(&map).map_err(|e| e.first().clone())
+        Config::from_map(&map).map_err(|e| e.first().expect("an error").clone())
     }
 
     #[test]
@@ -1054,5 +1055,12 @@ mod tests {
             .collect();
         let vars: Vec<&str> = Config::from_map(&map).unwrap_err().0.iter().map(|e| e.var).collect();
         assert_eq!(vars, ["OTEL_BSP_MAX_QUEUE_SIZE"]);
+        // Read by the spans' and the metrics' exporters alike: said once.
+        let map = [("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"), ("OTEL_METRICS_EXPORTER", "otlp")]
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        let vars: Vec<&str> = Config::from_map(&map).unwrap_err().0.iter().map(|e| e.var).collect();
+        assert_eq!(vars, ["OTEL_EXPORTER_OTLP_PROTOCOL"]);
     }
 }

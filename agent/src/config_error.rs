@@ -18,16 +18,29 @@ impl ConfigError {
     }
 }
 
-/// Every bad value of one configuration, in the order the variables are read: an operator fixes
-/// them in one go rather than one restart each.
+/// The bad values of one configuration, in the order the variables are read, each once: an
+/// operator fixes them in one go rather than one restart each.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigErrors(pub Vec<ConfigError>);
 
 impl ConfigErrors {
-    /// The first bad value (there is always one).
+    /// `errors` without repeats (the spans' and the metrics' exporters read the same general
+    /// `OTEL_EXPORTER_OTLP_*` variables, and would both report a bad one).
     #[must_use]
-    pub fn first(&self) -> &ConfigError {
-        &self.0[0]
+    pub fn new(errors: Vec<ConfigError>) -> Self {
+        let mut unique: Vec<ConfigError> = Vec::with_capacity(errors.len());
+        for e in errors {
+            if !unique.contains(&e) {
+                unique.push(e);
+            }
+        }
+        Self(unique)
+    }
+
+    /// The first bad value.
+    #[must_use]
+    pub fn first(&self) -> Option<&ConfigError> {
+        self.0.first()
     }
 }
 

@@ -14,7 +14,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
-use std::io::BufRead;
+use std::io::{BufRead, Read as _};
 
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::trace::v1::Span;
@@ -23,6 +23,8 @@ use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
 
 /// Characters of the time bar.
 const BAR_WIDTH: usize = 32;
+/// Deepest indentation shown: a longer chain of parents is drawn at this depth.
+const MAX_DEPTH: usize = 16;
 /// Longest input line read; a longer one is skipped (a span is a few hundred bytes).
 const MAX_LINE_BYTES: usize = 1 << 20;
 
@@ -44,16 +46,28 @@ struct Line {
 ///
 /// # Errors
 /// When `input` cannot be read.
-pub fn render(input: impl BufRead) -> std::io::Result<(String, Read)> {
+pub fn render(mut input: impl BufRead) -> std::io::Result<(String, Read)> {
     let mut read = Read::default();
     let mut traces: HashMap<Vec<u8>, Vec<Span>> = HashMap::new();
-    for line in input.split(b'\n') {
-        let line = line?;
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        // At most MAX_LINE_BYTES held: the rest of a longer line is read past, not kept.
+        if (&mut input).take(MAX_LINE_BYTES as u64 + 1).read_until(b'\n', &mut line)? == 0 {
+            break;
+        }
+        if line.len() > MAX_LINE_BYTES {
+            if line.last() != Some(&b'\n') {
+                skip_line(&mut input)?;
+            }
+            read.skipped += 1;
+            continue;
+        }
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        match (line.len() <= MAX_LINE_BYTES).then(|| serde_json::from_slice::<Line>(&line)) {
-            Some(Ok(Line { span })) if !span.span_id.is_empty() => {
+        match serde_json::from_slice::<Line>(&line) {
+            Ok(Line { span }) if !span.span_id.is_empty() => {
                 read.spans += 1;
                 traces.entry(span.trace_id.clone()).or_default().push(span);
             }
@@ -71,6 +85,22 @@ pub fn render(input: impl BufRead) -> std::io::Result<(String, Read)> {
         trace(&mut out, id, spans);
     }
     Ok((out, read))
+}
+
+/// Reads past the rest of a line, keeping nothing.
+fn skip_line(input: &mut impl BufRead) -> std::io::Result<()> {
+    loop {
+        let buf = input.fill_buf()?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        if let Some(at) = buf.iter().position(|&b| b == b'\n') {
+            input.consume(at + 1);
+            return Ok(());
+        }
+        let n = buf.len();
+        input.consume(n);
+    }
 }
 
 fn trace(out: &mut String, id: &[u8], spans: &[Span]) {
@@ -119,7 +149,7 @@ fn line(out: &mut String, span: &Span, depth: usize, (start, end): (u64, u64)) {
         Ok(SpanKind::Consumer) => "CONSUMER",
         _ => "SPAN",
     };
-    let name = format!("{}{kind} {}", "  ".repeat(depth), printable(&span.name));
+    let name = format!("{}{kind} {}", "  ".repeat(depth.min(MAX_DEPTH)), printable(&span.name));
     let status = match attribute(span, "http.response.status_code") {
         Some(code) => code,
         None if is_error(span) => "ERROR".to_owned(),
@@ -271,6 +301,10 @@ trace 02020202020202020202020202020202  1 span  8.000 ms
         let (text, read) = render(input.as_bytes()).unwrap();
         assert_eq!(read, Read { spans: 3, traces: 1, skipped: 2 });
         assert_eq!(text.lines().filter(|l| l.starts_with("  |")).count(), 3, "each span once:\n{text}");
+        // A line longer than the limit is skipped without being held; the next line counts.
+        let long = format!("{}\n{}", "x".repeat(MAX_LINE_BYTES + 10), json_line(&own));
+        let (_, read) = render(long.as_bytes()).unwrap();
+        assert_eq!(read, Read { spans: 1, traces: 1, skipped: 1 });
         let (empty, read) = render(&b""[..]).unwrap();
         assert_eq!((empty.as_str(), read), ("", Read::default()));
     }

@@ -107,9 +107,16 @@ fn pids(proc_root: &Path) -> impl Iterator<Item = u32> {
 
 /// Parses `/proc/PID/stat`: `pid (comm) state ppid ...`, where comm may itself hold `)` or spaces.
 #[must_use]
+// Hand-written on purpose: procfs-core 0.18's `Stat` parser slices without checks and panics on
+// a malformed line ("1 (a)"), and a panic here would stop discovery.
 pub fn parse_stat(pid: u32, stat: &str) -> Option<ProcInfo> {
-    let stat = <procfs_core::process::Stat as procfs_core::FromRead>::from_read(stat.as_bytes()).ok()?;
-    Some(ProcInfo { pid, ppid: u32::try_from(stat.ppid).ok()?, comm: stat.comm })
+    let comm_start = stat.find('(')? + 1;
+    let comm_end = stat.rfind(')')?;
+    let comm = stat.get(comm_start..comm_end)?.to_owned();
+    let mut rest = stat.get(comm_end + 1..)?.split_whitespace();
+    let _state = rest.next()?;
+    let parent = rest.next()?.parse().ok()?;
+    Some(ProcInfo { pid, ppid: parent, comm })
 }
 
 /// The processes to trace among `procs`.
@@ -215,9 +222,19 @@ mod tests {
         drop(d);
     }
 
+    proptest::proptest! {
+        /// Whatever the line, no panic; a line as Linux prints it gives its comm and parent back.
+        #[test]
+        fn any_stat_line_is_read_without_panic(line in ".{0,80}", comm in "[^\n]{0,15}", ppid in 0u32..100_000) {
+            let _ = parse_stat(1, &line);
+            let p = parse_stat(7, &format!("7 ({comm}) S {ppid} 7 7 0 -1")).unwrap();
+            proptest::prop_assert_eq!((p.ppid, p.comm), (ppid, comm));
+        }
+    }
+
     #[test]
     fn stat_with_odd_comm() {
-        let p = parse_stat(7, &stat_line(7, "a) b (c", 3)).unwrap();
+        let p = parse_stat(7, "7 (a) b (c) S 3 7 7 0 -1").unwrap();
         assert_eq!(p, ProcInfo { pid: 7, ppid: 3, comm: "a) b (c".into() });
         assert_eq!(parse_stat(7, "garbage"), None);
     }
@@ -259,19 +276,13 @@ mod tests {
         let _ = shell.wait();
     }
 
-    /// A `/proc/PID/stat` line as Linux 6 prints it (52 fields).
-    fn stat_line(pid: u32, comm: &str, parent: u32) -> String {
-        let rest = "0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 100 0 0 18446744073709551615 0 0 0 0 0 0 0 0 0 0 0 0 17 0 0 0 0 0 0 0 0 0 0 0 0 0 0";
-        format!("{pid} ({comm}) S {parent} {pid} {pid} {rest}")
-    }
-
     /// A fake `/proc`: `(pid, ppid, Some(children) or None for no children file)`.
     fn fake_proc(procs: &[(u32, u32, Option<&str>)]) -> tempfile::TempDir {
         let root = tempfile::tempdir().unwrap();
         for (pid, ppid, children) in procs {
             let task = root.path().join(pid.to_string()).join("task").join(pid.to_string());
             fs::create_dir_all(&task).unwrap();
-            fs::write(root.path().join(pid.to_string()).join("stat"), stat_line(*pid, "p", *ppid)).unwrap();
+            fs::write(root.path().join(pid.to_string()).join("stat"), format!("{pid} (p) S {ppid} 0")).unwrap();
             if let Some(children) = children {
                 fs::write(task.join("children"), children).unwrap();
             }
