@@ -1022,23 +1022,24 @@ mod tests {
         assert_eq!(c.targets, Targets::Pids(vec![10, 20]));
     }
 
+    /// The variables `Config::from_map` reports as bad, in order.
+    fn bad_vars(pairs: &[(&str, &str)]) -> Vec<&'static str> {
+        let map = pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        Config::from_map(&map).unwrap_err().0.iter().map(|e| e.var).collect()
+    }
+
     #[test]
     fn every_bad_variable_is_reported_at_once() {
-        let map = [
+        let pairs = [
             ("OTEL_BSP_MAX_QUEUE_SIZE", "many"),
             ("TRACETAP_RING_BYTES", "1000"),
             ("TRACETAP_TLS_ROUTE", "kprobe"),
             ("TRACETAP_TAIL_ENABLED", "true"),
             ("TRACETAP_TAIL_GRACE", "soon"),
             ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
-        ]
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect();
-        let errors = Config::from_map(&map).unwrap_err();
-        let vars: Vec<&str> = errors.0.iter().map(|e| e.var).collect();
+        ];
         assert_eq!(
-            vars,
+            bad_vars(&pairs),
             [
                 "OTEL_EXPORTER_OTLP_PROTOCOL",
                 "OTEL_BSP_MAX_QUEUE_SIZE",
@@ -1047,20 +1048,17 @@ mod tests {
                 "TRACETAP_TAIL_GRACE"
             ]
         );
-        assert_eq!(errors.to_string().lines().count(), 5);
+        let map = pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        assert_eq!(Config::from_map(&map).unwrap_err().to_string().lines().count(), 5);
         // A batch size is checked against a queue size only when that one is good.
-        let map = [("OTEL_BSP_MAX_QUEUE_SIZE", "x"), ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "4096")]
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect();
-        let vars: Vec<&str> = Config::from_map(&map).unwrap_err().0.iter().map(|e| e.var).collect();
-        assert_eq!(vars, ["OTEL_BSP_MAX_QUEUE_SIZE"]);
+        assert_eq!(
+            bad_vars(&[("OTEL_BSP_MAX_QUEUE_SIZE", "x"), ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "4096")]),
+            ["OTEL_BSP_MAX_QUEUE_SIZE"]
+        );
         // Read by the spans' and the metrics' exporters alike: said once.
-        let map = [("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"), ("OTEL_METRICS_EXPORTER", "otlp")]
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect();
-        let vars: Vec<&str> = Config::from_map(&map).unwrap_err().0.iter().map(|e| e.var).collect();
-        assert_eq!(vars, ["OTEL_EXPORTER_OTLP_PROTOCOL"]);
+        assert_eq!(
+            bad_vars(&[("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"), ("OTEL_METRICS_EXPORTER", "otlp")]),
+            ["OTEL_EXPORTER_OTLP_PROTOCOL"]
+        );
     }
 }

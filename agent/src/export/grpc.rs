@@ -96,31 +96,27 @@ impl GrpcTransport {
     /// without a cause. A status the server sent (no source error) or a failed connect says its own
     /// cause, and shows that an older TLS failure is no longer what happens.
     fn explain(&self, status: &Status) -> Attempt {
-        let from_client = std::error::Error::source(status).is_some();
-        if !from_client || connect_failed(status) {
+        if std::error::Error::source(status).is_none() {
+            // Sent by the server: TLS works.
             self.last_tls_failure.clear();
             return classify(status);
         }
-        match self.last_tls_failure.get() {
+        let connect_failed = sources(status).any(|e| is_connect_error(e) && tls_failure::classify(e).is_none());
+        match self.last_tls_failure.explain(connect_failed) {
             Some(failure) if matches!(status.code(), Code::Cancelled | Code::Unknown) => Attempt::Tls(failure),
             _ => classify(status),
         }
     }
 }
 
-/// The connection could not be made (refused, unreachable, no answer): no TLS was spoken.
-fn connect_failed(status: &Status) -> bool {
-    let mut next = std::error::Error::source(status);
-    while let Some(e) = next {
-        if e.downcast_ref::<hyper_util::client::legacy::Error>()
-            .is_some_and(hyper_util::client::legacy::Error::is_connect)
-            && tls_failure::classify(e).is_none()
-        {
-            return true;
-        }
-        next = e.source();
-    }
-    false
+/// The errors behind a status, outermost first.
+fn sources(status: &Status) -> impl Iterator<Item = &(dyn std::error::Error + 'static)> {
+    std::iter::successors(std::error::Error::source(status), |e| e.source())
+}
+
+/// The hyper client could not make the connection (refused, unreachable, no answer).
+fn is_connect_error(e: &(dyn std::error::Error + 'static)) -> bool {
+    e.downcast_ref::<hyper_util::client::legacy::Error>().is_some_and(hyper_util::client::legacy::Error::is_connect)
 }
 
 /// What a failed call comes to.
@@ -146,18 +142,11 @@ fn classify(status: &Status) -> Attempt {
 }
 
 fn connection_failed(status: &Status) -> bool {
-    let mut next = std::error::Error::source(status);
-    while let Some(e) = next {
-        if e.downcast_ref::<hyper_util::client::legacy::Error>()
-            .is_some_and(hyper_util::client::legacy::Error::is_connect)
+    sources(status).any(|e| {
+        is_connect_error(e)
             || e.downcast_ref::<std::io::Error>().is_some()
             || e.downcast_ref::<hyper::Error>().is_some()
-        {
-            return true;
-        }
-        next = e.source();
-    }
-    false
+    })
 }
 
 /// The delay of a `RetryInfo` in a status's details (`grpc-status-details-bin`), if any.

@@ -36,6 +36,18 @@ impl LastTlsFailure {
         self.0.lock().ok()?.clone()
     }
 
+    /// Why a request failed in the client without a cause: the TLS failure its connection met,
+    /// unless the connect itself failed, which says its own cause (and that TLS is no longer what
+    /// fails).
+    #[must_use]
+    pub fn explain(&self, connect_failed: bool) -> Option<TlsFailure> {
+        if connect_failed {
+            self.clear();
+            return None;
+        }
+        self.get()
+    }
+
     /// An export succeeded.
     pub fn clear(&self) {
         if let Ok(mut slot) = self.0.lock() {

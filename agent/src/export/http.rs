@@ -58,14 +58,7 @@ impl HttpTransport {
                 // A write the collector hung up on (a large body) can fail before its TLS alert
                 // is read: the alert its connection met then says why. A failed connect says its
                 // own cause.
-                let failure = tls_failure::classify(&e).or_else(|| {
-                    if e.is_connect() {
-                        self.last_tls_failure.clear();
-                        None
-                    } else {
-                        self.last_tls_failure.get()
-                    }
-                });
+                let failure = tls_failure::classify(&e).or_else(|| self.last_tls_failure.explain(e.is_connect()));
                 return match failure {
                     Some(failure) => Attempt::Tls(failure),
                     None => Attempt::Retryable { reason: format!("connection error: {e:#}"), after: None },
