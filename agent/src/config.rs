@@ -12,6 +12,7 @@ pub use crate::config_error::{ConfigError, ConfigErrors, parse_flag};
 use crate::export::settings::{self, ExportSettings, Signal};
 use crate::k8s::selector::LabelSelector;
 use crate::sampling::{Sampler, threshold_for};
+use crate::tail::journal::Sync;
 use crate::tail::policy::{NamedPolicy, Policy};
 use crate::tail::{PolicySource, TailConfig};
 use crate::telemetry::{self, TelemetrySettings};
@@ -345,7 +346,12 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     (
         "TRACETAP_TAIL_MAX_DISK_BYTES",
         "1073741824",
-        "bytes of buffered spans in the store; past it the oldest traces are decided early",
+        "bytes of spans in the store and the journal; past it the store's oldest traces are decided early, then the journal's oldest segments go (counted)",
+    ),
+    (
+        "TRACETAP_TAIL_JOURNAL",
+        "sync",
+        "what waits in memory is journaled every 100 ms so that a crash loses at most that: `sync` (fdatasync each write: so does a power loss), `nosync` (a power loss can lose more), `off`",
     ),
     (
         "TRACETAP_TAIL_DECISION_CACHE",
@@ -465,6 +471,12 @@ fn parse_tail(src: &Source<impl Fn(&str) -> Option<String>>) -> Result<TailConfi
         64 << 20,
         "a whole number of bytes (0: every trace waits in the store)",
     )?;
+    let journal = match src.get("TRACETAP_TAIL_JOURNAL").as_deref().map(str::trim) {
+        None | Some("sync") => Some(Sync::Data),
+        Some("nosync") => Some(Sync::None),
+        Some("off") => None,
+        Some(other) => return Err(err("TRACETAP_TAIL_JOURNAL", other, "`sync`, `nosync` or `off`")),
+    };
     let decision_cache: usize = src.parse("TRACETAP_TAIL_DECISION_CACHE", 100_000, "a positive whole number")?;
     if decision_cache == 0 {
         return Err(err("TRACETAP_TAIL_DECISION_CACHE", "0", "a positive whole number"));
@@ -488,6 +500,7 @@ fn parse_tail(src: &Source<impl Fn(&str) -> Option<String>>) -> Result<TailConfi
         spill_after,
         max_memory_bytes,
         max_disk_bytes,
+        journal,
         decision_cache,
         policies,
     })
@@ -915,12 +928,17 @@ mod tests {
         let names: Vec<&str> = policies.iter().map(|p| p.name.as_str()).collect();
         assert_eq!(names, ["keep_errors", "latency", "probabilistic"]);
         assert_eq!(policies[2].policy, Policy::Probabilistic { threshold: 1 << 55 });
+        assert_eq!(tail.journal, Some(Sync::Data), "journaled and synced by default");
+        let journal = |v| {
+            parse(&[("TRACETAP_TAIL_ENABLED", "true"), ("TRACETAP_TAIL_JOURNAL", v)]).unwrap().tail.unwrap().journal
+        };
+        assert_eq!((journal("nosync"), journal("off")), (Some(Sync::None), None));
     }
 
     #[test]
     fn bad_tail_values_name_their_variable() {
         let on = ("TRACETAP_TAIL_ENABLED", "true");
-        let cases: [(&[(&str, &str)], &str); 7] = [
+        let cases: [(&[(&str, &str)], &str); 8] = [
             (&[("TRACETAP_TAIL_ENABLED", "yes")], "TRACETAP_TAIL_ENABLED"),
             (&[on, ("TRACETAP_TAIL_GRACE", "2")], "TRACETAP_TAIL_GRACE"),
             (&[on, ("TRACETAP_TAIL_DECISION_WAIT", "400ms")], "TRACETAP_TAIL_DECISION_WAIT"),
@@ -931,6 +949,7 @@ mod tests {
                 "TRACETAP_TAIL_POLICY_FILE",
             ),
             (&[on, ("TRACETAP_TAIL_MAX_DISK_BYTES", "10")], "TRACETAP_TAIL_MAX_DISK_BYTES"),
+            (&[on, ("TRACETAP_TAIL_JOURNAL", "fsync")], "TRACETAP_TAIL_JOURNAL"),
         ];
         for (vars, var) in cases {
             assert_eq!(parse(vars).unwrap_err().var, var, "{vars:?}");

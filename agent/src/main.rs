@@ -137,16 +137,29 @@ fn start_tail(
         tail::queue((config.max_queue_size / config.max_export_batch_size).max(2), Arc::clone(metrics));
     let (metrics, ack_wait) = (Arc::clone(metrics), config.export.timeout);
     let (state_dir, resource, policies) = (tail.state_dir.clone(), config.resource(), PolicySet::new(policies));
+    let journal = tail.journal;
     let thread = std::thread::Builder::new()
         .name("tail".into())
         .spawn(move || {
             // Recovery reads the whole store: it runs here, while the admin endpoint already
             // answers, and the capture thread's batches wait in (or are shed from) the tail queue.
-            let opened =
-                tail::store::open_engine(&state_dir, SledOptions::default(), &policies, limits, &resource, &metrics);
+            let opened = tail::store::open_engine(
+                &state_dir,
+                SledOptions::default(),
+                journal,
+                &policies,
+                limits,
+                &resource,
+                &metrics,
+            );
             match opened {
                 Some(engine) => {
-                    tracing::info!(pending = engine.pending_traces(), dir = %state_dir.display(), "tail store open");
+                    tracing::info!(
+                        pending = engine.pending_traces(),
+                        resent = engine.resent_traces(),
+                        dir = %state_dir.display(),
+                        "tail store open"
+                    );
                     tail::run(engine, &input, &export_queue, &metrics, ack_wait);
                 }
                 None => tail::run_without_store(&input, &metrics),

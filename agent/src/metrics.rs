@@ -164,6 +164,11 @@ metrics! {
     tail_spilled_traces: "counter", "tracetap_tail_traces_spilled_total", "Traces written to the tail store to wait: undecided TRACETAP_TAIL_SPILL_AFTER after their first span, or the oldest while memory was over TRACETAP_TAIL_MAX_MEMORY_BYTES";
     tail_fragments_joined: "counter", "tracetap_tail_fragments_joined_total", "Fragments of a trace (its spans from a later batch: another process, exchange or CPU) that joined the trace while it waited in memory";
     tail_fragment_gap_max_ms: "gauge", "tracetap_tail_fragment_gap_max_ms", "Longest time seen between the arrival of a trace's first fragment and a later one that joined it, in ms (TRACETAP_TAIL_GRACE must cover it; later ones are late spans)";
+    tail_resent_traces: "counter", "tracetap_tail_resent_traces_total", "Kept traces exported again after a restart because the journal had no report of their export (at least once: some had been exported just before a crash)";
+    tail_journal_bytes: "gauge", "tracetap_tail_journal_bytes", "Bytes of the tail journal's segments on disk (counted against TRACETAP_TAIL_MAX_DISK_BYTES with the store's spans)";
+    tail_journal_write_errors: "counter", "tracetap_tail_journal_write_errors_total", "Group commits or segments the tail journal failed to write (their traces are still decided from memory; a crash would lose them)";
+    tail_journal_quarantined: "counter", "tracetap_tail_journal_quarantined_total", "Tail journal segments that did not read back at a start (a checksum or a record that failed) and were set aside in TRACETAP_STATE_DIR/journal/quarantine; what came before the damage was taken back";
+    tail_journal_dropped_traces: "counter", "tracetap_tail_journal_dropped_traces_total", "Traces whose journal segment was removed to stay within TRACETAP_TAIL_MAX_DISK_BYTES before they were done with (still decided from memory; a crash would lose them)";
     tail_spans_buffered: "gauge", "tracetap_tail_spans_buffered", "Spans of traces waiting for a tail decision";
     tail_buffered_bytes: "gauge", "tracetap_tail_buffered_bytes", "Bytes of spans held in live partitions of the tail store (what TRACETAP_TAIL_MAX_DISK_BYTES bounds)";
     tail_disk_bytes: "gauge", "tracetap_tail_disk_bytes", "Bytes the tail store occupies on disk (sled's own figure, space amplification included)";

@@ -51,6 +51,7 @@ use tracetap_storage::{
     AppendedFragment, Fragment, Outcome, Partition, Recovered, SpanRange, StoreError, TailStore, TraceId,
 };
 
+use super::journal::{self, Held, Journal, Replayed};
 use super::policy::{PolicySet, SpanFacts, TraceData};
 use super::wheel::Wheel;
 use super::wire::{self, WireError};
@@ -99,6 +100,23 @@ impl SpanBuf {
         self.bytes.extend_from_slice(&pid.to_be_bytes());
         self.bytes.extend_from_slice(span.bytes);
         self.count += 1;
+    }
+
+    /// Spans as [`SpanBuf::push`] lays them out, from untrusted bytes (the journal's); `None`
+    /// unless every entry is whole and holds at least a pid.
+    fn parse(bytes: &[u8]) -> Option<Self> {
+        let mut rest = bytes;
+        let mut count = 0u32;
+        while !rest.is_empty() {
+            let (header, tail) = rest.split_first_chunk::<SPAN_HEADER>()?;
+            let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
+            if len < 4 || len > tail.len() {
+                return None;
+            }
+            rest = &tail[len..];
+            count = count.checked_add(1)?;
+        }
+        Some(Self { bytes: bytes.to_vec(), count })
     }
 
     fn append(&mut self, mut other: SpanBuf) {
@@ -157,6 +175,8 @@ struct Hot {
     /// it waits here to be decided with the stored part ([`Engine::decide_group`]), and is decided
     /// on its own only if that has not happened by the decision wait. It never spills.
     joins: Option<Partition>,
+    /// The journal segments its spans are in (`None`: not journaled).
+    journal: Option<Held>,
 }
 
 impl Hot {
@@ -226,9 +246,14 @@ const DECIDE_RETRY_NS: u64 = 1_000_000_000;
 /// ...at most this many times in all.
 const MAX_DECIDE_FAILURES: u8 = 5;
 
-/// A kept trace handed to the exporter (trace, partition, decision); reported back through
-/// [`Engine::delivered`].
-pub type Delivery = (TraceId, Partition, u64);
+/// A kept trace handed to the exporter; reported back through [`Engine::delivered`].
+#[derive(Debug, Clone, Copy)]
+pub enum Delivery {
+    /// Decided from the store: it leaves the store's outbox (`seq`: its decision).
+    Stored { trace: TraceId, partition: Partition, seq: u64 },
+    /// Decided in memory: the journal records it exported and lets its segments go.
+    Journaled { trace: TraceId, held: Held },
+}
 
 /// Timing and bounds of the engine.
 #[derive(Debug, Clone, Copy)]
@@ -343,6 +368,8 @@ struct Counts {
     /// fragment and a later one.
     fragments_joined: u64,
     fragment_gap_max_ns: u64,
+    /// Kept traces the journal brought back undelivered at a start, exported again.
+    resent: u64,
 }
 
 /// Counts a decision by deciding policy (`none` when none matched) and outcome. Found by a scan of
@@ -416,6 +443,11 @@ pub struct Engine<S> {
     /// Decisions evicted from the cache, oldest first, that the store has not forgotten yet: it
     /// forgets them once their partition is dropped (before that, the trace would turn pending).
     evicted: VecDeque<(u64, Partition)>,
+    /// What waits in memory, written ahead (`None`: `TRACETAP_TAIL_JOURNAL=off`, or it could not
+    /// be opened).
+    journal: Option<Journal>,
+    /// The latest time the engine was given (the journal's segments start by it).
+    now: u64,
 }
 
 impl<S: TailStore> Engine<S> {
@@ -424,6 +456,20 @@ impl<S: TailStore> Engine<S> {
     /// export again, and the decision cache is rebuilt (oldest decisions forgotten past its size).
     pub fn open(
         store: S,
+        policies: PolicySet,
+        limits: Limits,
+        resource: Vec<(String, String)>,
+        now: u64,
+    ) -> Result<Self, StoreError> {
+        Self::open_journaled(store, None, policies, limits, resource, now)
+    }
+
+    /// [`Engine::open`] with a journal: after the store's traces, what the journal replayed is
+    /// taken back (see [`Engine::take_back`]), written again into the journal's new segment, and
+    /// the old segments are removed once that is written.
+    pub fn open_journaled(
+        store: S,
+        journal: Option<(Journal, Replayed)>,
         policies: PolicySet,
         limits: Limits,
         resource: Vec<(String, String)>,
@@ -464,10 +510,96 @@ impl<S: TailStore> Engine<S> {
             unflushed_decisions: false,
             publications: 0,
             evicted: VecDeque::new(),
+            journal: None,
+            now,
         };
         engine.rearm(&recovered, now)?;
+        if let Some((journal, replayed)) = journal {
+            engine.journal = Some(journal);
+            engine.take_back(replayed, now);
+            let errors = engine.journal.as_ref().map_or(0, |j| j.counts().write_errors);
+            engine.commit_journal();
+            if let Some(journal) = &mut engine.journal
+                && journal.counts().write_errors == errors
+            {
+                journal.retire_replayed();
+            }
+        }
         engine.tick(now);
         Ok(engine)
+    }
+
+    /// Takes back what the journal replayed after a crash: undecided traces wait in memory for the
+    /// rest of their grace (journaled again), kept traces not reported exported are exported again
+    /// (counted as re-sent), and the other decisions go to the cache so that late spans follow
+    /// them. A trace the store holds too (it spilled, and the crash came before the journal
+    /// recorded that) is the store's.
+    fn take_back(&mut self, replayed: Replayed, now: u64) {
+        let in_store = |engine: &Self, trace: &TraceId| {
+            engine.pending.contains_key(trace) || engine.cache.get(trace).is_some_and(|c| c.seq != 0)
+        };
+        for (r, threshold) in replayed.unexported {
+            let Some(spans) = self.journaled_spans(&r) else { continue };
+            if in_store(self, &r.trace) {
+                continue;
+            }
+            let journal = self.journal.as_mut().expect("taking back from the journal");
+            let held = journal.fragment(&r.trace, r.first_seen, r.root_ended, &spans.bytes, None);
+            journal.decided(&r.trace, true, threshold);
+            self.counts.resent += 1;
+            self.remember(
+                r.trace,
+                Cached { partition: now / PARTITION_NS, seq: 0, kept: true, threshold, first: 0, last: 0 },
+            );
+            self.queue_kept(spans.records(), threshold);
+            self.out_deliveries.push(Delivery::Journaled { trace: r.trace, held });
+            self.out_traces += 1;
+        }
+        for r in replayed.undecided {
+            let Some(spans) = self.journaled_spans(&r) else { continue };
+            if in_store(self, &r.trace) {
+                continue;
+            }
+            if let Some(cached) = self.cache.get(&r.trace).copied() {
+                if cached.kept {
+                    self.counts.late_kept += spans.len() as u64;
+                    self.queue_kept(spans.records(), cached.threshold);
+                } else {
+                    self.counts.late_dropped += spans.len() as u64;
+                }
+                continue;
+            }
+            let randomness = spans
+                .records()
+                .filter_map(|record| wire::span(record.get(4..)?).ok())
+                .find_map(|span| parse_ot_tracestate(span.trace_state).randomness);
+            let hot = Hot {
+                first_seen: r.first_seen,
+                root_ended: r.root_ended,
+                randomness,
+                spans,
+                joins: None,
+                journal: None,
+            };
+            self.hold(r.trace, hot);
+        }
+        for (trace, kept, threshold) in replayed.decided {
+            if !self.cache.contains_key(&trace) {
+                let cached = Cached { partition: now / PARTITION_NS, seq: 0, kept, threshold, first: 0, last: 0 };
+                self.remember(trace, cached);
+            }
+        }
+        self.flush_export();
+    }
+
+    /// A replayed trace's spans, checked (the journal is read from disk: hostile until parsed).
+    fn journaled_spans(&mut self, r: &journal::ReplayedTrace) -> Option<SpanBuf> {
+        let spans = SpanBuf::parse(&r.spans);
+        if spans.is_none() {
+            // Its frame's checksum held, so the agent wrote it so: counted, never trusted.
+            self.counts.spans_lost += 1;
+        }
+        spans
     }
 
     fn rearm(&mut self, recovered: &Recovered, now: u64) -> Result<(), StoreError> {
@@ -506,7 +638,11 @@ impl<S: TailStore> Engine<S> {
             let spans = self.store.spans(&entry.trace, &entry.spans)?;
             self.partitions.entry(entry.spans.partition).or_default().outbox += 1;
             self.queue_kept(spans.iter().map(Vec::as_slice), entry.threshold);
-            self.out_deliveries.push((entry.trace, entry.spans.partition, entry.seq));
+            self.out_deliveries.push(Delivery::Stored {
+                trace: entry.trace,
+                partition: entry.spans.partition,
+                seq: entry.seq,
+            });
             self.out_traces += 1;
         }
         self.flush_export();
@@ -530,6 +666,7 @@ impl<S: TailStore> Engine<S> {
 
     /// Takes in a batch of kept spans from the capture thread.
     pub fn ingest(&mut self, request: &[u8], now: u64) -> Result<(), WireError> {
+        self.now = self.now.max(now);
         let mut fragments: FxHashMap<TraceId, Hot> = FxHashMap::default();
         let resources = &mut self.resources;
         let mut last_resource: *const u8 = std::ptr::null();
@@ -549,6 +686,7 @@ impl<S: TailStore> Engine<S> {
                 randomness: None,
                 spans: SpanBuf::default(),
                 joins: None,
+                journal: None,
             });
             if span.kind == SpanKind::Server as i32 {
                 // The grace runs from the root's arrival (see the module note of `tail`).
@@ -600,6 +738,9 @@ impl<S: TailStore> Engine<S> {
         if self.out_spans as usize >= self.limits.export_batch_spans {
             self.flush_export();
         }
+        if self.journal.as_ref().is_some_and(|j| j.buffered() >= journal::GROUP_BYTES) {
+            self.commit_journal();
+        }
         Ok(())
     }
 
@@ -610,8 +751,12 @@ impl<S: TailStore> Engine<S> {
     }
 
     /// Keeps a fragment in memory, arming its trace's due times.
-    fn hold(&mut self, trace: TraceId, fragment: Hot) {
+    fn hold(&mut self, trace: TraceId, mut fragment: Hot) {
         self.hot_spans += fragment.spans.len() as u64;
+        let held = self.journal.as_mut().map(|j| {
+            let before = self.hot.get(&trace).and_then(|h| h.journal);
+            j.fragment(&trace, fragment.first_seen, fragment.root_ended, &fragment.spans.bytes, before)
+        });
         let limits = self.limits;
         // One due time in the heap per change of it: usually one push and one pop per trace (the
         // heap holds every waiting trace, so its size is what each of them costs).
@@ -625,6 +770,7 @@ impl<S: TailStore> Engine<S> {
                 if hot.root_ended == 0 && fragment.root_ended != 0 {
                     self.hot_order[1].push_back(trace);
                 }
+                hot.journal = held.or(hot.journal);
                 let held = hot.spans.byte_len();
                 hot.spans.append(fragment.spans);
                 // What the buffer holds now (it grows, or takes the fragment's).
@@ -641,6 +787,7 @@ impl<S: TailStore> Engine<S> {
                     self.hot_order[usize::from(fragment.root_ended != 0)].push_back(trace);
                 }
                 self.hot_bytes += fragment.spans.byte_len();
+                fragment.journal = held;
                 let hot = e.insert(fragment);
                 self.hot_deadlines.push(hot.next_due(&limits), trace);
             }
@@ -664,6 +811,17 @@ impl<S: TailStore> Engine<S> {
             let refused = self.append(partition, &items, now).err();
             let refused_traces = refused.as_ref().map_or(0, |r| r.traces.len());
             self.counts.spilled += (items.len() - refused_traces) as u64;
+            if let Some(journal) = &mut self.journal {
+                // The store holds them now (the journal says so once the store is durable).
+                for (trace, hot) in &items {
+                    if let Some(held) = hot.journal
+                        && refused.as_ref().is_none_or(|r| !r.traces.contains(trace))
+                    {
+                        journal.released(trace);
+                        journal.let_go(held);
+                    }
+                }
+            }
             if let Some(refused) = refused {
                 // The store did not take them: they stay in memory (over its budget, if that is
                 // why they were leaving) and are decided there when due.
@@ -700,6 +858,14 @@ impl<S: TailStore> Engine<S> {
             trace,
             Cached { partition: now / PARTITION_NS, seq: 0, kept: keep, threshold, first: 0, last: 0 },
         );
+        if let (Some(journal), Some(held)) = (&mut self.journal, hot.journal) {
+            journal.decided(&trace, keep, threshold);
+            if keep {
+                self.out_deliveries.push(Delivery::Journaled { trace, held });
+            } else {
+                journal.let_go(held);
+            }
+        }
         if keep {
             self.queue_kept(hot.spans.records(), threshold);
             self.out_traces += 1;
@@ -814,6 +980,7 @@ impl<S: TailStore> Engine<S> {
     /// what must wait, decides the soonest due early when the store is over its bound, and drops
     /// partitions with nothing left to decide or export.
     pub fn tick(&mut self, now: u64) {
+        self.now = self.now.max(now);
         let mut to_spill = Vec::new();
         let mut due = std::mem::take(&mut self.due_scratch);
         self.hot_deadlines.take_due(now, &mut due);
@@ -899,12 +1066,15 @@ impl<S: TailStore> Engine<S> {
             self.store_error(&e);
         }
         self.flush_export();
+        // The tick's group commit (flush_export made one if it had kept traces to send).
+        self.commit_journal();
     }
 
     /// Over the disk bound: the stored traces due soonest (the oldest, mostly) are decided now,
     /// recovered ones first, then groups.
     fn bound_disk(&mut self, now: u64, retry: &mut Vec<TraceId>, retry_groups: &mut Vec<(Partition, u64)>) {
-        let mut excess = self.buffered_bytes().saturating_sub(self.limits.max_disk_bytes);
+        let journal = self.journal.as_ref().map_or(0, Journal::disk_bytes);
+        let mut excess = (self.buffered_bytes() + journal).saturating_sub(self.limits.max_disk_bytes);
         // A partition frees its bytes once its last trace is decided.
         let freed = |engine: &Self, partition: Partition| {
             engine.partitions.get(&partition).filter(|s| s.pending == 0).map_or(0, |s| s.bytes)
@@ -928,6 +1098,15 @@ impl<S: TailStore> Engine<S> {
                 continue;
             }
             excess = excess.saturating_sub(freed(self, partition));
+        }
+        // Then the journal's oldest segments go, whatever holds them (counted: those traces are
+        // still decided from memory, but a crash would lose them).
+        while excess > 0 {
+            let freed = self.journal.as_mut().map_or(0, Journal::drop_oldest);
+            if freed == 0 {
+                break;
+            }
+            excess = excess.saturating_sub(freed);
         }
     }
 
@@ -1023,6 +1202,9 @@ impl<S: TailStore> Engine<S> {
             // Another part was decided first: this one follows.
             let decision = self.follow(trace, range, cached)?;
             let part = if joined { self.take_hot(&trace) } else { None };
+            if let Some(part) = &part {
+                self.release_journaled(&trace, part);
+            }
             let spans = fragment.spans.len() as u64 + part.as_ref().map_or(0, |h| h.spans.len() as u64);
             if cached.kept {
                 self.counts.late_kept += spans;
@@ -1031,7 +1213,7 @@ impl<S: TailStore> Engine<S> {
                     self.queue_kept(part.spans.records(), cached.threshold);
                 }
                 self.partitions.entry(partition).or_default().outbox += 1;
-                self.out_deliveries.push((trace, partition, decision));
+                self.out_deliveries.push(Delivery::Stored { trace, partition, seq: decision });
             } else {
                 self.counts.late_dropped += spans;
             }
@@ -1061,8 +1243,9 @@ impl<S: TailStore> Engine<S> {
         drop(facts);
         self.unflushed_decisions = true;
         self.remember(trace, Cached { partition, seq: decision, kept: keep, threshold, first: seq, last: seq });
-        if part.is_some() {
+        if let Some(part) = &part {
             self.counts.fragments_joined += 1;
+            self.release_journaled(&trace, part);
         }
         if keep {
             self.partitions.entry(partition).or_default().outbox += 1;
@@ -1071,13 +1254,43 @@ impl<S: TailStore> Engine<S> {
                 // In memory only: lost at a crash until exported, like a trace decided in memory.
                 self.queue_kept(part.spans.records(), threshold);
             }
-            self.out_deliveries.push((trace, partition, decision));
+            self.out_deliveries.push(Delivery::Stored { trace, partition, seq: decision });
             self.out_traces += 1;
             if self.out_spans as usize >= self.limits.export_batch_spans {
                 self.flush_export();
             }
         }
         Ok(())
+    }
+
+    /// A part in memory decided with its trace's part in the store: the store's decision covers
+    /// the trace from here on, so the journal lets the part go. (Kept, it is exported from memory:
+    /// a crash before that loses this part, as it did before the journal; the store's outbox
+    /// brings back the stored part.)
+    fn release_journaled(&mut self, trace: &TraceId, part: &Hot) {
+        if let (Some(journal), Some(held)) = (&mut self.journal, part.journal) {
+            journal.released(trace);
+            journal.let_go(held);
+        }
+    }
+
+    /// Writes the journal's buffered records as one group commit; the store is made durable first
+    /// when they say that traces moved to it.
+    fn commit_journal(&mut self) {
+        let Some(journal) = &self.journal else { return };
+        if journal.needs_store_flush() {
+            match self.store.flush() {
+                Ok(()) => self.unflushed_decisions = false,
+                Err(e) => {
+                    // Not written yet: the journal keeps its records for the next commit.
+                    self.store_error(&e);
+                    return;
+                }
+            }
+        }
+        if let Some(journal) = &mut self.journal {
+            journal.commit(self.now);
+        }
     }
 
     /// Takes a trace out of memory.
@@ -1160,7 +1373,7 @@ impl<S: TailStore> Engine<S> {
                 self.counts.late_kept += stored.len() as u64;
                 self.partitions.entry(range.partition).or_default().outbox += 1;
                 self.queue_kept(stored.iter().map(Vec::as_slice), cached.threshold);
-                self.out_deliveries.push((trace, range.partition, decision));
+                self.out_deliveries.push(Delivery::Stored { trace, partition: range.partition, seq: decision });
             } else {
                 self.counts.late_dropped += stored.len() as u64;
             }
@@ -1180,7 +1393,7 @@ impl<S: TailStore> Engine<S> {
         if keep {
             self.partitions.entry(range.partition).or_default().outbox += 1;
             self.queue_kept(stored.iter().map(Vec::as_slice), threshold);
-            self.out_deliveries.push((trace, range.partition, seq));
+            self.out_deliveries.push(Delivery::Stored { trace, partition: range.partition, seq });
             self.out_traces += 1;
             if self.out_spans as usize >= self.limits.export_batch_spans {
                 self.flush_export();
@@ -1268,6 +1481,11 @@ impl<S: TailStore> Engine<S> {
                 }
             }
         }
+        // The journal's decisions of the traces in it, written before they leave (a journal that
+        // fails to write does not hold the export back: a crash would then decide them again).
+        if self.journal.as_ref().is_some_and(|j| j.buffered() > 0) {
+            self.commit_journal();
+        }
         let out = std::mem::take(&mut self.out);
         let resources: Vec<std::borrow::Cow<'_, [u8]>> = out.keys().map(|pid| self.resource_for(*pid)).collect();
         let mut request = Vec::with_capacity(out.values().map(Vec::len).sum::<usize>() + 256 * out.len());
@@ -1287,12 +1505,22 @@ impl<S: TailStore> Engine<S> {
 
     /// The exporter is done with these kept traces: they leave the outbox.
     pub fn delivered(&mut self, deliveries: &[Delivery]) {
-        for (trace, partition, seq) in deliveries {
-            if let Some(state) = self.partitions.get_mut(partition) {
-                state.outbox = state.outbox.saturating_sub(1);
-            }
-            if let Err(e) = self.store.exported(trace, *partition, *seq) {
-                self.store_error(&e);
+        for delivery in deliveries {
+            match *delivery {
+                Delivery::Stored { trace, partition, seq } => {
+                    if let Some(state) = self.partitions.get_mut(&partition) {
+                        state.outbox = state.outbox.saturating_sub(1);
+                    }
+                    if let Err(e) = self.store.exported(&trace, partition, seq) {
+                        self.store_error(&e);
+                    }
+                }
+                Delivery::Journaled { trace, held } => {
+                    if let Some(journal) = &mut self.journal {
+                        journal.exported(&trace);
+                        journal.let_go(held);
+                    }
+                }
             }
         }
     }
@@ -1356,6 +1584,7 @@ impl<S: TailStore> Engine<S> {
         if let Err(e) = self.store.flush() {
             self.store_error(&e);
         }
+        self.commit_journal();
     }
 
     /// Publishes gauges and counters.
@@ -1380,6 +1609,14 @@ impl<S: TailStore> Engine<S> {
         metrics::set(&m.tail_early_decisions, self.counts.early);
         metrics::set(&m.tail_store_errors, self.counts.store_errors);
         metrics::set(&m.tail_spans_lost, self.counts.spans_lost);
+        metrics::set(&m.tail_resent_traces, self.counts.resent);
+        if let Some(journal) = &self.journal {
+            let counts = journal.counts();
+            metrics::set(&m.tail_journal_bytes, journal.disk_bytes());
+            metrics::set(&m.tail_journal_write_errors, counts.write_errors);
+            metrics::set(&m.tail_journal_quarantined, counts.quarantined);
+            metrics::set(&m.tail_journal_dropped_traces, counts.dropped_traces);
+        }
         publish_decisions(&m.tail_decisions, &self.counts.decisions);
     }
 
@@ -1392,6 +1629,12 @@ impl<S: TailStore> Engine<S> {
     #[must_use]
     pub fn pending_traces(&self) -> usize {
         self.stored_pending_traces() + self.hot.len()
+    }
+
+    /// Kept traces the journal brought back undelivered, exported again.
+    #[must_use]
+    pub fn resent_traces(&self) -> u64 {
+        self.counts.resent
     }
 
     /// Traces decided from memory, and traces written to the store to wait, so far.
@@ -1565,6 +1808,114 @@ mod tests {
         let store = e.into_store();
         assert_eq!(store.disk_bytes(), 0, "nothing was written to the store");
         assert_eq!(store.recover().unwrap(), Recovered::default());
+    }
+
+    /// An engine over `store` with the journal in `dir`, memory first, as the agent runs.
+    fn journaled(store: MemoryStore, dir: &std::path::Path, now: u64) -> Engine<MemoryStore> {
+        let journal = Journal::open(dir, journal::Sync::None, now).unwrap();
+        Engine::open_journaled(store, Some(journal), policies(), memory_first(1 << 30), Vec::new(), now).unwrap()
+    }
+
+    /// A crash: the engine is gone without closing; the store keeps what it holds (the memory
+    /// store has no unflushed state), the journal what was committed.
+    fn crash_and_restart(e: Engine<MemoryStore>, dir: &std::path::Path, now: u64) -> Engine<MemoryStore> {
+        journaled(e.into_store(), dir, now)
+    }
+
+    #[test]
+    fn traces_waiting_in_memory_survive_a_crash_through_the_journal_and_wait_out_their_grace() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut e = journaled(MemoryStore::new(), dir.path(), T0);
+        e.ingest(&exchange(trace(1, false), T0, true).encode_to_vec(), T0).unwrap();
+        e.ingest(&exchange(trace(2, false), T0, false).encode_to_vec(), T0).unwrap();
+        e.tick(T0 + S / 10);
+        // Arrived after the last group commit: lost with the process, as the journal says.
+        e.ingest(&exchange(trace(3, false), T0, true).encode_to_vec(), T0 + S / 5).unwrap();
+        let mut e = crash_and_restart(e, dir.path(), T0 + S);
+        assert_eq!(e.pending_traces(), 2, "both committed traces are back in memory");
+        assert_eq!(e.stored_pending_traces(), 0);
+        e.tick(T0 + S + S / 2);
+        assert!(exported(&mut e).is_empty(), "the grace runs from the root's arrival before the crash");
+        e.tick(T0 + 2 * S);
+        let spans = exported(&mut e);
+        assert_eq!(spans.len(), 2, "the error trace, whole");
+        assert!(spans.iter().all(|s| s.trace_id == trace(1, false)));
+        assert_eq!(e.resent_traces(), 0, "nothing had been exported");
+        assert_eq!(e.store.recover().unwrap(), Recovered::default(), "the store was never used");
+    }
+
+    #[test]
+    fn a_kept_trace_whose_export_was_not_reported_is_sent_again_once_and_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut e = journaled(MemoryStore::new(), dir.path(), T0);
+        e.ingest(&exchange(trace(1, false), T0, true).encode_to_vec(), T0).unwrap();
+        e.ingest(&exchange(trace(2, false), T0, true).encode_to_vec(), T0).unwrap();
+        e.tick(T0 + 2 * S);
+        let out = e.take_export().expect("both kept");
+        assert_eq!(out.traces, 2);
+        // The exporter reports trace 1 done; trace 2 is still in flight at the crash.
+        let done: Vec<Delivery> = out
+            .deliveries
+            .iter()
+            .copied()
+            .filter(|d| matches!(d, Delivery::Journaled { trace: t, .. } if *t == trace(1, false)))
+            .collect();
+        assert_eq!(done.len(), 1);
+        e.delivered(&done);
+        e.tick(T0 + 2 * S + S / 10);
+        let mut e = crash_and_restart(e, dir.path(), T0 + 3 * S);
+        assert_eq!(e.resent_traces(), 1);
+        let spans = exported(&mut e);
+        assert_eq!(spans.len(), 2);
+        assert!(spans.iter().all(|s| s.trace_id == trace(2, false)), "only the one not reported done");
+        // Reported done this time: a second crash sends nothing again, and a late span follows.
+        e.tick(T0 + 3 * S + S / 10);
+        let mut e = crash_and_restart(e, dir.path(), T0 + 4 * S);
+        assert_eq!(e.resent_traces(), 0);
+        assert!(exported(&mut e).is_empty());
+        e.ingest(&request(vec![span(trace(2, false), 3, SpanKind::Client, T0, false)]).encode_to_vec(), T0 + 4 * S)
+            .unwrap();
+        e.tick(T0 + 4 * S + S / 10);
+        assert_eq!(exported(&mut e).len(), 1, "the late span follows the decision the journal kept");
+    }
+
+    #[test]
+    fn a_dropped_trace_stays_dropped_and_a_spilled_one_is_the_stores_after_a_crash() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut e = journaled(MemoryStore::new(), dir.path(), T0);
+        e.ingest(&exchange(trace(1, false), T0, false).encode_to_vec(), T0).unwrap();
+        // No root: it waits, and spills after 5 s.
+        e.ingest(&request(vec![span(trace(2, false), 2, SpanKind::Client, T0, true)]).encode_to_vec(), T0).unwrap();
+        e.tick(T0 + 2 * S);
+        assert!(exported(&mut e).is_empty(), "trace 1 dropped");
+        e.tick(T0 + 5 * S);
+        assert_eq!(e.stored_pending_traces(), 1, "trace 2 spilled");
+        e.tick(T0 + 5 * S + S / 10);
+        let mut e = crash_and_restart(e, dir.path(), T0 + 6 * S);
+        assert_eq!(e.pending_traces(), 1, "trace 2, from the store only: not twice");
+        assert_eq!(e.stored_pending_traces(), 1);
+        e.tick(T0 + 30 * S);
+        let spans = exported(&mut e);
+        assert_eq!(spans.len(), 1);
+        assert_eq!(spans[0].trace_id, trace(2, false));
+    }
+
+    #[test]
+    fn the_journal_keeps_only_what_is_not_done_with() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut e = journaled(MemoryStore::new(), dir.path(), T0);
+        for n in 1..=50u8 {
+            e.ingest(&exchange(trace(n, false), T0, n % 2 == 0).encode_to_vec(), T0).unwrap();
+        }
+        e.tick(T0 + S / 10);
+        assert!(e.journal.as_ref().unwrap().disk_bytes() > 50 * 100);
+        e.tick(T0 + 2 * S);
+        exported(&mut e);
+        e.tick(T0 + 3 * S);
+        e.tick(T0 + 5 * S);
+        let segments = std::fs::read_dir(dir.path()).unwrap().count();
+        assert_eq!(segments, 1, "every trace decided and exported: only the active segment is left");
+        assert!(e.journal.as_ref().unwrap().disk_bytes() < 4096);
     }
 
     #[test]

@@ -32,6 +32,7 @@
 //!   bounded: past `max_disk_bytes` of spans in the store the oldest traces there are decided early.
 
 pub mod engine;
+pub mod journal;
 pub mod policy;
 pub mod policy_file;
 pub mod store;
@@ -80,6 +81,8 @@ pub struct TailConfig {
     /// `TRACETAP_TAIL_MAX_MEMORY_BYTES`.
     pub max_memory_bytes: u64,
     pub max_disk_bytes: u64,
+    /// `TRACETAP_TAIL_JOURNAL` (`None`: off).
+    pub journal: Option<journal::Sync>,
     pub decision_cache: usize,
     pub policies: PolicySource,
 }

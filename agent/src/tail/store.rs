@@ -1,7 +1,9 @@
 //! Opening the tail store, so that a store the agent cannot read never stops it: not at start, not
 //! in a crash loop.
 //!
-//! Layout in `TRACETAP_STATE_DIR`: the store in `tail/`, stores set aside in
+//! Layout in `TRACETAP_STATE_DIR`: the store in `tail/`, the journal of what waits in memory in
+//! `journal/` (see `journal`; its damaged segments are set aside one by one, in
+//! `journal/quarantine/`), stores set aside in
 //! `quarantine/<unix ns>/` (the newest [`KEEP_QUARANTINED`] are kept for a post-mortem). A store
 //! that fails to open, holds another format, or holds a record that does not decode (recovery reads
 //! every record) is renamed aside, counted in `tracetap_tail_store_quarantined_total` and logged,
@@ -18,6 +20,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use tracetap_storage::{SledOptions, SledStore};
 
 use super::engine::{Engine, Limits};
+use super::journal::{Journal, Sync};
 use super::policy::PolicySet;
 use crate::metrics::{self, Metrics};
 
@@ -30,6 +33,12 @@ pub fn store_dir(state_dir: &Path) -> PathBuf {
     state_dir.join("tail")
 }
 
+/// Where the journal lives in the state directory.
+#[must_use]
+pub fn journal_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("journal")
+}
+
 fn quarantine_root(state_dir: &Path) -> PathBuf {
     state_dir.join("quarantine")
 }
@@ -40,6 +49,7 @@ fn quarantine_root(state_dir: &Path) -> PathBuf {
 pub fn open_engine(
     state_dir: &Path,
     options: SledOptions,
+    journal: Option<Sync>,
     policies: &PolicySet,
     limits: Limits,
     resource: &[(String, String)],
@@ -49,12 +59,29 @@ pub fn open_engine(
         tracing::warn!(error = %e, dir = %state_dir.display(), "moving an older tail store into tail/");
     }
     let dir = store_dir(state_dir);
+    // Opened for each attempt: one that fails leaves the journal on disk for the next.
+    let open_journal = || {
+        let sync = journal?;
+        match Journal::open(&journal_dir(state_dir), sync, super::unix_now_ns()) {
+            Ok(opened) => Some(opened),
+            Err(e) => {
+                metrics::add(&metrics.tail_journal_write_errors, 1);
+                tracing::error!(
+                    error = %e,
+                    dir = %journal_dir(state_dir).display(),
+                    "the tail journal cannot be opened: tail sampling goes on, but a crash loses what waits in memory"
+                );
+                None
+            }
+        }
+    };
     // Err((why, damaged)): `damaged` when the store's contents are at fault (quarantine them), not
     // the system (another process holding its lock, permissions, descriptors: leave it alone).
     let attempt = || -> Result<Engine<SledStore>, (String, bool)> {
         let opened = catch_unwind(AssertUnwindSafe(|| {
             let store = SledStore::open(&dir, options)?;
-            Engine::open(store, policies.clone(), limits, resource.to_vec(), super::unix_now_ns())
+            let journal = open_journal();
+            Engine::open_journaled(store, journal, policies.clone(), limits, resource.to_vec(), super::unix_now_ns())
         }));
         match opened {
             Ok(Ok(engine)) => Ok(engine),
@@ -167,7 +194,7 @@ mod tests {
 
     fn open(state: &Path, metrics: &Metrics) -> Option<Engine<SledStore>> {
         let policies = PolicySet::new(vec![NamedPolicy { name: "all".into(), policy: Policy::AlwaysSample }]);
-        open_engine(state, SledOptions::default(), &policies, limits(), &[], metrics)
+        open_engine(state, SledOptions::default(), None, &policies, limits(), &[], metrics)
     }
 
     #[test]

@@ -1,0 +1,798 @@
+//! The tail journal: what waits for a tail decision in memory, written ahead to disk so that a
+//! killed agent (`kill -9`, the OOM killer, an eviction) finds it again at the next start.
+//!
+//! # Design
+//!
+//! Traces wait in memory first (see `engine`): a trace whose spans all arrive is decided there and
+//! never touches the sled store. Without a journal they were lost at a crash. The journal is an
+//! append-only log of what happens to them, written in *group commits*: the engine buffers records
+//! as spans arrive and decisions are made, and writes them as one `write` every tick (100 ms) or
+//! when [`GROUP_BYTES`] are buffered, whichever comes first, on the tail thread (never on the
+//! capture thread). A span is journaled as the bytes it already has in memory: one copy, no second
+//! encoding.
+//!
+//! It is not in sled: sled's cost is per byte too (each insert rewrites its leaf, docs/PERFORMANCE.md
+//! measured about 3 µs per span into the store), and every span of every trace goes through the
+//! journal; a plain file takes a group commit as one `write` (about 0.1 µs per span).
+//!
+//! Records: a trace's *fragment* (its spans as they arrived, with its first-seen and root times),
+//! its *decision* (kept with a threshold, or dropped), *exported* (the exporter reported a kept
+//! trace done), and *released* (it left memory for the sled store, which holds it from then on).
+//!
+//! Segments: the log is a series of files (`<id>.seg`, ids only grow); a new one is started every
+//! [`SEGMENT_NS`] or [`SEGMENT_BYTES`]. A trace *holds* every segment from the first to the last
+//! that has spans of it, until it is dropped, exported, or released. Segments are removed oldest
+//! first, once nothing holds them: that is the compaction.
+//!
+//! # Invariants
+//!
+//! - Segments are removed in order. A trace's decision, export and release records are written
+//!   after its spans, so they are in the same segment or a later one: a segment that is still there
+//!   has every later record of the traces it holds spans of.
+//! - A record is written before anything that depends on it: a kept trace's decision before its
+//!   spans go to the exporter; a release after the sled store has made the trace durable (the
+//!   engine flushes the store first); a segment is removed only after the records that freed it
+//!   were written.
+//! - Replay never panics and never loops: a frame whose checksum fails, or a record that does not
+//!   parse, ends the reading of its segment (what came before counts), and the segment is set aside
+//!   in `quarantine/`. A frame cut short at a file's end (a write that a power loss interrupted) ends
+//!   it too, without the quarantine.
+//! - After a replay, everything still live is written again into a new segment (the engine does it
+//!   through the normal paths), made durable, and only then are the old segments removed.
+//!
+//! # What a crash can lose
+//!
+//! A process kill loses the records buffered since the last group commit: at most the last 100 ms.
+//! With [`Sync::Data`] (the default) each group commit is also `fdatasync`ed, so a power loss or a
+//! kernel crash loses the same; with [`Sync::None`] they can lose what the kernel had not written
+//! back (up to about 30 s with Linux's defaults).
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use tracetap_storage::TraceId;
+
+/// The first bytes of every segment (and the format's version).
+const MAGIC: &[u8; 8] = b"TTJRNL01";
+/// A group commit is written at least this often when there is something to write (the engine's
+/// tick), and also as soon as this much is buffered.
+pub const GROUP_BYTES: usize = 1 << 20;
+/// A new segment is started when the active one is this old...
+pub const SEGMENT_NS: u64 = 1_000_000_000;
+/// ...or this large.
+pub const SEGMENT_BYTES: u64 = 16 << 20;
+/// A frame longer than this is not one the agent wrote.
+const MAX_FRAME: usize = 256 << 20;
+/// Quarantined segments kept for a post-mortem.
+const KEEP_QUARANTINED: usize = 4;
+
+const FRAGMENT: u8 = 1;
+const DECIDED: u8 = 2;
+const EXPORTED: u8 = 3;
+const RELEASED: u8 = 4;
+
+/// When group commits are made durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sync {
+    /// `fdatasync` after each group commit.
+    Data,
+    /// Left to the kernel's writeback.
+    None,
+}
+
+/// The segments a trace holds: `first..=last`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    first: u32,
+    last: u32,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct SegmentState {
+    /// Traces holding it.
+    holders: u64,
+    bytes: u64,
+}
+
+/// Counters the journal keeps; the engine publishes them.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Counts {
+    pub write_errors: u64,
+    /// Segments set aside at replay because they did not read back.
+    pub quarantined: u64,
+    /// Traces whose segment was removed to keep within the disk bound before they were done with.
+    pub dropped_traces: u64,
+}
+
+/// What a trace's records said, at replay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplayedTrace {
+    pub trace: TraceId,
+    pub first_seen: u64,
+    /// 0: its root span had not arrived.
+    pub root_ended: u64,
+    /// Its fragments' span bytes, concatenated, as the engine gave them.
+    pub spans: Vec<u8>,
+}
+
+/// Everything a replay found.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Replayed {
+    /// Traces with no decision: they wait out the rest of their grace.
+    pub undecided: Vec<ReplayedTrace>,
+    /// Kept traces not reported exported: exported again (possibly a second time).
+    pub unexported: Vec<(ReplayedTrace, u64)>,
+    /// Decisions of traces done with (dropped, or kept and exported): late spans follow them.
+    pub decided: Vec<(TraceId, bool, u64)>,
+    /// Segments read, and frames cut short at a file's end.
+    pub segments: usize,
+    pub torn: usize,
+}
+
+/// The journal of one state directory.
+#[derive(Debug)]
+pub struct Journal {
+    dir: PathBuf,
+    sync: Sync,
+    active: u32,
+    file: File,
+    active_since: u64,
+    /// Every segment on disk, the active one included, but those replayed and not yet retired.
+    segments: BTreeMap<u32, SegmentState>,
+    /// Segments read at replay, removed once what they held is written again.
+    replayed: Vec<u32>,
+    /// Records since the last group commit.
+    buf: Vec<u8>,
+    /// Whether `buf` holds a release (the sled store must be durable before it is written).
+    releases: bool,
+    counts: Counts,
+}
+
+fn segment_path(dir: &Path, id: u32) -> PathBuf {
+    dir.join(format!("{id:08x}.seg"))
+}
+
+fn segment_id(name: &str) -> Option<u32> {
+    let hex = name.strip_suffix(".seg")?;
+    (hex.len() == 8).then(|| u32::from_str_radix(hex, 16).ok()).flatten()
+}
+
+impl Journal {
+    /// Opens the journal in `dir` (created if missing), replays what it holds, and starts a new
+    /// segment. The replayed segments stay until [`Journal::retire_replayed`].
+    pub fn open(dir: &Path, sync: Sync, now: u64) -> std::io::Result<(Self, Replayed)> {
+        std::fs::create_dir_all(dir)?;
+        let mut ids: Vec<u32> = std::fs::read_dir(dir)?
+            .filter_map(Result::ok)
+            .filter_map(|e| segment_id(e.file_name().to_str()?))
+            .collect();
+        ids.sort_unstable();
+        let mut replay = Replay::default();
+        let mut counts = Counts::default();
+        let mut torn = 0;
+        for &id in &ids {
+            let path = segment_path(dir, id);
+            let bytes = match std::fs::metadata(&path) {
+                Ok(m) if m.len() > (SEGMENT_BYTES + MAX_FRAME as u64) => None,
+                Ok(_) => std::fs::read(&path).ok(),
+                Err(_) => None,
+            };
+            let end = match bytes.as_deref() {
+                Some(bytes) => replay.segment(bytes),
+                None => SegmentEnd::Corrupt,
+            };
+            match end {
+                SegmentEnd::Clean => {}
+                SegmentEnd::Torn => torn += 1,
+                SegmentEnd::Corrupt => {
+                    counts.quarantined += 1;
+                    if let Err(e) = quarantine(dir, &path) {
+                        tracing::warn!(error = %e, file = %path.display(), "setting a damaged tail journal segment aside");
+                    }
+                }
+            }
+        }
+        let active = ids.last().map_or(1, |id| id.wrapping_add(1).max(1));
+        let file = create_segment(dir, active, sync)?;
+        let mut segments = BTreeMap::new();
+        segments.insert(active, SegmentState { holders: 0, bytes: MAGIC.len() as u64 });
+        let mut replayed = replay.finish();
+        replayed.segments = ids.len();
+        replayed.torn = torn;
+        let journal = Self {
+            dir: dir.to_owned(),
+            sync,
+            active,
+            file,
+            active_since: now,
+            segments,
+            replayed: ids,
+            buf: Vec::new(),
+            releases: false,
+            counts,
+        };
+        Ok((journal, replayed))
+    }
+
+    /// Journals spans of a trace that arrived (`spans`: the engine's bytes for them, opaque here);
+    /// returns the segments the trace holds now (`held`: those it held before).
+    pub fn fragment(
+        &mut self,
+        trace: &TraceId,
+        first_seen: u64,
+        root_ended: u64,
+        spans: &[u8],
+        held: Option<Held>,
+    ) -> Held {
+        self.buf.push(FRAGMENT);
+        self.buf.extend_from_slice(trace);
+        self.buf.extend_from_slice(&first_seen.to_le_bytes());
+        self.buf.extend_from_slice(&root_ended.to_le_bytes());
+        let len = u32::try_from(spans.len()).expect("a fragment is far below 4 GiB");
+        self.buf.extend_from_slice(&len.to_le_bytes());
+        self.buf.extend_from_slice(spans);
+        let active = self.active;
+        let (first, from) = match held {
+            None => (active, active),
+            Some(h) if h.last < active => (h.first, h.last + 1),
+            Some(h) => return h,
+        };
+        for id in from..=active {
+            if let Some(s) = self.segments.get_mut(&id) {
+                s.holders += 1;
+            }
+        }
+        Held { first, last: active }
+    }
+
+    /// Journals a trace's decision.
+    pub fn decided(&mut self, trace: &TraceId, kept: bool, threshold: u64) {
+        self.buf.push(DECIDED);
+        self.buf.extend_from_slice(trace);
+        self.buf.push(u8::from(kept));
+        self.buf.extend_from_slice(&threshold.to_le_bytes());
+    }
+
+    /// Journals that a kept trace's export was reported done.
+    pub fn exported(&mut self, trace: &TraceId) {
+        self.buf.push(EXPORTED);
+        self.buf.extend_from_slice(trace);
+    }
+
+    /// Journals that a trace left memory for the sled store. The caller makes the store durable
+    /// before the next group commit ([`Journal::needs_store_flush`]).
+    pub fn released(&mut self, trace: &TraceId) {
+        self.buf.push(RELEASED);
+        self.buf.extend_from_slice(trace);
+        self.releases = true;
+    }
+
+    /// A trace no longer holds its segments (decided and dropped, exported, or released).
+    pub fn let_go(&mut self, held: Held) {
+        for id in held.first..=held.last {
+            if let Some(s) = self.segments.get_mut(&id) {
+                s.holders = s.holders.saturating_sub(1);
+            }
+        }
+    }
+
+    /// Whether the next group commit holds a release, so that the store must be flushed first.
+    #[must_use]
+    pub fn needs_store_flush(&self) -> bool {
+        self.releases
+    }
+
+    /// Bytes waiting for the next group commit.
+    #[must_use]
+    pub fn buffered(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Writes the buffered records as one frame, makes them durable as [`Sync`] says, starts a new
+    /// segment if the active one is due, and removes the oldest segments nothing holds. On a write
+    /// error the records are lost (counted; the traces are still decided from memory) and a new
+    /// segment is started, so that a frame cut half-way is never followed by readable ones.
+    pub fn commit(&mut self, now: u64) {
+        if !self.buf.is_empty() {
+            let written = self.write_frame();
+            self.buf.clear();
+            self.releases = false;
+            if let Err(e) = written {
+                self.counts.write_errors += 1;
+                tracing::warn!(error = %e, errors = self.counts.write_errors, "writing the tail journal");
+                self.rotate(now);
+            }
+        }
+        let active_bytes = self.segments.get(&self.active).map_or(0, |s| s.bytes);
+        if active_bytes > MAGIC.len() as u64
+            && (now.saturating_sub(self.active_since) >= SEGMENT_NS || active_bytes >= SEGMENT_BYTES)
+        {
+            self.rotate(now);
+        }
+        while let Some((&id, state)) = self.segments.first_key_value() {
+            if id == self.active || state.holders > 0 {
+                break;
+            }
+            self.remove(id);
+        }
+    }
+
+    fn write_frame(&mut self) -> std::io::Result<()> {
+        let len = u32::try_from(self.buf.len()).map_err(|_| std::io::Error::other("a group commit over 4 GiB"))?;
+        let mut frame = Vec::with_capacity(8 + self.buf.len());
+        frame.extend_from_slice(&len.to_le_bytes());
+        frame.extend_from_slice(&crc32fast::hash(&self.buf).to_le_bytes());
+        frame.extend_from_slice(&self.buf);
+        self.file.write_all(&frame)?;
+        if self.sync == Sync::Data {
+            self.file.sync_data()?;
+        }
+        if let Some(s) = self.segments.get_mut(&self.active) {
+            s.bytes += frame.len() as u64;
+        }
+        Ok(())
+    }
+
+    fn rotate(&mut self, now: u64) {
+        let next = self.active.wrapping_add(1).max(1);
+        match create_segment(&self.dir, next, self.sync) {
+            Ok(file) => {
+                self.file = file;
+                self.active = next;
+                self.active_since = now;
+                self.segments.insert(next, SegmentState { holders: 0, bytes: MAGIC.len() as u64 });
+            }
+            Err(e) => {
+                self.counts.write_errors += 1;
+                tracing::warn!(error = %e, "starting a tail journal segment");
+            }
+        }
+    }
+
+    fn remove(&mut self, id: u32) {
+        self.segments.remove(&id);
+        let path = segment_path(&self.dir, id);
+        if let Err(e) = std::fs::remove_file(&path)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(error = %e, file = %path.display(), "removing a tail journal segment");
+        }
+    }
+
+    /// Removes the segments read at replay (call once what they held is committed again).
+    pub fn retire_replayed(&mut self) {
+        for id in std::mem::take(&mut self.replayed) {
+            let path = segment_path(&self.dir, id);
+            if let Err(e) = std::fs::remove_file(&path)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!(error = %e, file = %path.display(), "removing a replayed tail journal segment");
+            }
+        }
+    }
+
+    /// Over the disk bound: removes the oldest segment (not the active one) whatever holds it;
+    /// returns the bytes freed (0: nothing left to remove). The traces holding it are still
+    /// decided from memory, but a crash would lose them: counted.
+    pub fn drop_oldest(&mut self) -> u64 {
+        let Some((&id, &state)) = self.segments.first_key_value() else { return 0 };
+        if id == self.active {
+            return 0;
+        }
+        self.counts.dropped_traces += state.holders;
+        self.remove(id);
+        state.bytes
+    }
+
+    /// Bytes the journal's segments hold on disk.
+    #[must_use]
+    pub fn disk_bytes(&self) -> u64 {
+        self.segments.values().map(|s| s.bytes).sum()
+    }
+
+    #[must_use]
+    pub fn counts(&self) -> Counts {
+        self.counts
+    }
+}
+
+fn create_segment(dir: &Path, id: u32, sync: Sync) -> std::io::Result<File> {
+    let path = segment_path(dir, id);
+    let mut file = std::fs::OpenOptions::new().create(true).truncate(true).write(true).open(&path)?;
+    file.write_all(MAGIC)?;
+    if sync == Sync::Data {
+        file.sync_data()?;
+        // The new name must survive a power loss too.
+        File::open(dir)?.sync_all()?;
+    }
+    Ok(file)
+}
+
+fn quarantine(dir: &Path, path: &Path) -> std::io::Result<()> {
+    let aside = dir.join("quarantine");
+    std::fs::create_dir_all(&aside)?;
+    let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("segment");
+    std::fs::rename(path, aside.join(format!("{stamp}-{name}")))?;
+    let mut kept: Vec<PathBuf> = std::fs::read_dir(&aside)?.filter_map(Result::ok).map(|e| e.path()).collect();
+    // Names start with the time they were set aside: newest last.
+    kept.sort_unstable();
+    let excess = kept.len().saturating_sub(KEEP_QUARANTINED);
+    for old in kept.into_iter().take(excess) {
+        std::fs::remove_file(old)?;
+    }
+    Ok(())
+}
+
+/// How reading a segment ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SegmentEnd {
+    Clean,
+    /// A frame cut short at the file's end.
+    Torn,
+    Corrupt,
+}
+
+/// A trace's records so far, at replay.
+#[derive(Debug)]
+struct Part {
+    first_seen: u64,
+    root_ended: u64,
+    spans: Vec<u8>,
+    decision: Option<(bool, u64)>,
+    exported: bool,
+}
+
+/// Replay state: the traces seen, by id (one entry per trace, its latest part), and the parts
+/// finished before (a trace decided, then journaled again after its decision was forgotten).
+#[derive(Debug, Default)]
+struct Replay {
+    traces: HashMap<TraceId, Part>,
+    finished: Vec<(TraceId, Part)>,
+    decided_only: Vec<(TraceId, bool, u64)>,
+}
+
+/// Reads `N` bytes at the front of `rest`.
+fn take<'a, const N: usize>(rest: &mut &'a [u8]) -> Option<&'a [u8; N]> {
+    let (head, tail) = rest.split_first_chunk::<N>()?;
+    *rest = tail;
+    Some(head)
+}
+
+impl Replay {
+    fn segment(&mut self, bytes: &[u8]) -> SegmentEnd {
+        let Some(mut rest) = bytes.strip_prefix(MAGIC.as_slice()) else {
+            return if MAGIC.starts_with(bytes) { SegmentEnd::Torn } else { SegmentEnd::Corrupt };
+        };
+        while !rest.is_empty() {
+            let Some(header) = take::<8>(&mut rest) else { return SegmentEnd::Torn };
+            let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
+            let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
+            if len > MAX_FRAME {
+                return SegmentEnd::Corrupt;
+            }
+            let Some(payload) = rest.get(..len) else { return SegmentEnd::Torn };
+            rest = &rest[len..];
+            if crc32fast::hash(payload) != crc || self.frame(payload).is_none() {
+                return SegmentEnd::Corrupt;
+            }
+        }
+        SegmentEnd::Clean
+    }
+
+    /// Applies one frame's records; `None` if one does not parse (those before it count).
+    fn frame(&mut self, mut rest: &[u8]) -> Option<()> {
+        while let Some((&tag, tail)) = rest.split_first() {
+            rest = tail;
+            let trace = *take::<16>(&mut rest)?;
+            match tag {
+                FRAGMENT => {
+                    let first_seen = u64::from_le_bytes(*take::<8>(&mut rest)?);
+                    let root_ended = u64::from_le_bytes(*take::<8>(&mut rest)?);
+                    let len = u32::from_le_bytes(*take::<4>(&mut rest)?) as usize;
+                    let spans = rest.get(..len)?;
+                    rest = &rest[len..];
+                    self.fragment(trace, first_seen, root_ended, spans);
+                }
+                DECIDED => {
+                    let kept = match take::<1>(&mut rest)? {
+                        [0] => false,
+                        [1] => true,
+                        _ => return None,
+                    };
+                    let threshold = u64::from_le_bytes(*take::<8>(&mut rest)?);
+                    match self.traces.get_mut(&trace) {
+                        Some(part) => part.decision = Some((kept, threshold)),
+                        None => self.decided_only.push((trace, kept, threshold)),
+                    }
+                }
+                EXPORTED => {
+                    if let Some(part) = self.traces.get_mut(&trace) {
+                        part.exported = true;
+                    }
+                }
+                RELEASED => {
+                    // The sled store holds it from here on (and decides it).
+                    self.traces.remove(&trace);
+                }
+                _ => return None,
+            }
+        }
+        Some(())
+    }
+
+    fn fragment(&mut self, trace: TraceId, first_seen: u64, root_ended: u64, spans: &[u8]) {
+        if let Some(part) = self.traces.get_mut(&trace) {
+            if part.decision.is_none() {
+                part.first_seen = part.first_seen.min(first_seen);
+                part.root_ended = part.root_ended.max(root_ended);
+                part.spans.extend_from_slice(spans);
+                return;
+            }
+            // Spans after a decision: a new part (its decision had left the engine's cache).
+            let done = self.traces.remove(&trace).expect("present");
+            self.finished.push((trace, done));
+        }
+        let part = Part { first_seen, root_ended, spans: spans.to_vec(), decision: None, exported: false };
+        self.traces.insert(trace, part);
+    }
+
+    fn finish(self) -> Replayed {
+        let mut out = Replayed { decided: self.decided_only, ..Replayed::default() };
+        let mut parts: Vec<(TraceId, Part)> = self.finished;
+        parts.extend(self.traces);
+        // Oldest first, so that the engine re-arms them in arrival order.
+        parts.sort_by_key(|(trace, p)| (p.first_seen, *trace));
+        for (trace, part) in parts {
+            let replayed =
+                |p: Part| ReplayedTrace { trace, first_seen: p.first_seen, root_ended: p.root_ended, spans: p.spans };
+            match part.decision {
+                None => out.undecided.push(replayed(part)),
+                Some((true, threshold)) if !part.exported => out.unexported.push((replayed(part), threshold)),
+                Some((kept, threshold)) => out.decided.push((trace, kept, threshold)),
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const T1: TraceId = [1; 16];
+    const T2: TraceId = [2; 16];
+    const T3: TraceId = [3; 16];
+
+    fn open(dir: &Path) -> (Journal, Replayed) {
+        Journal::open(dir, Sync::None, 0).expect("open")
+    }
+
+    fn segments(dir: &Path) -> Vec<u32> {
+        let mut ids: Vec<u32> =
+            std::fs::read_dir(dir).unwrap().filter_map(|e| segment_id(e.unwrap().file_name().to_str()?)).collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    #[test]
+    fn a_replay_sorts_traces_by_what_their_records_said() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut j, replayed) = open(dir.path());
+        assert_eq!(replayed, Replayed::default());
+        j.fragment(&T1, 10, 0, b"one", None);
+        let h2 = j.fragment(&T2, 20, 25, b"two", None);
+        let h3 = j.fragment(&T3, 30, 35, b"three", None);
+        j.fragment(&T1, 11, 15, b"+more", Some(h2));
+        j.decided(&T2, true, 7);
+        j.decided(&T3, false, 0);
+        j.let_go(h3);
+        j.commit(1);
+        j.buf.extend_from_slice(b"never written: lost with the process");
+        drop(j);
+        let (_, replayed) = open(dir.path());
+        assert_eq!(
+            replayed.undecided,
+            vec![ReplayedTrace { trace: T1, first_seen: 10, root_ended: 15, spans: b"one+more".to_vec() }]
+        );
+        assert_eq!(
+            replayed.unexported,
+            vec![(ReplayedTrace { trace: T2, first_seen: 20, root_ended: 25, spans: b"two".to_vec() }, 7)]
+        );
+        assert_eq!(replayed.decided, vec![(T3, false, 0)]);
+    }
+
+    #[test]
+    fn exported_and_released_traces_are_not_brought_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut j, _) = open(dir.path());
+        j.fragment(&T1, 10, 10, b"a", None);
+        j.fragment(&T2, 10, 10, b"b", None);
+        j.decided(&T1, true, 0);
+        j.exported(&T1);
+        j.released(&T2);
+        assert!(j.needs_store_flush());
+        j.commit(1);
+        assert!(!j.needs_store_flush());
+        drop(j);
+        let (_, replayed) = open(dir.path());
+        assert!(replayed.undecided.is_empty() && replayed.unexported.is_empty());
+        assert_eq!(replayed.decided, vec![(T1, true, 0)]);
+    }
+
+    #[test]
+    fn spans_after_a_decision_start_a_new_part_and_the_first_is_still_re_exported() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut j, _) = open(dir.path());
+        j.fragment(&T1, 10, 10, b"a", None);
+        j.decided(&T1, true, 3);
+        j.fragment(&T1, 50, 0, b"late", None);
+        j.commit(1);
+        drop(j);
+        let (_, replayed) = open(dir.path());
+        assert_eq!(replayed.unexported.len(), 1);
+        assert_eq!(replayed.unexported[0].0.spans, b"a");
+        assert_eq!(replayed.undecided.len(), 1);
+        assert_eq!(replayed.undecided[0].spans, b"late");
+    }
+
+    #[test]
+    fn segments_are_removed_oldest_first_once_nothing_holds_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut j, _) = open(dir.path());
+        let old = j.fragment(&T1, 0, 0, b"a", None);
+        j.commit(0);
+        j.commit(SEGMENT_NS);
+        let newer = j.fragment(&T2, SEGMENT_NS, 0, b"b", None);
+        j.commit(SEGMENT_NS);
+        j.commit(2 * SEGMENT_NS);
+        assert_eq!(segments(dir.path()), vec![1, 2, 3]);
+        j.let_go(newer);
+        j.decided(&T2, false, 0);
+        j.commit(2 * SEGMENT_NS);
+        assert_eq!(segments(dir.path()), vec![1, 2, 3], "the oldest is still held: nothing after it goes");
+        j.let_go(old);
+        j.commit(2 * SEGMENT_NS);
+        assert_eq!(segments(dir.path()), vec![3], "the active segment stays");
+    }
+
+    #[test]
+    fn a_trace_holds_every_segment_from_its_first_spans_to_its_last() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut j, _) = open(dir.path());
+        let held = j.fragment(&T1, 0, 0, b"a", None);
+        j.commit(SEGMENT_NS);
+        j.fragment(&T2, 0, 0, b"x", None);
+        j.commit(2 * SEGMENT_NS);
+        j.commit(3 * SEGMENT_NS);
+        assert_eq!(segments(dir.path()), vec![1, 2, 3], "an empty segment is not rotated");
+        let held = j.fragment(&T1, 0, 1, b"b", Some(held));
+        assert_eq!(held, Held { first: 1, last: 3 });
+        assert_eq!(j.segments.values().map(|s| s.holders).collect::<Vec<_>>(), vec![1, 2, 1]);
+        j.let_go(held);
+        j.commit(4 * SEGMENT_NS);
+        assert_eq!(segments(dir.path()), vec![2, 3, 4], "segment 2 is still held by the other trace");
+    }
+
+    #[test]
+    fn the_disk_bound_drops_the_oldest_segment_and_counts_what_held_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut j, _) = open(dir.path());
+        let held = j.fragment(&T1, 0, 0, &[7; 100], None);
+        j.commit(SEGMENT_NS);
+        assert!(j.disk_bytes() > 100);
+        assert!(j.drop_oldest() > 100);
+        assert_eq!(j.drop_oldest(), 0, "never the active segment");
+        assert_eq!(j.counts().dropped_traces, 1);
+        j.let_go(held);
+        assert_eq!(segments(dir.path()), vec![2]);
+    }
+
+    #[test]
+    fn a_damaged_segment_keeps_what_came_before_and_is_set_aside_a_cut_one_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut j, _) = open(dir.path());
+        j.fragment(&T1, 10, 0, b"first", None);
+        j.commit(0);
+        j.fragment(&T2, 20, 0, b"second", None);
+        j.commit(0);
+        // Segment 2 starts, empty.
+        j.commit(SEGMENT_NS);
+        drop(j);
+        let path = segment_path(dir.path(), 1);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0xff;
+        std::fs::write(&path, &bytes).unwrap();
+        // A cut frame in the next segment.
+        let mut cut = std::fs::read(segment_path(dir.path(), 2)).unwrap();
+        cut.extend_from_slice(&100u32.to_le_bytes());
+        std::fs::write(segment_path(dir.path(), 2), &cut).unwrap();
+        let (j, replayed) = open(dir.path());
+        assert_eq!(replayed.undecided.len(), 1, "the frame before the damage counts");
+        assert_eq!(replayed.undecided[0].trace, T1);
+        assert_eq!((j.counts().quarantined, replayed.torn), (1, 1));
+        assert_eq!(std::fs::read_dir(dir.path().join("quarantine")).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn replayed_segments_go_only_when_retired() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut j, _) = open(dir.path());
+        j.fragment(&T1, 10, 0, b"a", None);
+        j.commit(0);
+        drop(j);
+        let (mut j, replayed) = open(dir.path());
+        assert_eq!(replayed.undecided.len(), 1);
+        assert_eq!(segments(dir.path()), vec![1, 2]);
+        j.retire_replayed();
+        assert_eq!(segments(dir.path()), vec![2]);
+    }
+
+    proptest! {
+        /// Hostile bytes in a segment: replay returns, never panics, and a clean journal's records
+        /// before them still count.
+        #[test]
+        fn replay_of_any_bytes_never_panics(tail in proptest::collection::vec(any::<u8>(), 0..512), framed: bool) {
+            let mut replay = Replay::default();
+            let mut bytes = MAGIC.to_vec();
+            if framed {
+                bytes.extend_from_slice(&(tail.len() as u32).to_le_bytes());
+                bytes.extend_from_slice(&crc32fast::hash(&tail).to_le_bytes());
+            }
+            bytes.extend_from_slice(&tail);
+            let _ = replay.segment(&bytes);
+            let _ = replay.segment(&tail);
+            let _ = replay.finish();
+        }
+
+        /// Model: whatever sequence of records is journaled and committed, a replay classifies each
+        /// trace as the last of its records says.
+        #[test]
+        fn replay_agrees_with_a_model(ops in proptest::collection::vec((0u8..4, 0u8..3, any::<bool>()), 0..40)) {
+            let dir = tempfile::tempdir().unwrap();
+            let (mut j, _) = open(dir.path());
+            // Model: per trace, (has spans since its last decision or release, decision, exported).
+            let mut model: BTreeMap<u8, (bool, Option<bool>, bool)> = BTreeMap::new();
+            // Earlier parts of a trace kept and not exported when more of it came.
+            let mut finished_unexported = Vec::new();
+            for (op, t, kept) in ops {
+                let trace = [t + 1; 16];
+                let m = model.entry(t).or_insert((false, None, false));
+                match op {
+                    0 => {
+                        j.fragment(&trace, 1, 0, &[t], None);
+                        if m.1.is_some() {
+                            if m.0 && m.1 == Some(true) && !m.2 {
+                                finished_unexported.push(t + 1);
+                            }
+                            *m = (true, None, false);
+                        } else {
+                            m.0 = true;
+                        }
+                    }
+                    1 if m.0 && m.1.is_none() => { j.decided(&trace, kept, 0); m.1 = Some(kept) }
+                    2 if m.1 == Some(true) => { j.exported(&trace); m.2 = true }
+                    3 => { j.released(&trace); *m = (false, None, false) }
+                    _ => {}
+                }
+            }
+            j.commit(0);
+            drop(j);
+            let (_, replayed) = open(dir.path());
+            let undecided: Vec<u8> = model.iter().filter(|(_, m)| m.0 && m.1.is_none()).map(|(t, _)| *t + 1).collect();
+            let mut unexported: Vec<u8> = model.iter().filter(|(_, m)| m.0 && m.1 == Some(true) && !m.2).map(|(t, _)| *t + 1).collect();
+            unexported.extend(finished_unexported);
+            unexported.sort_unstable();
+            let mut got_undecided: Vec<u8> = replayed.undecided.iter().map(|r| r.trace[0]).collect();
+            let mut got_unexported: Vec<u8> = replayed.unexported.iter().map(|(r, _)| r.trace[0]).collect();
+            got_undecided.sort_unstable();
+            got_unexported.sort_unstable();
+            prop_assert_eq!(got_undecided, undecided);
+            prop_assert_eq!(got_unexported, unexported);
+        }
+    }
+}
