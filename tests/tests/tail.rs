@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tracetap_tests::agent::Agent;
 use tracetap_tests::client::Conn;
@@ -422,4 +422,227 @@ fn a_trace_through_two_haproxy_processes_is_decided_once_and_whole_at_the_defaul
         agent.metric("tracetap_tail_fragment_gap_max_ms"),
     );
     drop((front, back));
+}
+
+/// The kind of a request in the crash tests, and what the tail policies make of it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kind {
+    /// `500`: kept by `keep_errors`.
+    Error,
+    /// 300 ms at the backend: kept by `latency` (200 ms).
+    Slow,
+    /// Kept when its randomness clears the ratio.
+    Plain,
+}
+
+impl Kind {
+    fn path(self) -> &'static str {
+        match self {
+            Self::Error => "/status/500",
+            Self::Slow => "/slow/300",
+            Self::Plain => "/same",
+        }
+    }
+}
+
+/// Threshold of consistent sampling at `ratio`: a trace is kept when its randomness is at least it.
+fn ratio_threshold(ratio: f64) -> u64 {
+    ((1.0 - ratio) * (1u64 << 56) as f64).round() as u64
+}
+
+/// Traces with a span received more than once (by span id).
+fn exported_twice(spans: &[Received]) -> BTreeSet<String> {
+    let mut seen: BTreeMap<&[u8], usize> = BTreeMap::new();
+    for span in spans {
+        *seen.entry(span.span.span_id.as_slice()).or_default() += 1;
+    }
+    spans.iter().filter(|s| seen[s.span.span_id.as_slice()] > 1).map(|s| hex(&s.span.trace_id)).collect()
+}
+
+/// Issue 33's run: traces that wait in memory for their decision when the agent is killed come back
+/// from the journal and are decided after the restart, as if it had never stopped. 600 requests
+/// (12 errors, 12 slow), grace 8 s, ratio 0.05, `kill -9` one second after the last request.
+/// (With `TRACETAP_TAIL_JOURNAL=off` it keeps 0 of 12 and 0 of 12.)
+#[test]
+fn traces_waiting_in_memory_at_a_kill_9_are_decided_after_the_restart() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("state dir");
+    let policy = [
+        ("TRACETAP_TAIL_LATENCY_MS", "200"),
+        ("TRACETAP_TAIL_RATIO", "0.05"),
+        ("TRACETAP_TAIL_GRACE", "8s"),
+        ("TRACETAP_TAIL_DECISION_WAIT", "30s"),
+    ];
+    let env = tail_env(dir.path(), &policy);
+    let mut s = Stack::start("", &env);
+    let mut agent_env =
+        vec![("OTEL_EXPORTER_OTLP_ENDPOINT", s.receiver.endpoint()), ("TRACETAP_TARGET_COMM", s.haproxy.comm.clone())];
+    agent_env.extend(env.iter().cloned());
+    // Four connections send the same requests at once; one in 25 is an error or a slow one.
+    let sent: Vec<(String, Kind)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..4u64)
+            .map(|w| {
+                let front = s.front;
+                scope.spawn(move || {
+                    let mut rng = fastrand::Rng::with_seed(900 + w);
+                    let mut conn = Conn::connect(front).expect("connect");
+                    (0..150)
+                        .map(|i| {
+                            let kind = match (i % 25, (i / 25) % 2) {
+                                (7, 0) => Kind::Error,
+                                (7, _) => Kind::Slow,
+                                _ => Kind::Plain,
+                            };
+                            (traced_get(&mut conn, kind.path(), &mut rng), kind)
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        workers.into_iter().flat_map(|w| w.join().expect("worker")).collect()
+    });
+    let count = |k: Kind| sent.iter().filter(|(_, kind)| *kind == k).count();
+    assert_eq!((sent.len(), count(Kind::Error), count(Kind::Slow)), (600, 12, 12));
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(s.receiver.spans().is_empty(), "nothing is decided before the kill (8 s grace)");
+    s.agent.kill();
+    s.agent = Agent::start(&agent_env);
+    let threshold = ratio_threshold(0.05);
+    let must_keep: BTreeSet<&String> =
+        sent.iter().filter(|(t, kind)| *kind != Kind::Plain || randomness(t) >= threshold).map(|(t, _)| t).collect();
+    let settled = wait_for(Duration::from_secs(40), || {
+        let pending = s.agent.metric("tracetap_tail_traces_pending");
+        (pending == 0 && s.receiver.spans().len() >= 2 * must_keep.len()).then_some(())
+    });
+    let spans = s.receiver.spans();
+    let traces = by_trace(&spans);
+    let kept = |k: Kind| sent.iter().filter(|(t, kind)| *kind == k && traces.get(t).map(Vec::len) == Some(2)).count();
+    println!(
+        "[tail kill -9] 600 requests, grace 8 s, kill 1 s after the last: errors kept {}/12, slow kept {}/12, plain kept {} ({} by consistent sampling at 0.05), {} re-sent, {} exported twice",
+        kept(Kind::Error),
+        kept(Kind::Slow),
+        kept(Kind::Plain),
+        must_keep.len() - 24,
+        s.agent.metric("tracetap_tail_resent_traces_total"),
+        exported_twice(&spans).len(),
+    );
+    assert!(settled.is_some(), "not settled after the restart; log:\n{}", s.agent.log());
+    assert_eq!((kept(Kind::Error), kept(Kind::Slow)), (12, 12), "every error and slow trace, whole");
+    let exported: BTreeSet<&String> = sent.iter().map(|(t, _)| t).filter(|t| traces.contains_key(*t)).collect();
+    assert_eq!(exported, must_keep, "exactly what the policies keep: nothing lost, nothing extra");
+    assert!(s.agent.metric("tracetap_tail_resent_traces_total") <= 2);
+    assert!(exported_twice(&spans).is_empty(), "nothing was exported before the kill, so nothing twice");
+}
+
+/// `kill -9` at random moments under load, 20 times: every error and slow trace (and every plain
+/// one consistent sampling keeps) whose request ended at least 0.5 s before a kill, and began after
+/// its agent was ready, is exported whole; traces sent again after a restart stay under 1% of those
+/// exported.
+#[test]
+fn twenty_kills_at_random_moments_lose_no_trace_that_ended_half_a_second_before() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("state dir");
+    let env = tail_env(
+        dir.path(),
+        &[("TRACETAP_TAIL_LATENCY_MS", "200"), ("TRACETAP_TAIL_RATIO", "0.05"), ("TRACETAP_TAIL_GRACE", "500ms")],
+    );
+    let mut s = Stack::start("", &env);
+    let mut agent_env =
+        vec![("OTEL_EXPORTER_OTLP_ENDPOINT", s.receiver.endpoint()), ("TRACETAP_TARGET_COMM", s.haproxy.comm.clone())];
+    agent_env.extend(env.iter().cloned());
+
+    let stop = Arc::new(AtomicBool::new(false));
+    // Each request: trace, kind, when it began and ended.
+    let sent = Arc::new(Mutex::new(Vec::<(String, Kind, Instant, Instant)>::new()));
+    let load: Vec<_> = (0..4u64)
+        .map(|w| {
+            let (front, stop, sent) = (s.front, Arc::clone(&stop), Arc::clone(&sent));
+            std::thread::spawn(move || {
+                let mut rng = fastrand::Rng::with_seed(w);
+                let mut conn = Conn::connect(front).expect("connect");
+                while !stop.load(Relaxed) {
+                    let kind = match rng.u8(0..20) {
+                        0 | 1 => Kind::Error,
+                        2 => Kind::Slow,
+                        _ => Kind::Plain,
+                    };
+                    let began = Instant::now();
+                    let trace = traced_get(&mut conn, kind.path(), &mut rng);
+                    sent.lock().expect("sent").push((trace, kind, began, Instant::now()));
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            })
+        })
+        .collect();
+
+    // When each agent was ready, and when it was killed (the last one: never).
+    let mut lives: Vec<(Instant, Option<Instant>)> = Vec::new();
+    let mut ready = Instant::now();
+    let mut resent = 0;
+    let mut rng = fastrand::Rng::with_seed(33);
+    let kills = 20;
+    for _ in 0..kills {
+        std::thread::sleep(Duration::from_millis(rng.u64(1000..3000)));
+        let killed = Instant::now();
+        s.agent.kill();
+        lives.push((ready, Some(killed)));
+        s.agent = Agent::start(&agent_env);
+        ready = Instant::now();
+        resent += s.agent.metric("tracetap_tail_resent_traces_total");
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    stop.store(true, Relaxed);
+    for worker in load {
+        worker.join().expect("load worker");
+    }
+    lives.push((ready, None));
+    let settled = wait_for(Duration::from_secs(30), || {
+        let pending = s.agent.metric("tracetap_tail_traces_pending");
+        (pending == 0 && s.agent.metric("tracetap_tail_outbox_traces") == 0).then_some(())
+    });
+    assert!(settled.is_some(), "pending traces never drained; agent log:\n{}", s.agent.log());
+    std::thread::sleep(Duration::from_secs(1));
+
+    let spans = s.receiver.spans();
+    let traces = by_trace(&spans);
+    let sent = sent.lock().expect("sent").clone();
+    let threshold = ratio_threshold(0.05);
+    let margin = Duration::from_millis(500);
+    let safe = |began: Instant, ended: Instant| {
+        lives.iter().any(|&(ready, killed)| began > ready && killed.is_none_or(|k| ended + margin <= k))
+    };
+    let must_keep: Vec<&(String, Kind, Instant, Instant)> = sent
+        .iter()
+        .filter(|(t, kind, began, ended)| (*kind != Kind::Plain || randomness(t) >= threshold) && safe(*began, *ended))
+        .collect();
+    let whole =
+        |t: &String| traces.get(t).map(|s| s.iter().map(|x| &x.span.span_id).collect::<BTreeSet<_>>().len()) == Some(2);
+    let missing: Vec<String> =
+        must_keep.iter().filter(|(t, ..)| !whole(t)).map(|(t, kind, ..)| format!("{t} ({kind:?})")).collect();
+    let kept_kind = |k: Kind| must_keep.iter().filter(|(_, kind, ..)| *kind == k).count();
+    println!(
+        "[tail kill -9 x{kills}] {} requests; {} traces exported; {} had to be kept ({} errors, {} slow, {} plain), {} missing; {} re-sent after restarts ({:.2}% of those exported), {} exported twice",
+        sent.len(),
+        traces.len(),
+        must_keep.len(),
+        kept_kind(Kind::Error),
+        kept_kind(Kind::Slow),
+        kept_kind(Kind::Plain),
+        missing.len(),
+        resent,
+        100.0 * resent as f64 / traces.len().max(1) as f64,
+        exported_twice(&spans).len(),
+    );
+    assert!(missing.is_empty(), "kept traces lost to a kill: {missing:?}");
+    assert!(kept_kind(Kind::Error) > 100, "the test must put many errors at risk");
+    assert!(
+        (resent as usize) * 100 < traces.len(),
+        "re-sent traces ({resent}) must stay under 1% of those exported ({})",
+        traces.len()
+    );
+    assert!(exported_twice(&spans).len() <= resent as usize, "only re-sent traces are exported twice");
 }

@@ -1276,7 +1276,7 @@ impl<S: TailStore> Engine<S> {
 
     /// Writes the journal's buffered records as one group commit; the store is made durable first
     /// when they say that traces moved to it.
-    fn commit_journal(&mut self) {
+    pub fn commit_journal(&mut self) {
         let Some(journal) = &self.journal else { return };
         if journal.needs_store_flush() {
             match self.store.flush() {

@@ -57,6 +57,11 @@ use policy::NamedPolicy;
 /// How often the tail thread decides due traces, drops finished partitions and publishes metrics.
 const TICK: Duration = Duration::from_millis(100);
 
+/// While exports are out, the tail thread looks for their reports this often (not only when a
+/// batch arrives or a tick is due): a kept trace is sent again after a crash if its report was not
+/// journaled, so the shorter this window, the fewer re-sent traces.
+const ACK_POLL: Duration = Duration::from_millis(5);
+
 /// The longest a partial batch of kept spans waits on the capture thread before it is handed to
 /// the tail stage (`OTEL_BSP_SCHEDULE_DELAY` applies to exports, which the tail stage makes): a
 /// trace's fragments that fall into two batches arrive at most about this far apart.
@@ -180,7 +185,8 @@ pub fn run<S: TailStore>(
         }
     };
     loop {
-        match input.rx.recv_timeout(TICK) {
+        let wait = if outstanding > 0 { ACK_POLL } else { TICK };
+        match input.rx.recv_timeout(wait) {
             Ok(batch) => {
                 input.depth.fetch_sub(1, Relaxed);
                 if engine.ingest(&batch.body, unix_now_ns()).is_err() {
@@ -191,9 +197,15 @@ pub fn run<S: TailStore>(
             Err(std_mpsc::RecvTimeoutError::Timeout) => {}
             Err(std_mpsc::RecvTimeoutError::Disconnected) => break,
         }
+        let mut acked = false;
         while let Ok(done) = ack_rx.try_recv() {
             outstanding -= 1;
             engine.delivered(&done);
+            acked = true;
+        }
+        if acked {
+            // Journaled at once (see ACK_POLL).
+            engine.commit_journal();
         }
         if last_tick.elapsed() >= TICK {
             engine.tick(unix_now_ns());
