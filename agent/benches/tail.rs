@@ -2,7 +2,8 @@
 //! thread runs it (decode a batch from the capture thread, hold or append its traces, decide,
 //! re-encode the kept ones), each in a fresh child process: `memory` (every trace in the in-memory
 //! store), `sled` (every trace written to the sled store: `TRACETAP_TAIL_MAX_MEMORY_BYTES=0`) and
-//! `first` (the agent's default: memory first, the sled store for what must wait).
+//! `first` (memory first, the sled store for what must wait) and `journal` (`first` with the
+//! journal, the agent's default).
 //!
 //! - `cpu`: `TRACETAP_BENCH_SPANS` (default 1 000 000) spans in batches of 256 SERVER+CLIENT
 //!   exchanges, encoded beforehand by the agent's own encoder, arriving at 100 000 exchanges per
@@ -30,6 +31,7 @@ use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
 use tracetap::encode::{Attr, BatchEncoder, SpanView, Value};
 use tracetap::sampling::threshold_for;
 use tracetap::tail::engine::{Engine, Limits};
+use tracetap::tail::journal::{self, Journal};
 use tracetap::tail::policy::{NamedPolicy, Policy, PolicySet};
 use tracetap_storage::{MemoryStore, SledOptions, SledStore, TailStore};
 
@@ -50,9 +52,9 @@ fn main() {
     let rss_spans = env_or("TRACETAP_BENCH_RSS_SPANS", 5_000_000);
     let rounds = env_or("TRACETAP_BENCH_ROUNDS", 3);
     println!("tail engine, cpu: {spans} spans (SERVER+CLIENT exchanges), {rounds} rounds, alternating");
-    let mut cpu = [0.0f64; 3];
+    let mut cpu = [0.0f64; 4];
     for _ in 0..rounds {
-        for (i, store) in ["memory", "sled", "first"].into_iter().enumerate() {
+        for (i, store) in ["memory", "sled", "first", "journal"].into_iter().enumerate() {
             let line = run_child(&format!("cpu:{store}:{spans}"));
             print!("{line}");
             cpu[i] += line.split_whitespace().nth(2).and_then(|c| c.parse::<f64>().ok()).expect("cpu column");
@@ -60,9 +62,11 @@ fn main() {
     }
     println!("CPU ratio sled / memory: {:.2}", cpu[1] / cpu[0]);
     println!("CPU ratio first (memory first, sled for what waits) / memory: {:.2}", cpu[2] / cpu[0]);
+    println!("CPU ratio journal (first, journaled: the agent's default) / first: {:.2}", cpu[3] / cpu[2]);
     println!("tail engine, rss: {rss_spans} spans buffered");
     print!("{}", run_child(&format!("rss:sled:{rss_spans}")));
     print!("{}", run_child(&format!("rss:first:{rss_spans}")));
+    print!("{}", run_child(&format!("rss:journal:{rss_spans}")));
 }
 
 fn run_child(spec: &str) -> String {
@@ -176,7 +180,7 @@ fn child(mode: &str, store: &str, spans: u64) {
             spans,
             Some(dir.path()),
         ),
-        "first" => run(
+        "first" | "journal" => run(
             mode,
             store,
             SledStore::open(dir.path(), SledOptions::default()).expect("open"),
@@ -193,7 +197,14 @@ fn run<S: TailStore>(mode: &str, name: &str, store: S, limits: Limits, spans: u6
     // rss: long decision waits, so that everything stays buffered.
     let limits =
         if mode == "rss" { Limits { grace_ns: 3600 * S, decision_wait_ns: 3600 * S, ..limits } } else { limits };
-    let mut engine = Engine::open(store, policies(), limits, Vec::new(), T0).expect("engine");
+    // `journal`: as the agent runs by default, each group commit written and fdatasynced.
+    let journal = (name == "journal").then(|| {
+        let dir = dir.expect("a directory").join("journal");
+        let sync =
+            if env_or("TRACETAP_BENCH_JOURNAL_SYNC", 1) == 1 { journal::Sync::Data } else { journal::Sync::None };
+        Journal::open(&dir, sync, T0).expect("journal")
+    });
+    let mut engine = Engine::open_journaled(store, journal, policies(), limits, Vec::new(), T0).expect("engine");
     let batches = spans / (2 * EXCHANGES_PER_BATCH);
     match mode {
         "cpu" => {

@@ -65,6 +65,8 @@ pub const SEGMENT_NS: u64 = 1_000_000_000;
 pub const SEGMENT_BYTES: u64 = 16 << 20;
 /// A frame longer than this is not one the agent wrote.
 const MAX_FRAME: usize = 256 << 20;
+/// A frame's header: the length and the CRC-32 of its records.
+const FRAME_HEADER: usize = 8;
 /// Quarantined segments kept for a post-mortem.
 const KEEP_QUARANTINED: usize = 4;
 
@@ -143,7 +145,8 @@ pub struct Journal {
     segments: BTreeMap<u32, SegmentState>,
     /// Segments read at replay, removed once what they held is written again.
     replayed: Vec<u32>,
-    /// Records since the last group commit.
+    /// The next frame: [`FRAME_HEADER`] bytes left for its header, then the records since the last
+    /// group commit (one copy of them, written as they are).
     buf: Vec<u8>,
     /// Whether `buf` holds a release (the sled store must be durable before it is written).
     releases: bool,
@@ -209,7 +212,7 @@ impl Journal {
             active_since: now,
             segments,
             replayed: ids,
-            buf: Vec::new(),
+            buf: vec![0; FRAME_HEADER],
             releases: false,
             counts,
         };
@@ -287,7 +290,7 @@ impl Journal {
     /// Bytes waiting for the next group commit.
     #[must_use]
     pub fn buffered(&self) -> usize {
-        self.buf.len()
+        self.buf.len() - FRAME_HEADER
     }
 
     /// Writes the buffered records as one frame, makes them durable as [`Sync`] says, starts a new
@@ -295,9 +298,9 @@ impl Journal {
     /// error the records are lost (counted; the traces are still decided from memory) and a new
     /// segment is started, so that a frame cut half-way is never followed by readable ones.
     pub fn commit(&mut self, now: u64) {
-        if !self.buf.is_empty() {
+        if self.buffered() > 0 {
             let written = self.write_frame();
-            self.buf.clear();
+            self.buf.truncate(FRAME_HEADER);
             self.releases = false;
             if let Err(e) = written {
                 self.counts.write_errors += 1;
@@ -320,17 +323,16 @@ impl Journal {
     }
 
     fn write_frame(&mut self) -> std::io::Result<()> {
-        let len = u32::try_from(self.buf.len()).map_err(|_| std::io::Error::other("a group commit over 4 GiB"))?;
-        let mut frame = Vec::with_capacity(8 + self.buf.len());
-        frame.extend_from_slice(&len.to_le_bytes());
-        frame.extend_from_slice(&crc32fast::hash(&self.buf).to_le_bytes());
-        frame.extend_from_slice(&self.buf);
-        self.file.write_all(&frame)?;
+        let (header, records) = self.buf.split_at_mut(FRAME_HEADER);
+        let len = u32::try_from(records.len()).map_err(|_| std::io::Error::other("a group commit over 4 GiB"))?;
+        header[..4].copy_from_slice(&len.to_le_bytes());
+        header[4..].copy_from_slice(&crc32fast::hash(records).to_le_bytes());
+        self.file.write_all(&self.buf)?;
         if self.sync == Sync::Data {
             self.file.sync_data()?;
         }
         if let Some(s) = self.segments.get_mut(&self.active) {
-            s.bytes += frame.len() as u64;
+            s.bytes += self.buf.len() as u64;
         }
         Ok(())
     }
@@ -467,7 +469,7 @@ impl Replay {
             return if MAGIC.starts_with(bytes) { SegmentEnd::Torn } else { SegmentEnd::Corrupt };
         };
         while !rest.is_empty() {
-            let Some(header) = take::<8>(&mut rest) else { return SegmentEnd::Torn };
+            let Some(header) = take::<FRAME_HEADER>(&mut rest) else { return SegmentEnd::Torn };
             let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
             let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
             if len > MAX_FRAME {
@@ -591,7 +593,8 @@ mod tests {
         j.decided(&T3, false, 0);
         j.let_go(h3);
         j.commit(1);
-        j.buf.extend_from_slice(b"never written: lost with the process");
+        j.decided(&T1, true, 0);
+        assert!(j.buffered() > 0, "never written: lost with the process");
         drop(j);
         let (_, replayed) = open(dir.path());
         assert_eq!(
