@@ -200,6 +200,14 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def peak_rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return 0
+
+
 def http_get(url, timeout=5):
     return urllib.request.urlopen(url, timeout=timeout).read().decode()
 
@@ -508,6 +516,7 @@ backend be_origin
             if mode == "ot 100" and dd1["spans"] == dd0["spans"]:
                 fail(f"the OpenTracing filter at rate-limit 100 sent no span during {n} requests; HAProxy's output ({hlf}):\n{tail_of(hlf)}")
         if agent:
+            row["agent_rss_mib"] = peak_rss_kib(agent.pid) / 1024
             self.stop(agent)
         if haproxy.poll() is not None:
             fail(f"the traced HAProxy ({mode}) died during the run; its output ({hlf}):\n{tail_of(hlf)}")
@@ -695,6 +704,12 @@ def report(runs, idle_pct, zero):
             print(f"  Sampling disagreements counted by the agent: {sum(r['disagreements'] for r in runs['lines ratio 1.0'])}.")
     if "tail 1%" in runs:
         print(f"- tail 1%: traces shed by the tail stage per run: {[r['shed_traces'] for r in runs['tail 1%']]}.")
+        print(f"- tail 1%: agent peak RSS (MiB) per run: {[round(r['agent_rss_mib']) for r in runs['tail 1%']]}.")
+        if "ratio 1.0" in runs:
+            rounds = range(min(len(runs["tail 1%"]), len(runs["ratio 1.0"])))
+            vs = [runs["tail 1%"][r]["agent_us"] / runs["ratio 1.0"][r]["agent_us"] for r in rounds]
+            print(f"- tail 1%: agent CPU per request, tail over head sampling alone (ratio 1.0), same round: "
+                  f"{med_range(vs, '.2f')} (per round: {', '.join(f'{v:.2f}' for v in vs)}).")
     if zero is None:
         print("- Agent idle and the zero-loss check: not run (BENCH_MODES without `ratio 1.0`).")
         zero = {}

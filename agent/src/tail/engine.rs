@@ -7,9 +7,10 @@
 //! (its root SERVER span arrived `grace` ago) is decided there, never written to the store. The store
 //! takes only what must wait: a trace still undecided `spill_after` after its first span, or the
 //! oldest hot traces while memory is over `max_memory_bytes`. A spilled trace is *pending* in the
-//! store's sense and follows the store's rules (decided once, at least once across crashes). A trace
-//! decided in memory and not yet exported is lost at a crash, like the export queue; its decision is
-//! remembered in memory only (the store's decision cache holds those of spilled traces).
+//! store's sense and follows the store's rules (decided once, at least once across crashes). What
+//! happens to traces in memory (their spans, decisions, reported exports, moves to the store) is
+//! written ahead to the [`Journal`], which a restart replays ([`Engine::take_back`]); their
+//! decisions are remembered in memory (and in the journal), those of spilled traces in the store.
 //!
 //! The pending index is on disk. The engine keeps no entry per trace in the store: traces that
 //! went to the store in one append (one sequence number: a spill, or a batch with memory off) form
@@ -1808,6 +1809,18 @@ mod tests {
         let store = e.into_store();
         assert_eq!(store.disk_bytes(), 0, "nothing was written to the store");
         assert_eq!(store.recover().unwrap(), Recovered::default());
+    }
+
+    proptest::proptest! {
+        /// The journal's span bytes are read from disk: whatever they are, parsing them never
+        /// panics, and what parses walks back whole.
+        #[test]
+        fn journaled_span_bytes_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300)) {
+            if let Some(spans) = SpanBuf::parse(&bytes) {
+                proptest::prop_assert_eq!(spans.entries().count(), spans.len());
+                proptest::prop_assert!(spans.records().all(|r| r.len() >= 4));
+            }
+        }
     }
 
     /// An engine over `store` with the journal in `dir`, memory first, as the agent runs.

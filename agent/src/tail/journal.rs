@@ -197,7 +197,16 @@ impl Journal {
                 }
             }
         }
-        let active = ids.last().map_or(1, |id| id.wrapping_add(1).max(1));
+        // One id a second lasts 136 years: a name at the end of the range was not written here.
+        let active = match ids.last() {
+            None => 1,
+            Some(id) => id.checked_add(1).ok_or_else(|| {
+                std::io::Error::other(format!(
+                    "segment ids exhausted ({}): move the directory aside",
+                    segment_path(dir, *id).display()
+                ))
+            })?,
+        };
         let file = create_segment(dir, active, sync)?;
         let mut segments = BTreeMap::new();
         segments.insert(active, SegmentState { holders: 0, bytes: MAGIC.len() as u64 });
@@ -338,7 +347,10 @@ impl Journal {
     }
 
     fn rotate(&mut self, now: u64) {
-        let next = self.active.wrapping_add(1).max(1);
+        let Some(next) = self.active.checked_add(1) else {
+            self.counts.write_errors += 1;
+            return;
+        };
         match create_segment(&self.dir, next, self.sync) {
             Ok(file) => {
                 self.file = file;
@@ -366,6 +378,9 @@ impl Journal {
     /// Removes the segments read at replay (call once what they held is committed again).
     pub fn retire_replayed(&mut self) {
         for id in std::mem::take(&mut self.replayed) {
+            if self.segments.contains_key(&id) {
+                continue;
+            }
             let path = segment_path(&self.dir, id);
             if let Err(e) = std::fs::remove_file(&path)
                 && e.kind() != std::io::ErrorKind::NotFound

@@ -14,8 +14,10 @@
 //!   (other processes, exchanges, batches) to arrive, which is measured from arrival too
 //!   (`tracetap_tail_fragment_gap_max_ms`). Times are wall-clock, persisted with the trace, so a
 //!   restarted agent decides as if it had never stopped.
-//! - A trace decided in memory never touches the store; it is lost at a crash until exported, like
-//!   the export queue. What follows is about traces in the store.
+//! - A trace decided in memory never touches the store; the journal (`journal`) brings it back
+//!   after a crash: undecided, it waits out its grace; kept and not reported exported, it is
+//!   exported again. A crash loses the last group commit's records at most (100 ms). What follows
+//!   is about traces in the store.
 //! - A tick's decisions are committed to the store as one write, and made durable before any kept
 //!   span of them is queued for export; a kept trace stays in the store's outbox until the exporter
 //!   reports its batch done (sent, or failed for good and counted), so a crash in between
