@@ -30,10 +30,30 @@ impl Metrics {
         }
     }
 
-    /// Tail decisions by (policy, outcome) so far.
+    /// Tail decisions by deciding policy and outcome so far.
     #[must_use]
-    pub fn tail_decisions(&self) -> Vec<((String, &'static str), u64)> {
+    pub fn tail_decisions(&self) -> Vec<(DecisionKey, u64)> {
         self.tail_decisions.lock().map(|d| d.iter().map(|(k, v)| (k.clone(), *v)).collect()).unwrap_or_default()
+    }
+}
+
+/// What a tail decision is counted under: the policy that decided it (`None`: no policy matched,
+/// labelled `none`) and whether the trace was kept.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DecisionKey {
+    pub policy: Option<String>,
+    pub kept: bool,
+}
+
+impl DecisionKey {
+    #[must_use]
+    pub fn policy_label(&self) -> &str {
+        self.policy.as_deref().unwrap_or("none")
+    }
+
+    #[must_use]
+    pub fn outcome_label(&self) -> &'static str {
+        if self.kept { "kept" } else { "dropped" }
     }
 }
 
@@ -49,7 +69,7 @@ macro_rules! metrics {
             /// How the TLS probes attach, or why they cannot (one line, shown by `/readyz`).
             pub tls_route: std::sync::OnceLock<String>,
             /// Tail decisions by (policy, outcome); the policy is `none` when no policy matched.
-            pub tail_decisions: Mutex<BTreeMap<(String, &'static str), u64>>,
+            pub tail_decisions: Mutex<BTreeMap<DecisionKey, u64>>,
             /// Failed TLS handshakes of span exports, by cause (`export::tls_failure`'s labels).
             pub export_tls_failures: Mutex<BTreeMap<&'static str, u64>>,
             /// Why the last span export failed; `None` once one succeeds (shown by `/readyz`).
@@ -91,8 +111,8 @@ macro_rules! metrics {
                     }
                 }
                 if let Ok(decisions) = self.tail_decisions.lock() {
-                    for ((policy, outcome), n) in decisions.iter() {
-                        let policy = escape_label_value(policy);
+                    for (key, n) in decisions.iter() {
+                        let (policy, outcome) = (escape_label_value(key.policy_label()), key.outcome_label());
                         let _ = writeln!(out, "tracetap_tail_decisions_total{{policy=\"{policy}\",outcome=\"{outcome}\"}} {n}");
                     }
                 }
@@ -232,7 +252,10 @@ mod tests {
     #[test]
     fn a_policy_name_with_a_line_feed_stays_on_its_line() {
         let m = Metrics::default();
-        m.tail_decisions.lock().unwrap().insert(("slow\nfake_metric 1 \"\\".to_owned(), "kept"), 2);
+        m.tail_decisions
+            .lock()
+            .unwrap()
+            .insert(DecisionKey { policy: Some("slow\nfake_metric 1 \"\\".to_owned()), kept: true }, 2);
         let text = m.render();
         let lines: Vec<_> = text.lines().filter(|l| l.starts_with("tracetap_tail_decisions_total")).collect();
         assert_eq!(lines, [r#"tracetap_tail_decisions_total{policy="slow\nfake_metric 1 \"\\",outcome="kept"} 2"#]);

@@ -203,8 +203,9 @@ fn register(provider: &SdkMeterProvider, metrics: &Arc<Metrics>) {
         .u64_observable_counter("tracetap_tail_decisions")
         .with_description("Tail sampling decisions by deciding policy and outcome")
         .with_callback(move |o| {
-            for ((policy, outcome), n) in m.tail_decisions() {
-                o.observe(n, &[KeyValue::new("policy", policy), KeyValue::new("outcome", outcome)]);
+            for (key, n) in m.tail_decisions() {
+                let policy = key.policy_label().to_owned();
+                o.observe(n, &[KeyValue::new("policy", policy), KeyValue::new("outcome", key.outcome_label())]);
             }
         })
         .build();

@@ -1,5 +1,7 @@
-//! The tail engine: waiting traces, their decision times, the decision cache and the partitions,
-//! over a [`TailStore`]. Single-threaded (owned by the tail thread); time is passed in, so tests
+//! The tail engine: waiting traces, their decision times and the partitions, over a [`TailStore`];
+//! it uses the rooms beside it for a trace's spans in memory (`span_buf`), the latest decisions
+//! (`decision_cache`), the export requests being assembled (`outgoing`) and the write-ahead
+//! journal of what waits in memory (`journal`). Single-threaded (owned by the tail thread); time is passed in, so tests
 //! drive it with a fake clock and a [`tracetap_storage::MemoryStore`]. See the module note of
 //! `tail` for the invariants.
 //!
@@ -47,17 +49,20 @@ use std::sync::Mutex;
 
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use rustc_hash::FxHashMap;
-use tracetap_proxy::trace_context::{parse_ot_tracestate, with_threshold};
+use tracetap_proxy::trace_context::parse_ot_tracestate;
 use tracetap_storage::{
     AppendedFragment, Fragment, Outcome, Partition, Recovered, SpanRange, StoreError, TailStore, TraceId,
 };
 
+use super::decision_cache::{Cached, DecisionCache};
 use super::journal::{self, Held, Journal, Replayed};
+use super::outgoing::Outgoing;
+pub use super::outgoing::{Delivery, Export};
 use super::policy::{PolicySet, SpanFacts, TraceData};
+use super::span_buf::SpanBuf;
 use super::wheel::Wheel;
 use super::wire::{self, WireError};
-use crate::encode::{self, Attr, Value};
-use crate::metrics::{self, Metrics};
+use crate::metrics::{self, DecisionKey, Metrics};
 use crate::sampling::randomness;
 
 /// Resolution of the due times of traces in memory: a trace is decided at the first tick at least
@@ -66,102 +71,6 @@ const HOT_DUE_WIDTH_NS: u64 = 10_000_000;
 
 /// Width of a partition: traces first seen within the same 5 s share one.
 const PARTITION_NS: u64 = 5_000_000_000;
-/// What the policies read of a span, taken when it arrives.
-#[derive(Debug, Clone, Copy)]
-struct SpanTimes {
-    start_unix_ns: u64,
-    end_unix_ns: u64,
-    status: i32,
-}
-
-/// Spans of one trace in one buffer (one allocation per trace, not per span), laid end to end,
-/// each as its length (4 bytes), what the policies read of it ([`SpanTimes`], 20 bytes), then its
-/// stored form (pid + `Span`). Little endian, and only ever read back by [`SpanBuf::entries`].
-#[derive(Debug, Default)]
-struct SpanBuf {
-    bytes: Vec<u8>,
-    count: u32,
-}
-
-/// Length, start, end, status.
-const SPAN_HEADER: usize = 4 + 8 + 8 + 4;
-
-impl SpanBuf {
-    fn push(&mut self, pid: u32, span: &wire::SpanFields<'_>) {
-        let len = u32::try_from(4 + span.bytes.len()).expect("a span in a batch is far below 4 GiB");
-        if self.bytes.is_empty() {
-            // Room for a second span like it: a trace here is mostly a SERVER span and its CLIENT
-            // span, arriving together (the budget counts what is allocated, room included).
-            self.bytes.reserve(2 * (SPAN_HEADER + len as usize));
-        }
-        self.bytes.extend_from_slice(&len.to_le_bytes());
-        self.bytes.extend_from_slice(&span.start_unix_ns.to_le_bytes());
-        self.bytes.extend_from_slice(&span.end_unix_ns.to_le_bytes());
-        self.bytes.extend_from_slice(&span.status.to_le_bytes());
-        self.bytes.extend_from_slice(&pid.to_be_bytes());
-        self.bytes.extend_from_slice(span.bytes);
-        self.count += 1;
-    }
-
-    /// Spans as [`SpanBuf::push`] lays them out, from untrusted bytes (the journal's); `None`
-    /// unless every entry is whole and holds at least a pid.
-    fn parse(bytes: &[u8]) -> Option<Self> {
-        let mut rest = bytes;
-        let mut count = 0u32;
-        while !rest.is_empty() {
-            let (header, tail) = rest.split_first_chunk::<SPAN_HEADER>()?;
-            let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
-            if len < 4 || len > tail.len() {
-                return None;
-            }
-            rest = &tail[len..];
-            count = count.checked_add(1)?;
-        }
-        Some(Self { bytes: bytes.to_vec(), count })
-    }
-
-    fn append(&mut self, mut other: SpanBuf) {
-        if self.bytes.is_empty() {
-            *self = other;
-            return;
-        }
-        self.bytes.append(&mut other.bytes);
-        self.count += other.count;
-    }
-
-    /// Each span's times and stored form (pid + `Span`), in order.
-    fn entries(&self) -> impl Iterator<Item = (SpanTimes, &[u8])> {
-        let mut rest = self.bytes.as_slice();
-        std::iter::from_fn(move || {
-            let (header, tail) = rest.split_first_chunk::<SPAN_HEADER>()?;
-            let field = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().expect("8 bytes"));
-            let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
-            let times = SpanTimes {
-                start_unix_ns: field(4),
-                end_unix_ns: field(12),
-                status: i32::from_le_bytes(header[20..24].try_into().expect("4 bytes")),
-            };
-            let (record, tail) = tail.split_at(len);
-            rest = tail;
-            Some((times, record))
-        })
-    }
-
-    /// The stored spans (pid + `Span`), in order.
-    fn records(&self) -> impl Iterator<Item = &[u8]> {
-        self.entries().map(|(_, record)| record)
-    }
-
-    fn len(&self) -> usize {
-        self.count as usize
-    }
-
-    /// Bytes held, as the memory budget counts them: what is allocated.
-    fn byte_len(&self) -> u64 {
-        self.bytes.capacity() as u64
-    }
-}
-
 /// A trace in memory: its spans, and what decides when it is due.
 #[derive(Debug)]
 struct Hot {
@@ -247,15 +156,6 @@ const DECIDE_RETRY_NS: u64 = 1_000_000_000;
 /// ...at most this many times in all.
 const MAX_DECIDE_FAILURES: u8 = 5;
 
-/// A kept trace handed to the exporter; reported back through [`Engine::delivered`].
-#[derive(Debug, Clone, Copy)]
-pub enum Delivery {
-    /// Decided from the store: it leaves the store's outbox (`seq`: its decision).
-    Stored { trace: TraceId, partition: Partition, seq: u64 },
-    /// Decided in memory: the journal records it exported and lets its segments go.
-    Journaled { trace: TraceId, held: Held },
-}
-
 /// Timing and bounds of the engine.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -321,34 +221,11 @@ impl Pending {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Cached {
-    partition: Partition,
-    /// The decision's sequence number in the store; 0: made in memory, not recorded.
-    seq: u64,
-    kept: bool,
-    threshold: u64,
-    /// The appends the store's record of it covers (0, 0: unknown, a decision recovered at start).
-    first: u64,
-    last: u64,
-}
-
 #[derive(Debug, Default, Clone, Copy)]
 struct PartitionState {
     pending: usize,
     outbox: usize,
     bytes: u64,
-}
-
-/// Kept spans on their way to the exporter.
-#[derive(Debug)]
-pub struct Export {
-    /// An encoded `ExportTraceServiceRequest`.
-    pub request: Vec<u8>,
-    pub spans: u64,
-    pub traces: u64,
-    /// The decided traces in it (late spans are not listed: they have no outbox entry).
-    pub deliveries: Vec<Delivery>,
 }
 
 /// Counters the engine keeps itself and publishes on every loop.
@@ -360,7 +237,7 @@ struct Counts {
     store_errors: u64,
     /// Spans lost because the store failed to take them.
     spans_lost: u64,
-    decisions: BTreeMap<(String, &'static str), u64>,
+    decisions: BTreeMap<DecisionKey, u64>,
     /// Traces decided from memory, never written to the store.
     decided_in_memory: u64,
     /// Traces written to the store to wait (too long undecided, or memory over its budget).
@@ -373,14 +250,13 @@ struct Counts {
     resent: u64,
 }
 
-/// Counts a decision by deciding policy (`none` when none matched) and outcome. Found by a scan of
-/// a few entries (policies x outcomes), so a decision allocates no key.
-fn count_decision(counts: &mut Counts, policy: Option<&str>, keep: bool) {
-    let (policy, label) = (policy.unwrap_or("none"), if keep { "kept" } else { "dropped" });
-    match counts.decisions.iter_mut().find(|((p, o), _)| p == policy && *o == label) {
+/// Counts a decision by deciding policy and outcome. Found by a scan of a few entries (policies x
+/// outcomes), so a decision allocates no key.
+fn count_decision(counts: &mut Counts, policy: Option<&str>, kept: bool) {
+    match counts.decisions.iter_mut().find(|(k, _)| k.kept == kept && k.policy.as_deref() == policy) {
         Some((_, n)) => *n += 1,
         None => {
-            counts.decisions.insert((policy.to_owned(), label), 1);
+            counts.decisions.insert(DecisionKey { policy: policy.map(str::to_owned), kept }, 1);
         }
     }
 }
@@ -421,18 +297,9 @@ pub struct Engine<S> {
     joining: FxHashMap<TraceId, (Partition, u64)>,
     joining_order: VecDeque<(u64, TraceId)>,
     partitions: BTreeMap<Partition, PartitionState>,
-    cache: FxHashMap<TraceId, Cached>,
-    cache_order: VecDeque<(TraceId, u64, Partition)>,
-    resource: Vec<(String, String)>,
-    /// The encoded resource each process's spans came with (its container and pod included), for
-    /// their export; a process not seen since a restart gets `resource` and its pid.
-    resources: FxHashMap<u32, Vec<u8>>,
-    /// Kept spans per process, each framed as a `ScopeSpans.spans` field ([`encode::push_span`]).
-    out: BTreeMap<u32, Vec<u8>>,
-    out_spans: u64,
-    out_deliveries: Vec<Delivery>,
-    out_traces: u64,
-    ready: VecDeque<Export>,
+    cache: DecisionCache,
+    /// Kept spans on their way to the exporter.
+    outgoing: Outgoing,
     counts: Counts,
     error_log: Option<std::time::Instant>,
     /// Spans of pending traces (the sum of their `span_count`, kept as it changes).
@@ -441,9 +308,6 @@ pub struct Engine<S> {
     publications: u64,
     /// Decisions written since the store was last made durable.
     unflushed_decisions: bool,
-    /// Decisions evicted from the cache, oldest first, that the store has not forgotten yet: it
-    /// forgets them once their partition is dropped (before that, the trace would turn pending).
-    evicted: VecDeque<(u64, Partition)>,
     /// What waits in memory, written ahead (`None`: `TRACETAP_TAIL_JOURNAL=off`, or it could not
     /// be opened).
     journal: Option<Journal>,
@@ -496,21 +360,13 @@ impl<S: TailStore> Engine<S> {
             joining: FxHashMap::default(),
             joining_order: VecDeque::new(),
             partitions: BTreeMap::new(),
-            cache: FxHashMap::default(),
-            cache_order: VecDeque::new(),
-            resource,
-            resources: FxHashMap::default(),
-            out: BTreeMap::new(),
-            out_spans: 0,
-            out_deliveries: Vec::new(),
-            out_traces: 0,
-            ready: VecDeque::new(),
+            cache: DecisionCache::new(limits.decision_cache),
+            outgoing: Outgoing::new(resource),
             counts: Counts::default(),
             error_log: None,
             spans_pending: 0,
             unflushed_decisions: false,
             publications: 0,
-            evicted: VecDeque::new(),
             journal: None,
             now,
         };
@@ -548,20 +404,20 @@ impl<S: TailStore> Engine<S> {
             let held = journal.fragment(&r.trace, r.first_seen, r.root_ended, &spans.bytes, None);
             journal.decided(&r.trace, true, threshold);
             self.counts.resent += 1;
-            self.remember(
+            self.cache.remember(
                 r.trace,
                 Cached { partition: now / PARTITION_NS, seq: 0, kept: true, threshold, first: 0, last: 0 },
             );
             self.queue_kept(spans.records(), threshold);
-            self.out_deliveries.push(Delivery::Journaled { trace: r.trace, held });
-            self.out_traces += 1;
+            self.outgoing.deliver(Delivery::Journaled { trace: r.trace, held });
+            self.outgoing.traces += 1;
         }
         for r in replayed.undecided {
             let Some(spans) = self.journaled_spans(&r) else { continue };
             if in_store(self, &r.trace) {
                 continue;
             }
-            if let Some(cached) = self.cache.get(&r.trace).copied() {
+            if let Some(cached) = self.cache.get(&r.trace) {
                 if cached.kept {
                     self.counts.late_kept += spans.len() as u64;
                     self.queue_kept(spans.records(), cached.threshold);
@@ -585,9 +441,9 @@ impl<S: TailStore> Engine<S> {
             self.hold(r.trace, hot);
         }
         for (trace, kept, threshold) in replayed.decided {
-            if !self.cache.contains_key(&trace) {
+            if !self.cache.contains(&trace) {
                 let cached = Cached { partition: now / PARTITION_NS, seq: 0, kept, threshold, first: 0, last: 0 };
-                self.remember(trace, cached);
+                self.cache.remember(trace, cached);
             }
         }
         self.flush_export();
@@ -613,7 +469,8 @@ impl<S: TailStore> Engine<S> {
                 Outcome::Kept { threshold } => (true, threshold),
                 Outcome::Dropped => (false, 0),
             };
-            self.remember(d.trace, Cached { partition: d.partition, seq: d.seq, kept, threshold, first: 0, last: 0 });
+            self.cache
+                .remember(d.trace, Cached { partition: d.partition, seq: d.seq, kept, threshold, first: 0, last: 0 });
         }
         for (trace, p) in &recovered.pending {
             if self.pending.contains_key(trace) {
@@ -639,12 +496,12 @@ impl<S: TailStore> Engine<S> {
             let spans = self.store.spans(&entry.trace, &entry.spans)?;
             self.partitions.entry(entry.spans.partition).or_default().outbox += 1;
             self.queue_kept(spans.iter().map(Vec::as_slice), entry.threshold);
-            self.out_deliveries.push(Delivery::Stored {
+            self.outgoing.deliver(Delivery::Stored {
                 trace: entry.trace,
                 partition: entry.spans.partition,
                 seq: entry.seq,
             });
-            self.out_traces += 1;
+            self.outgoing.traces += 1;
         }
         self.flush_export();
         Ok(())
@@ -669,7 +526,7 @@ impl<S: TailStore> Engine<S> {
     pub fn ingest(&mut self, request: &[u8], now: u64) -> Result<(), WireError> {
         self.now = self.now.max(now);
         let mut fragments: FxHashMap<TraceId, Hot> = FxHashMap::default();
-        let resources = &mut self.resources;
+        let resources = &mut self.outgoing.resources;
         let mut last_resource: *const u8 = std::ptr::null();
         wire::request_spans(request, |origin, span| {
             let pid = origin.pid;
@@ -702,7 +559,7 @@ impl<S: TailStore> Engine<S> {
         // partition of their trace (new traces: the current one).
         let mut by_partition: BTreeMap<Partition, Vec<(TraceId, Hot)>> = BTreeMap::new();
         for (trace, fragment) in fragments {
-            if let Some(cached) = self.cache.get(&trace).copied() {
+            if let Some(cached) = self.cache.get(&trace) {
                 if cached.kept {
                     self.counts.late_kept += fragment.spans.len() as u64;
                     self.queue_kept(fragment.spans.records(), cached.threshold);
@@ -736,7 +593,7 @@ impl<S: TailStore> Engine<S> {
                 self.counts.spans_lost += lost.map(|(_, f)| f.spans.len() as u64).sum::<u64>();
             }
         }
-        if self.out_spans as usize >= self.limits.export_batch_spans {
+        if self.outgoing.spans >= self.limits.export_batch_spans as u64 {
             self.flush_export();
         }
         if self.journal.as_ref().is_some_and(|j| j.buffered() >= journal::GROUP_BYTES) {
@@ -855,22 +712,22 @@ impl<S: TailStore> Engine<S> {
         count_decision(&mut self.counts, verdict.policy, keep);
         drop(facts);
         self.counts.decided_in_memory += 1;
-        self.remember(
+        self.cache.remember(
             trace,
             Cached { partition: now / PARTITION_NS, seq: 0, kept: keep, threshold, first: 0, last: 0 },
         );
         if let (Some(journal), Some(held)) = (&mut self.journal, hot.journal) {
             journal.decided(&trace, keep, threshold);
             if keep {
-                self.out_deliveries.push(Delivery::Journaled { trace, held });
+                self.outgoing.deliver(Delivery::Journaled { trace, held });
             } else {
                 journal.let_go(held);
             }
         }
         if keep {
             self.queue_kept(hot.spans.records(), threshold);
-            self.out_traces += 1;
-            if self.out_spans as usize >= self.limits.export_batch_spans {
+            self.outgoing.traces += 1;
+            if self.outgoing.spans >= self.limits.export_batch_spans as u64 {
                 self.flush_export();
             }
         }
@@ -1185,7 +1042,7 @@ impl<S: TailStore> Engine<S> {
         let decision = self.store.decide(&trace, &range, outcome)?;
         self.unflushed_decisions = true;
         let (first, last) = (range.first, range.last);
-        self.remember(trace, Cached { partition: part.partition, seq: decision, first, last, ..cached });
+        self.cache.remember(trace, Cached { partition: part.partition, seq: decision, first, last, ..cached });
         Ok(decision)
     }
 
@@ -1199,7 +1056,7 @@ impl<S: TailStore> Engine<S> {
         let trace = fragment.trace;
         let range = SpanRange::one(partition, seq);
         let joined = self.hot.get(&trace).is_some_and(|h| h.joins == Some(partition));
-        if let Some(cached) = self.cache.get(&trace).copied() {
+        if let Some(cached) = self.cache.get(&trace) {
             // Another part was decided first: this one follows.
             let decision = self.follow(trace, range, cached)?;
             let part = if joined { self.take_hot(&trace) } else { None };
@@ -1214,7 +1071,7 @@ impl<S: TailStore> Engine<S> {
                     self.queue_kept(part.spans.records(), cached.threshold);
                 }
                 self.partitions.entry(partition).or_default().outbox += 1;
-                self.out_deliveries.push(Delivery::Stored { trace, partition, seq: decision });
+                self.outgoing.deliver(Delivery::Stored { trace, partition, seq: decision });
             } else {
                 self.counts.late_dropped += spans;
             }
@@ -1243,7 +1100,7 @@ impl<S: TailStore> Engine<S> {
         count_decision(&mut self.counts, verdict.policy, keep);
         drop(facts);
         self.unflushed_decisions = true;
-        self.remember(trace, Cached { partition, seq: decision, kept: keep, threshold, first: seq, last: seq });
+        self.cache.remember(trace, Cached { partition, seq: decision, kept: keep, threshold, first: seq, last: seq });
         if let Some(part) = &part {
             self.counts.fragments_joined += 1;
             self.release_journaled(&trace, part);
@@ -1255,9 +1112,9 @@ impl<S: TailStore> Engine<S> {
                 // In memory only: lost at a crash until exported, like a trace decided in memory.
                 self.queue_kept(part.spans.records(), threshold);
             }
-            self.out_deliveries.push(Delivery::Stored { trace, partition, seq: decision });
-            self.out_traces += 1;
-            if self.out_spans as usize >= self.limits.export_batch_spans {
+            self.outgoing.deliver(Delivery::Stored { trace, partition, seq: decision });
+            self.outgoing.traces += 1;
+            if self.outgoing.spans >= self.limits.export_batch_spans as u64 {
                 self.flush_export();
             }
         }
@@ -1366,7 +1223,7 @@ impl<S: TailStore> Engine<S> {
         let Some(p) = self.pending.get(&trace).copied() else { return Ok(()) };
         let range = p.spans();
         let stored = self.store.spans(&trace, &range)?;
-        if let Some(cached) = self.cache.get(&trace).copied() {
+        if let Some(cached) = self.cache.get(&trace) {
             // Another part of it (in another partition) was decided first: this one follows.
             let decision = self.follow(trace, range, cached)?;
             self.untrack(&trace);
@@ -1374,7 +1231,7 @@ impl<S: TailStore> Engine<S> {
                 self.counts.late_kept += stored.len() as u64;
                 self.partitions.entry(range.partition).or_default().outbox += 1;
                 self.queue_kept(stored.iter().map(Vec::as_slice), cached.threshold);
-                self.out_deliveries.push(Delivery::Stored { trace, partition: range.partition, seq: decision });
+                self.outgoing.deliver(Delivery::Stored { trace, partition: range.partition, seq: decision });
             } else {
                 self.counts.late_dropped += stored.len() as u64;
             }
@@ -1390,85 +1247,40 @@ impl<S: TailStore> Engine<S> {
         self.untrack(&trace);
         self.unflushed_decisions = true;
         let (first, last) = (range.first, range.last);
-        self.remember(trace, Cached { partition: range.partition, seq, kept: keep, threshold, first, last });
+        self.cache.remember(trace, Cached { partition: range.partition, seq, kept: keep, threshold, first, last });
         if keep {
             self.partitions.entry(range.partition).or_default().outbox += 1;
             self.queue_kept(stored.iter().map(Vec::as_slice), threshold);
-            self.out_deliveries.push(Delivery::Stored { trace, partition: range.partition, seq });
-            self.out_traces += 1;
-            if self.out_spans as usize >= self.limits.export_batch_spans {
+            self.outgoing.deliver(Delivery::Stored { trace, partition: range.partition, seq });
+            self.outgoing.traces += 1;
+            if self.outgoing.spans >= self.limits.export_batch_spans as u64 {
                 self.flush_export();
             }
         }
         Ok(())
     }
 
-    fn remember(&mut self, trace: TraceId, cached: Cached) {
-        self.cache.insert(trace, cached);
-        self.cache_order.push_back((trace, cached.seq, cached.partition));
-        while self.cache_order.len() > self.limits.decision_cache {
-            let Some((old, seq, partition)) = self.cache_order.pop_front() else { break };
-            if self.cache.get(&old).is_some_and(|e| e.seq == seq) {
-                self.cache.remove(&old);
-            }
-            // A decision made in memory (seq 0) has no record in the store to forget.
-            if seq != 0 {
-                self.evicted.push_back((seq, partition));
-            }
-        }
-    }
-
     /// Lets the store forget the evicted decisions whose partitions are gone, oldest first.
     fn forget_evicted(&mut self) {
-        let mut up_to = None;
-        while let Some(&(seq, partition)) = self.evicted.front() {
-            if self.partitions.contains_key(&partition) {
-                break;
-            }
-            up_to = Some(seq);
-            self.evicted.pop_front();
-        }
-        if let Some(up_to) = up_to
+        let partitions = &self.partitions;
+        if let Some(up_to) = self.cache.forgettable(|partition| partitions.contains_key(&partition))
             && let Err(e) = self.store.forget_decisions(up_to)
         {
             self.store_error(&e);
         }
     }
 
-    /// Adds stored spans (pid + `Span`) to the export batch, raising their threshold if needed:
-    /// copied as they are, or with their `trace_state` field replaced (the rest of the bytes as
-    /// they are). A span whose bytes do not parse is counted lost rather than exported.
+    /// Adds stored spans (pid + `Span`) to the export batch (see [`Outgoing::queue_kept`]); a span
+    /// whose bytes do not parse is counted lost rather than exported.
     fn queue_kept<'r>(&mut self, stored: impl Iterator<Item = &'r [u8]>, min_threshold: u64) {
-        for record in stored {
-            let Some((pid, span)) = record.split_first_chunk::<4>() else {
-                self.counts.spans_lost += 1;
-                continue;
-            };
-            let out = self.out.entry(u32::from_be_bytes(*pid)).or_default();
-            if min_threshold == 0 {
-                encode::push_span(out, span);
-            } else {
-                let Ok(parts) = wire::without_trace_state(span) else {
-                    self.counts.spans_lost += 1;
-                    continue;
-                };
-                let head = parse_ot_tracestate(parts.trace_state).threshold.unwrap_or(0);
-                if min_threshold > head {
-                    let raised = with_threshold(Some(parts.trace_state), min_threshold);
-                    encode::push_span_with_trace_state(out, &parts.rest, &raised);
-                } else {
-                    encode::push_span(out, span);
-                }
-            }
-            self.out_spans += 1;
-        }
+        self.counts.spans_lost += self.outgoing.queue_kept(stored, min_threshold);
     }
 
     /// Closes the current export batch (if it holds anything). The decisions behind it are made
     /// durable first: a kept trace must never reach the exporter while a crash could still undo its
     /// decision, or it would be decided, and exported, twice.
     pub fn flush_export(&mut self) {
-        if self.out_spans == 0 && self.out_deliveries.is_empty() {
+        if self.outgoing.is_empty() {
             return;
         }
         if self.unflushed_decisions {
@@ -1487,21 +1299,12 @@ impl<S: TailStore> Engine<S> {
         if self.journal.as_ref().is_some_and(|j| j.buffered() > 0) {
             self.commit_journal();
         }
-        let out = std::mem::take(&mut self.out);
-        let resources: Vec<std::borrow::Cow<'_, [u8]>> = out.keys().map(|pid| self.resource_for(*pid)).collect();
-        let mut request = Vec::with_capacity(out.values().map(Vec::len).sum::<usize>() + 256 * out.len());
-        encode::write_request(&mut request, resources.iter().map(AsRef::as_ref).zip(out.values().map(Vec::as_slice)));
-        self.ready.push_back(Export {
-            request,
-            spans: std::mem::take(&mut self.out_spans),
-            traces: std::mem::take(&mut self.out_traces),
-            deliveries: std::mem::take(&mut self.out_deliveries),
-        });
+        self.outgoing.close_batch();
     }
 
     /// The next batch of kept spans for the exporter.
     pub fn take_export(&mut self) -> Option<Export> {
-        self.ready.pop_front()
+        self.outgoing.take()
     }
 
     /// The exporter is done with these kept traces: they leave the outbox.
@@ -1546,21 +1349,6 @@ impl<S: TailStore> Engine<S> {
 
     fn buffered_bytes(&self) -> u64 {
         self.partitions.values().map(|s| s.bytes).sum()
-    }
-
-    /// The encoded resource of a process's spans: as it came with them, or (a process not seen
-    /// since a restart) the shared attributes and its pid.
-    fn resource_for(&self, pid: u32) -> std::borrow::Cow<'_, [u8]> {
-        if let Some(resource) = self.resources.get(&pid) {
-            return resource.as_slice().into();
-        }
-        encode::resource(
-            self.resource
-                .iter()
-                .map(|(k, v)| Attr { key: k, value: Value::Str(v) })
-                .chain(std::iter::once(Attr { key: "process.pid", value: Value::Int(i64::from(pid)) })),
-        )
-        .into()
     }
 
     fn store_error(&mut self, e: &StoreError) {
@@ -1657,10 +1445,7 @@ impl<S: TailStore> Engine<S> {
     }
 }
 
-fn publish_decisions(
-    target: &Mutex<BTreeMap<(String, &'static str), u64>>,
-    counts: &BTreeMap<(String, &'static str), u64>,
-) {
+fn publish_decisions(target: &Mutex<BTreeMap<DecisionKey, u64>>, counts: &BTreeMap<DecisionKey, u64>) {
     if let Ok(mut t) = target.lock()
         && *t != *counts
     {
@@ -1781,8 +1566,8 @@ mod tests {
         assert_eq!(lucky.trace_state, "ot=th:8", "kept by the ratio: threshold raised to it");
         assert!(!spans.iter().any(|s| s.trace_id == trace(2, false)));
         let decisions = &e.counts.decisions;
-        assert_eq!(decisions[&("errors".to_owned(), "kept")], 1);
-        assert_eq!(decisions[&("none".to_owned(), "dropped")], 1);
+        assert_eq!(decisions[&DecisionKey { policy: Some("errors".to_owned()), kept: true }], 1);
+        assert_eq!(decisions[&DecisionKey { policy: None, kept: false }], 1);
     }
 
     /// Memory first: spill after 5 s, a memory budget of `memory` bytes.
@@ -1809,18 +1594,6 @@ mod tests {
         let store = e.into_store();
         assert_eq!(store.disk_bytes(), 0, "nothing was written to the store");
         assert_eq!(store.recover().unwrap(), Recovered::default());
-    }
-
-    proptest::proptest! {
-        /// The journal's span bytes are read from disk: whatever they are, parsing them never
-        /// panics, and what parses walks back whole.
-        #[test]
-        fn journaled_span_bytes_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300)) {
-            if let Some(spans) = SpanBuf::parse(&bytes) {
-                proptest::prop_assert_eq!(spans.entries().count(), spans.len());
-                proptest::prop_assert!(spans.records().all(|r| r.len() >= 4));
-            }
-        }
     }
 
     /// An engine over `store` with the journal in `dir`, memory first, as the agent runs.

@@ -33,10 +33,13 @@
 //! - Memory is bounded: past `max_memory_bytes` the oldest traces in memory go to the store. Disk is
 //!   bounded: past `max_disk_bytes` of spans in the store the oldest traces there are decided early.
 
+mod decision_cache;
 pub mod engine;
 pub mod journal;
+mod outgoing;
 pub mod policy;
 pub mod policy_file;
+mod span_buf;
 pub mod store;
 pub mod wheel;
 pub mod wire;
