@@ -596,20 +596,21 @@ fn twenty_kills_at_random_moments_lose_no_trace_that_ended_half_a_second_before(
         })
         .collect();
 
-    // When each agent was ready, and when it was killed (the last one: never).
+    // When each agent was ready (its tail store open: until then the tail queue may shed), and
+    // when it was killed (the last one: never).
     let mut lives: Vec<(Instant, Option<Instant>)> = Vec::new();
+    let mut resent = resent_at_start(&s.agent);
     let mut ready = Instant::now();
-    let mut resent = 0;
     let mut rng = fastrand::Rng::with_seed(33);
     let kills = 20;
     for _ in 0..kills {
-        std::thread::sleep(Duration::from_millis(rng.u64(1000..3000)));
+        std::thread::sleep(Duration::from_millis(rng.u64(1500..3500)));
         let killed = Instant::now();
         s.agent.kill();
         lives.push((ready, Some(killed)));
         s.agent = Agent::start(&agent_env);
-        ready = Instant::now();
         resent += resent_at_start(&s.agent);
+        ready = Instant::now();
     }
     std::thread::sleep(Duration::from_secs(2));
     stop.store(true, Relaxed);

@@ -373,12 +373,10 @@ impl<S: TailStore> Engine<S> {
         engine.rearm(&recovered, now)?;
         if let Some((journal, replayed)) = journal {
             engine.journal = Some(journal);
-            engine.take_back(replayed, now);
-            let errors = engine.journal.as_ref().map_or(0, |j| j.counts().write_errors);
+            engine.take_back(replayed, now)?;
             engine.commit_journal();
-            if let Some(journal) = &mut engine.journal
-                && journal.counts().write_errors == errors
-            {
+            // Only if everything taken back was written again (else the old segments stay).
+            if let Some(journal) = &mut engine.journal {
                 journal.retire_replayed();
             }
         }
@@ -389,32 +387,45 @@ impl<S: TailStore> Engine<S> {
     /// Takes back what the journal replayed after a crash: undecided traces wait in memory for the
     /// rest of their grace (journaled again), kept traces not reported exported are exported again
     /// (counted as re-sent), and the other decisions go to the cache so that late spans follow
-    /// them. A trace the store holds too (it spilled, and the crash came before the journal
-    /// recorded that) is the store's.
-    fn take_back(&mut self, replayed: Replayed, now: u64) {
-        let in_store = |engine: &Self, trace: &TraceId| {
-            engine.pending.contains_key(trace) || engine.cache.get(trace).is_some_and(|c| c.seq != 0)
-        };
+    /// them. A trace the store holds pending too (it moved there, and the crash came before the
+    /// journal recorded it; or a part that waited in memory to join it) is the store's: the spans
+    /// the store lacks are appended to it.
+    fn take_back(&mut self, replayed: Replayed, now: u64) -> Result<(), StoreError> {
         for (r, threshold) in replayed.unexported {
             let Some(spans) = self.journaled_spans(&r) else { continue };
-            if in_store(self, &r.trace) {
-                continue;
-            }
             let journal = self.journal.as_mut().expect("taking back from the journal");
             let held = journal.fragment(&r.trace, r.first_seen, r.root_ended, &spans.bytes, None);
             journal.decided(&r.trace, true, threshold);
             self.counts.resent += 1;
-            self.cache.remember(
-                r.trace,
-                Cached { partition: now / PARTITION_NS, seq: 0, kept: true, threshold, first: 0, last: 0 },
-            );
+            if !self.cache.contains(&r.trace) {
+                let cached = Cached { partition: now / PARTITION_NS, seq: 0, kept: true, threshold, first: 0, last: 0 };
+                self.cache.remember(r.trace, cached);
+            }
             self.queue_kept(spans.records(), threshold);
             self.outgoing.deliver(Delivery::Journaled { trace: r.trace, held });
             self.outgoing.traces += 1;
         }
         for r in replayed.undecided {
             let Some(spans) = self.journaled_spans(&r) else { continue };
-            if in_store(self, &r.trace) {
+            if let Some(p) = self.pending.get(&r.trace).copied() {
+                let stored = self.store.spans(&r.trace, &p.spans())?;
+                let stored: rustc_hash::FxHashSet<&[u8]> = stored.iter().map(Vec::as_slice).collect();
+                let missing = spans.filtered(|record| !stored.contains(record));
+                if missing.len() > 0 {
+                    let part = Hot {
+                        first_seen: r.first_seen,
+                        root_ended: r.root_ended,
+                        randomness: None,
+                        spans: missing,
+                        joins: None,
+                        journal: None,
+                    };
+                    let items = [(r.trace, part)];
+                    if let Err(refused) = self.append(p.spans().partition, &items, now) {
+                        self.store_error(&refused.error);
+                        self.counts.spans_lost += items[0].1.spans.len() as u64;
+                    }
+                }
                 continue;
             }
             if let Some(cached) = self.cache.get(&r.trace) {
@@ -447,6 +458,7 @@ impl<S: TailStore> Engine<S> {
             }
         }
         self.flush_export();
+        Ok(())
     }
 
     /// A replayed trace's spans, checked (the journal is read from disk: hostile until parsed).
@@ -675,8 +687,7 @@ impl<S: TailStore> Engine<S> {
                     if let Some(held) = hot.journal
                         && refused.as_ref().is_none_or(|r| !r.traces.contains(trace))
                     {
-                        journal.released(trace);
-                        journal.let_go(held);
+                        journal.released(trace, held);
                     }
                 }
             }
@@ -926,13 +937,13 @@ impl<S: TailStore> Engine<S> {
         self.flush_export();
         // The tick's group commit (flush_export made one if it had kept traces to send).
         self.commit_journal();
+        self.bound_journal();
     }
 
     /// Over the disk bound: the stored traces due soonest (the oldest, mostly) are decided now,
     /// recovered ones first, then groups.
     fn bound_disk(&mut self, now: u64, retry: &mut Vec<TraceId>, retry_groups: &mut Vec<(Partition, u64)>) {
-        let journal = self.journal.as_ref().map_or(0, Journal::disk_bytes);
-        let mut excess = (self.buffered_bytes() + journal).saturating_sub(self.limits.max_disk_bytes);
+        let mut excess = self.buffered_bytes().saturating_sub(self.limits.max_disk_bytes);
         // A partition frees its bytes once its last trace is decided.
         let freed = |engine: &Self, partition: Partition| {
             engine.partitions.get(&partition).filter(|s| s.pending == 0).map_or(0, |s| s.bytes)
@@ -957,10 +968,18 @@ impl<S: TailStore> Engine<S> {
             }
             excess = excess.saturating_sub(freed(self, partition));
         }
-        // Then the journal's oldest segments go, whatever holds them (counted: those traces are
-        // still decided from memory, but a crash would lose them).
+    }
+
+    /// Past the disk bound with the journal's segments counted (after the tick's group commit
+    /// removed those nothing holds): the oldest segments go, whatever holds them (counted: those
+    /// traces are still decided from memory, but a crash would lose them). The journal never
+    /// makes the store's traces be decided early.
+    fn bound_journal(&mut self) {
+        let store = self.buffered_bytes();
+        let Some(journal) = &mut self.journal else { return };
+        let mut excess = (store + journal.disk_bytes()).saturating_sub(self.limits.max_disk_bytes);
         while excess > 0 {
-            let freed = self.journal.as_mut().map_or(0, Journal::drop_oldest);
+            let freed = journal.drop_oldest();
             if freed == 0 {
                 break;
             }
@@ -1109,7 +1128,8 @@ impl<S: TailStore> Engine<S> {
             self.partitions.entry(partition).or_default().outbox += 1;
             self.queue_kept(fragment.spans.iter().map(Vec::as_slice), threshold);
             if let Some(part) = &part {
-                // In memory only: lost at a crash until exported, like a trace decided in memory.
+                // From memory (the journal let it go with the store's decision; see
+                // `release_journaled`).
                 self.queue_kept(part.spans.records(), threshold);
             }
             self.outgoing.deliver(Delivery::Stored { trace, partition, seq: decision });
@@ -1121,33 +1141,38 @@ impl<S: TailStore> Engine<S> {
         Ok(())
     }
 
-    /// A part in memory decided with its trace's part in the store: the store's decision covers
-    /// the trace from here on, so the journal lets the part go. (Kept, it is exported from memory:
-    /// a crash before that loses this part, as it did before the journal; the store's outbox
-    /// brings back the stored part.)
+    /// A part in memory decided with its trace's part in the store: the store's decision (durable
+    /// at the next store flush) covers the trace from there on, so the journal lets the part go
+    /// then. (Kept, the part is exported from memory: a crash after that flush and before the
+    /// export loses this part; the store's outbox brings back the stored part.)
     fn release_journaled(&mut self, trace: &TraceId, part: &Hot) {
         if let (Some(journal), Some(held)) = (&mut self.journal, part.journal) {
-            journal.released(trace);
-            journal.let_go(held);
+            journal.released(trace, held);
         }
     }
 
-    /// Writes the journal's buffered records as one group commit; the store is made durable first
-    /// when they say that traces moved to it.
+    /// Writes the journal's buffered records as one group commit. Traces that moved to the store
+    /// are released in it only once the store is durable (flushed here first); a store that fails
+    /// to flush holds back those releases only (the traces come back from the journal at a
+    /// restart, and the engine keeps what the store lacks), never the rest.
     pub fn commit_journal(&mut self) {
         let Some(journal) = &self.journal else { return };
         if journal.needs_store_flush() {
             match self.store.flush() {
-                Ok(()) => self.unflushed_decisions = false,
-                Err(e) => {
-                    // Not written yet: the journal keeps its records for the next commit.
-                    self.store_error(&e);
-                    return;
-                }
+                Ok(()) => self.store_durable(),
+                Err(e) => self.store_error(&e),
             }
         }
         if let Some(journal) = &mut self.journal {
             journal.commit(self.now);
+        }
+    }
+
+    /// The store made everything written to it durable.
+    fn store_durable(&mut self) {
+        self.unflushed_decisions = false;
+        if let Some(journal) = &mut self.journal {
+            journal.store_durable();
         }
     }
 
@@ -1285,7 +1310,7 @@ impl<S: TailStore> Engine<S> {
         }
         if self.unflushed_decisions {
             match self.store.flush() {
-                Ok(()) => self.unflushed_decisions = false,
+                Ok(()) => self.store_durable(),
                 Err(e) => {
                     // Not durable: the batch waits (a crash would decide its traces again, and they
                     // must not have been exported then). Tried again at the next flush.
@@ -1684,6 +1709,47 @@ mod tests {
         let spans = exported(&mut e);
         assert_eq!(spans.len(), 1);
         assert_eq!(spans[0].trace_id, trace(2, false));
+    }
+
+    #[test]
+    fn a_part_waiting_to_join_its_stored_trace_is_given_to_the_store_after_a_crash() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut e = journaled(MemoryStore::new(), dir.path(), T0);
+        let client = |id, at| request(vec![span(trace(1, false), id, SpanKind::Client, at, true)]).encode_to_vec();
+        e.ingest(&client(2, T0), T0).unwrap();
+        e.tick(T0 + 5 * S);
+        assert_eq!(e.stored_pending_traces(), 1, "spilled: no root, undecided past spill_after");
+        e.ingest(&client(3, T0 + 5 * S), T0 + 5 * S + S / 2).unwrap();
+        assert!(e.hot.get(&trace(1, false)).is_some_and(|h| h.joins.is_some()), "the later part waits to join");
+        e.tick(T0 + 5 * S + 6 * S / 10);
+        let mut e = crash_and_restart(e, dir.path(), T0 + 6 * S);
+        assert_eq!((e.pending_traces(), e.stored_pending_traces()), (1, 1), "one trace, in the store");
+        e.tick(T0 + 30 * S);
+        let mut ids: Vec<Vec<u8>> = exported(&mut e).into_iter().map(|s| s.span_id).collect();
+        ids.sort();
+        assert_eq!(ids, vec![vec![2; 8], vec![3; 8]], "both parts, once each");
+    }
+
+    #[test]
+    fn a_trace_that_spilled_just_before_a_crash_is_not_doubled() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut e = journaled(MemoryStore::new(), dir.path(), T0);
+        let client = |id, at| request(vec![span(trace(1, false), id, SpanKind::Client, at, true)]).encode_to_vec();
+        e.ingest(&client(2, T0), T0).unwrap();
+        e.tick(T0 + S / 10);
+        // The journal as it was before the spill: the crash comes after the store took the trace
+        // and before the journal recorded the move.
+        let before = tempfile::tempdir().unwrap();
+        for entry in std::fs::read_dir(dir.path()).unwrap() {
+            let path = entry.unwrap().path();
+            std::fs::copy(&path, before.path().join(path.file_name().unwrap())).unwrap();
+        }
+        e.tick(T0 + 5 * S);
+        assert_eq!(e.stored_pending_traces(), 1);
+        let mut e = journaled(e.into_store(), before.path(), T0 + 6 * S);
+        assert_eq!((e.pending_traces(), e.stored_pending_traces()), (1, 1));
+        e.tick(T0 + 30 * S);
+        assert_eq!(exported(&mut e).len(), 1, "its one span, once");
     }
 
     #[test]

@@ -95,6 +95,8 @@ pub struct Held {
 struct SegmentState {
     /// Traces holding it.
     holders: u64,
+    /// Those of them whose first segment it is (a dropped segment counts each trace once).
+    firsts: u64,
     bytes: u64,
 }
 
@@ -143,13 +145,14 @@ pub struct Journal {
     active_since: u64,
     /// Every segment on disk, the active one included, but those replayed and not yet retired.
     segments: BTreeMap<u32, SegmentState>,
-    /// Segments read at replay, removed once what they held is written again.
-    replayed: Vec<u32>,
+    /// Segments read at replay and their bytes, removed once what they held is written again.
+    replayed: Vec<(u32, u64)>,
     /// The next frame: [`FRAME_HEADER`] bytes left for its header, then the records since the last
     /// group commit (one copy of them, written as they are).
     buf: Vec<u8>,
-    /// Whether `buf` holds a release (the sled store must be durable before it is written).
-    releases: bool,
+    /// Traces that moved to the sled store: their release is written (and their segments let go)
+    /// only once the store is durable ([`Journal::store_durable`]).
+    releases: Vec<(TraceId, Held)>,
     counts: Counts,
 }
 
@@ -157,9 +160,12 @@ fn segment_path(dir: &Path, id: u32) -> PathBuf {
     dir.join(format!("{id:08x}.seg"))
 }
 
+/// The id of a segment file's name: exactly as [`segment_path`] writes it (8 lower-case hex
+/// digits), so that no two names mean one id.
 fn segment_id(name: &str) -> Option<u32> {
     let hex = name.strip_suffix(".seg")?;
-    (hex.len() == 8).then(|| u32::from_str_radix(hex, 16).ok()).flatten()
+    let canonical = hex.len() == 8 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    canonical.then(|| u32::from_str_radix(hex, 16).ok()).flatten()
 }
 
 impl Journal {
@@ -175,6 +181,7 @@ impl Journal {
         let mut replay = Replay::default();
         let mut counts = Counts::default();
         let mut torn = 0;
+        let mut sizes = Vec::with_capacity(ids.len());
         for &id in &ids {
             let path = segment_path(dir, id);
             let bytes = match std::fs::metadata(&path) {
@@ -182,6 +189,7 @@ impl Journal {
                 Ok(_) => std::fs::read(&path).ok(),
                 Err(_) => None,
             };
+            sizes.push((id, bytes.as_ref().map_or(0, |b| b.len() as u64)));
             let end = match bytes.as_deref() {
                 Some(bytes) => replay.segment(bytes),
                 None => SegmentEnd::Corrupt,
@@ -191,6 +199,7 @@ impl Journal {
                 SegmentEnd::Torn => torn += 1,
                 SegmentEnd::Corrupt => {
                     counts.quarantined += 1;
+                    sizes.pop();
                     if let Err(e) = quarantine(dir, &path) {
                         tracing::warn!(error = %e, file = %path.display(), "setting a damaged tail journal segment aside");
                     }
@@ -209,7 +218,7 @@ impl Journal {
         };
         let file = create_segment(dir, active, sync)?;
         let mut segments = BTreeMap::new();
-        segments.insert(active, SegmentState { holders: 0, bytes: MAGIC.len() as u64 });
+        segments.insert(active, SegmentState { holders: 0, firsts: 0, bytes: MAGIC.len() as u64 });
         let mut replayed = replay.finish();
         replayed.segments = ids.len();
         replayed.torn = torn;
@@ -220,9 +229,9 @@ impl Journal {
             file,
             active_since: now,
             segments,
-            replayed: ids,
+            replayed: sizes,
             buf: vec![0; FRAME_HEADER],
-            releases: false,
+            releases: Vec::new(),
             counts,
         };
         Ok((journal, replayed))
@@ -247,7 +256,12 @@ impl Journal {
         self.buf.extend_from_slice(spans);
         let active = self.active;
         let (first, from) = match held {
-            None => (active, active),
+            None => {
+                if let Some(s) = self.segments.get_mut(&active) {
+                    s.firsts += 1;
+                }
+                (active, active)
+            }
             Some(h) if h.last < active => (h.first, h.last + 1),
             Some(h) => return h,
         };
@@ -273,16 +287,29 @@ impl Journal {
         self.buf.extend_from_slice(trace);
     }
 
-    /// Journals that a trace left memory for the sled store. The caller makes the store durable
-    /// before the next group commit ([`Journal::needs_store_flush`]).
-    pub fn released(&mut self, trace: &TraceId) {
-        self.buf.push(RELEASED);
-        self.buf.extend_from_slice(trace);
-        self.releases = true;
+    /// A trace left memory for the sled store: once the store says it is durable
+    /// ([`Journal::store_durable`]), the release is journaled and the trace lets its segments go.
+    /// Until then the journal keeps bringing it back at a restart (the store then holds it too,
+    /// and the engine keeps only what the store lacks).
+    pub fn released(&mut self, trace: &TraceId, held: Held) {
+        self.releases.push((*trace, held));
+    }
+
+    /// The sled store made everything written to it durable: the releases waiting for that are
+    /// journaled (in the next group commit).
+    pub fn store_durable(&mut self) {
+        for (trace, held) in std::mem::take(&mut self.releases) {
+            self.buf.push(RELEASED);
+            self.buf.extend_from_slice(&trace);
+            self.let_go(held);
+        }
     }
 
     /// A trace no longer holds its segments (decided and dropped, exported, or released).
     pub fn let_go(&mut self, held: Held) {
+        if let Some(s) = self.segments.get_mut(&held.first) {
+            s.firsts = s.firsts.saturating_sub(1);
+        }
         for id in held.first..=held.last {
             if let Some(s) = self.segments.get_mut(&id) {
                 s.holders = s.holders.saturating_sub(1);
@@ -290,10 +317,10 @@ impl Journal {
         }
     }
 
-    /// Whether the next group commit holds a release, so that the store must be flushed first.
+    /// Whether releases wait for the store to be durable.
     #[must_use]
     pub fn needs_store_flush(&self) -> bool {
-        self.releases
+        !self.releases.is_empty()
     }
 
     /// Bytes waiting for the next group commit.
@@ -310,7 +337,6 @@ impl Journal {
         if self.buffered() > 0 {
             let written = self.write_frame();
             self.buf.truncate(FRAME_HEADER);
-            self.releases = false;
             if let Err(e) = written {
                 self.counts.write_errors += 1;
                 tracing::warn!(error = %e, errors = self.counts.write_errors, "writing the tail journal");
@@ -356,7 +382,7 @@ impl Journal {
                 self.file = file;
                 self.active = next;
                 self.active_since = now;
-                self.segments.insert(next, SegmentState { holders: 0, bytes: MAGIC.len() as u64 });
+                self.segments.insert(next, SegmentState { holders: 0, firsts: 0, bytes: MAGIC.len() as u64 });
             }
             Err(e) => {
                 self.counts.write_errors += 1;
@@ -375,9 +401,13 @@ impl Journal {
         }
     }
 
-    /// Removes the segments read at replay (call once what they held is committed again).
+    /// Removes the segments read at replay, once what they held is committed again: unless a write
+    /// failed since the journal was opened (then they stay, the only copy, for the next start).
     pub fn retire_replayed(&mut self) {
-        for id in std::mem::take(&mut self.replayed) {
+        if self.counts.write_errors > 0 {
+            return;
+        }
+        for (id, _) in std::mem::take(&mut self.replayed) {
             if self.segments.contains_key(&id) {
                 continue;
             }
@@ -398,7 +428,7 @@ impl Journal {
         if id == self.active {
             return 0;
         }
-        self.counts.dropped_traces += state.holders;
+        self.counts.dropped_traces += state.firsts;
         self.remove(id);
         state.bytes
     }
@@ -406,7 +436,7 @@ impl Journal {
     /// Bytes the journal's segments hold on disk.
     #[must_use]
     pub fn disk_bytes(&self) -> u64 {
-        self.segments.values().map(|s| s.bytes).sum()
+        self.segments.values().map(|s| s.bytes).sum::<u64>() + self.replayed.iter().map(|(_, b)| b).sum::<u64>()
     }
 
     #[must_use]
@@ -521,15 +551,18 @@ impl Replay {
                     };
                     let threshold = u64::from_le_bytes(*take::<8>(&mut rest)?);
                     match self.traces.get_mut(&trace) {
-                        Some(part) => part.decision = Some((kept, threshold)),
+                        Some(part) => {
+                            part.decision = Some((kept, threshold));
+                            if !kept {
+                                // Done with: its spans are not needed (replay memory stays bounded by
+                                // what waits).
+                                part.spans = Vec::new();
+                            }
+                        }
                         None => self.decided_only.push((trace, kept, threshold)),
                     }
                 }
-                EXPORTED => {
-                    if let Some(part) = self.traces.get_mut(&trace) {
-                        part.exported = true;
-                    }
-                }
+                EXPORTED => self.exported(&trace),
                 RELEASED => {
                     // The sled store holds it from here on (and decides it).
                     self.traces.remove(&trace);
@@ -538,6 +571,20 @@ impl Replay {
             }
         }
         Some(())
+    }
+
+    /// A kept part's export was reported done: the latest part of the trace that waits for that (a
+    /// newer part may have begun since, its decision having left the engine's cache).
+    fn exported(&mut self, trace: &TraceId) {
+        let waiting = |p: &Part| p.decision.is_some_and(|(kept, _)| kept) && !p.exported;
+        let part = match self.traces.get_mut(trace) {
+            Some(part) if waiting(part) => Some(part),
+            _ => self.finished.iter_mut().rev().find(|(t, p)| t == trace && waiting(p)).map(|(_, p)| p),
+        };
+        if let Some(part) = part {
+            part.exported = true;
+            part.spans = Vec::new();
+        }
     }
 
     fn fragment(&mut self, trace: TraceId, first_seen: u64, root_ended: u64, spans: &[u8]) {
@@ -628,17 +675,64 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (mut j, _) = open(dir.path());
         j.fragment(&T1, 10, 10, b"a", None);
-        j.fragment(&T2, 10, 10, b"b", None);
+        let held = j.fragment(&T2, 10, 10, b"b", None);
         j.decided(&T1, true, 0);
         j.exported(&T1);
-        j.released(&T2);
+        j.released(&T2, held);
         assert!(j.needs_store_flush());
         j.commit(1);
+        drop(j);
+        let (mut j, replayed) = open(dir.path());
+        assert_eq!(replayed.undecided.len(), 1, "the store was not durable yet: the release waits");
+        j.released(&T2, Held { first: 2, last: 2 });
+        j.store_durable();
         assert!(!j.needs_store_flush());
+        j.commit(2);
+        j.retire_replayed();
         drop(j);
         let (_, replayed) = open(dir.path());
         assert!(replayed.undecided.is_empty() && replayed.unexported.is_empty());
-        assert_eq!(replayed.decided, vec![(T1, true, 0)]);
+        assert_eq!(replayed.decided, vec![]);
+    }
+
+    #[test]
+    fn an_export_reported_after_a_newer_part_began_marks_the_part_it_was_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut j, _) = open(dir.path());
+        j.fragment(&T1, 10, 10, b"first", None);
+        j.decided(&T1, true, 0);
+        j.fragment(&T1, 20, 20, b"second", None);
+        j.exported(&T1);
+        j.decided(&T1, true, 0);
+        j.commit(1);
+        drop(j);
+        let (_, replayed) = open(dir.path());
+        let resent: Vec<&[u8]> = replayed.unexported.iter().map(|(r, _)| r.spans.as_slice()).collect();
+        assert_eq!(resent, vec![b"second".as_slice()], "the first part was reported; the second must go again");
+    }
+
+    #[test]
+    fn only_names_the_journal_writes_are_segments() {
+        for name in ["0000000A.seg", "+000000a.seg", "0000000a.seg.tmp", "000000a.seg", "0000000g.seg"] {
+            assert_eq!(segment_id(name), None, "{name}");
+        }
+        assert_eq!(segment_id("0000000a.seg"), Some(10));
+    }
+
+    #[test]
+    fn after_a_write_error_the_replayed_segments_stay_for_the_next_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut j, _) = open(dir.path());
+        j.fragment(&T1, 10, 0, b"a", None);
+        j.commit(0);
+        drop(j);
+        let (mut j, replayed) = open(dir.path());
+        assert_eq!(replayed.undecided.len(), 1);
+        j.counts.write_errors = 1;
+        j.retire_replayed();
+        drop(j);
+        let (_, replayed) = open(dir.path());
+        assert_eq!(replayed.undecided.len(), 1, "still there");
     }
 
     #[test]
@@ -750,6 +844,9 @@ mod tests {
         assert_eq!(segments(dir.path()), vec![2]);
     }
 
+    /// A trace's parts in the model test (decision, exported), and whether the last is still open.
+    type ModelParts = (Vec<(Option<bool>, bool)>, bool);
+
     proptest! {
         /// Hostile bytes in a segment: replay returns, never panics, and a clean journal's records
         /// before them still count.
@@ -768,43 +865,54 @@ mod tests {
         }
 
         /// Model: whatever sequence of records is journaled and committed, a replay classifies each
-        /// trace as the last of its records says.
+        /// part of each trace as its records say (a part begins with spans after a decision; an
+        /// export report is for the latest kept part not yet reported; a release ends the part).
         #[test]
-        fn replay_agrees_with_a_model(ops in proptest::collection::vec((0u8..4, 0u8..3, any::<bool>()), 0..40)) {
+        fn replay_agrees_with_a_model(ops in proptest::collection::vec((0u8..4, 0u8..3, any::<bool>()), 0..48)) {
             let dir = tempfile::tempdir().unwrap();
             let (mut j, _) = open(dir.path());
-            // Model: per trace, (has spans since its last decision or release, decision, exported).
-            let mut model: BTreeMap<u8, (bool, Option<bool>, bool)> = BTreeMap::new();
-            // Earlier parts of a trace kept and not exported when more of it came.
-            let mut finished_unexported = Vec::new();
+            // Per trace: its parts (decision, exported), and whether the last one is still open.
+            let mut model: BTreeMap<u8, ModelParts> = BTreeMap::new();
             for (op, t, kept) in ops {
                 let trace = [t + 1; 16];
-                let m = model.entry(t).or_insert((false, None, false));
+                let (parts, open_part) = model.entry(t).or_default();
                 match op {
                     0 => {
                         j.fragment(&trace, 1, 0, &[t], None);
-                        if m.1.is_some() {
-                            if m.0 && m.1 == Some(true) && !m.2 {
-                                finished_unexported.push(t + 1);
-                            }
-                            *m = (true, None, false);
-                        } else {
-                            m.0 = true;
+                        let appends = *open_part && parts.last().is_some_and(|p| p.0.is_none());
+                        if !appends {
+                            parts.push((None, false));
+                            *open_part = true;
                         }
                     }
-                    1 if m.0 && m.1.is_none() => { j.decided(&trace, kept, 0); m.1 = Some(kept) }
-                    2 if m.1 == Some(true) => { j.exported(&trace); m.2 = true }
-                    3 => { j.released(&trace); *m = (false, None, false) }
+                    1 if *open_part && parts.last().is_some_and(|p| p.0.is_none()) => {
+                        j.decided(&trace, kept, 0);
+                        parts.last_mut().unwrap().0 = Some(kept);
+                    }
+                    2 => {
+                        if let Some(p) = parts.iter_mut().rev().find(|p| p.0 == Some(true) && !p.1) {
+                            j.exported(&trace);
+                            p.1 = true;
+                        }
+                    }
+                    3 if *open_part => {
+                        j.released(&trace, Held { first: 1, last: 1 });
+                        j.store_durable();
+                        parts.pop();
+                        *open_part = false;
+                    }
                     _ => {}
                 }
             }
             j.commit(0);
             drop(j);
             let (_, replayed) = open(dir.path());
-            let undecided: Vec<u8> = model.iter().filter(|(_, m)| m.0 && m.1.is_none()).map(|(t, _)| *t + 1).collect();
-            let mut unexported: Vec<u8> = model.iter().filter(|(_, m)| m.0 && m.1 == Some(true) && !m.2).map(|(t, _)| *t + 1).collect();
-            unexported.extend(finished_unexported);
-            unexported.sort_unstable();
+            let mut undecided: Vec<u8> = Vec::new();
+            let mut unexported: Vec<u8> = Vec::new();
+            for (t, (parts, _)) in &model {
+                undecided.extend(parts.iter().filter(|p| p.0.is_none()).map(|_| t + 1));
+                unexported.extend(parts.iter().filter(|p| p.0 == Some(true) && !p.1).map(|_| t + 1));
+            }
             let mut got_undecided: Vec<u8> = replayed.undecided.iter().map(|r| r.trace[0]).collect();
             let mut got_unexported: Vec<u8> = replayed.unexported.iter().map(|(r, _)| r.trace[0]).collect();
             got_undecided.sort_unstable();

@@ -59,6 +59,23 @@ impl SpanBuf {
         Some(Self { bytes: bytes.to_vec(), count })
     }
 
+    /// A buffer of the spans whose stored form (pid + `Span`) `keep` says to keep, in order.
+    pub(super) fn filtered(&self, mut keep: impl FnMut(&[u8]) -> bool) -> Self {
+        let mut out = Self::default();
+        let mut rest = self.bytes.as_slice();
+        while let Some((header, tail)) = rest.split_first_chunk::<SPAN_HEADER>() {
+            let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
+            let (record, tail) = tail.split_at(len);
+            if keep(record) {
+                out.bytes.extend_from_slice(header);
+                out.bytes.extend_from_slice(record);
+                out.count += 1;
+            }
+            rest = tail;
+        }
+        out
+    }
+
     pub(super) fn append(&mut self, mut other: SpanBuf) {
         if self.bytes.is_empty() {
             *self = other;
