@@ -340,7 +340,7 @@ impl Framer {
     /// syscall's bytes end (a client writes its head in one go, and HAProxy reads and writes it in
     /// one go), and hand it out marked as truncated. Without a complete start line it is an error.
     fn truncated_head(&mut self, cursor: &mut Cursor<'_>) -> Step {
-        let Some(last_newline) = self.buf.iter().rposition(|b| *b == b'\n') else {
+        let Some(last_newline) = memchr::memrchr(b'\n', &self.buf) else {
             return self.fail(FramingError::HeadTruncated, cursor);
         };
         if !looks_like_start_line(&self.buf) {
@@ -465,7 +465,7 @@ impl Framer {
                     if seen as usize + n == 2 { ChunkPart::SizeLine } else { ChunkPart::DataCrlf(1) }
                 }
                 ChunkPart::SizeLine | ChunkPart::Trailers => {
-                    let Some(line_end) = known.iter().position(|b| *b == b'\n') else {
+                    let Some(line_end) = memchr::memchr(b'\n', known) else {
                         if self.buf.len() + known.len() > MAX_CHUNK_LINE {
                             return self.fail(FramingError::BadChunk, cursor);
                         }
@@ -504,19 +504,16 @@ impl Framer {
 
 /// Offset just past `\r\n\r\n` (or a bare `\n\n`), if the head ends in `buf`.
 fn find_head_end(buf: &[u8]) -> Option<usize> {
-    let mut i = 0;
-    while i < buf.len() {
-        if buf[i] == b'\n' {
-            if buf[i + 1..].starts_with(b"\r\n") {
-                return Some(i + 3);
-            }
-            if buf[i + 1..].starts_with(b"\n") {
-                return Some(i + 2);
-            }
+    memchr::memchr_iter(b'\n', buf).find_map(|i| {
+        let after = &buf[i + 1..];
+        if after.starts_with(b"\r\n") {
+            Some(i + 3)
+        } else if after.starts_with(b"\n") {
+            Some(i + 2)
+        } else {
+            None
         }
-        i += 1;
-    }
-    None
+    })
 }
 
 /// A cheap check that a partial head could become an HTTP/1 request or status line, so garbage is
@@ -552,6 +549,19 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
+    proptest::proptest! {
+        /// The memchr search finds the same head end as a byte-at-a-time scan.
+        #[test]
+        fn find_head_end_agrees_with_a_byte_scan(bytes in proptest::collection::vec(proptest::sample::select(vec![b'\r', b'\n', b'a', b':']), 0..64)) {
+            let scan = (0..bytes.len()).find_map(|i| {
+                (bytes[i] == b'\n').then(|| {
+                    if bytes[i + 1..].starts_with(b"\r\n") { Some(i + 3) } else if bytes[i + 1..].starts_with(b"\n") { Some(i + 2) } else { None }
+                }).flatten()
+            });
+            proptest::prop_assert_eq!(find_head_end(&bytes), scan);
+        }
+    }
+
     use super::*;
 
     /// Feeds `chunks` and records the steps, answering each head with `framing`.
