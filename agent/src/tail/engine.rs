@@ -1967,6 +1967,8 @@ mod tests {
         reads: std::rc::Rc<std::cell::Cell<u32>>,
         /// Decisions taken before `decide` starts failing (until set again).
         decisions_left: std::rc::Rc<std::cell::Cell<u32>>,
+        /// `flush` fails while set.
+        fail_flush: std::rc::Rc<std::cell::Cell<bool>>,
     }
 
     impl FailingDecisions {
@@ -1977,6 +1979,7 @@ mod tests {
                 appends,
                 reads: std::rc::Rc::default(),
                 decisions_left: std::rc::Rc::new(std::cell::Cell::new(u32::MAX)),
+                fail_flush: std::rc::Rc::default(),
             }
         }
     }
@@ -2018,6 +2021,9 @@ mod tests {
             self.inner.recover()
         }
         fn flush(&mut self) -> Result<(), StoreError> {
+            if self.fail_flush.get() {
+                return Err(StoreError::Corrupt { what: "test: flush refused", len: 0 });
+            }
             self.inner.flush()
         }
         fn disk_bytes(&self) -> u64 {
@@ -2101,6 +2107,38 @@ mod tests {
         let store_spans = recovered.decisions.len();
         assert_eq!(store_spans, 1, "the partition's record of the trace, covering both parts");
         assert!(entry.spans.first < entry.spans.last);
+    }
+
+    #[test]
+    fn a_store_that_cannot_flush_holds_back_only_the_journals_record_of_moves_to_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FailingDecisions::new(false);
+        let fail_flush = std::rc::Rc::clone(&store.fail_flush);
+        let journal = Journal::open(dir.path(), journal::Sync::None, T0).unwrap();
+        let mut e =
+            Engine::open_journaled(store, Some(journal), policies(), memory_first(1 << 30), Vec::new(), T0).unwrap();
+        // Trace 1 has no root: it spills at 5 s. Trace 2 is an error: kept when its grace is over.
+        let client = request(vec![span(trace(1, false), 2, SpanKind::Client, T0, true)]).encode_to_vec();
+        e.ingest(&client, T0).unwrap();
+        e.tick(T0 + S / 10);
+        fail_flush.set(true);
+        e.ingest(&exchange(trace(2, false), T0 + 4 * S, true).encode_to_vec(), T0 + 4 * S).unwrap();
+        e.tick(T0 + 5 * S);
+        assert_eq!(e.stored_pending_traces(), 1, "trace 1 went to the store, which cannot flush");
+        let journal = e.journal.as_ref().unwrap();
+        assert!(journal.needs_store_flush(), "its move waits for the store");
+        assert_eq!(journal.buffered(), 0, "the rest of the group commit was written all the same");
+        e.tick(T0 + 6 * S);
+        let spans = exported(&mut e);
+        assert_eq!(spans.len(), 2, "trace 2 is exported: a store that cannot flush does not hold it back");
+        e.tick(T0 + 6 * S + S / 10);
+        fail_flush.set(false);
+        let mut e = journaled(e.into_store().inner, dir.path(), T0 + 7 * S);
+        assert_eq!((e.pending_traces(), e.stored_pending_traces(), e.resent_traces()), (1, 1, 0));
+        e.tick(T0 + 30 * S);
+        let spans = exported(&mut e);
+        assert_eq!(spans.len(), 1, "trace 1 once, from the store");
+        assert_eq!(spans[0].trace_id, trace(1, false));
     }
 
     #[test]
