@@ -53,6 +53,14 @@ fn tail_env(dir: &Path, extra: &[(&'static str, &str)]) -> Vec<(&'static str, St
     env
 }
 
+/// What a restarted agent of `s` runs with: the same collector and target, and `env`.
+fn restart_env(s: &Stack, env: &[(&'static str, String)]) -> Vec<(&'static str, String)> {
+    let mut agent_env =
+        vec![("OTEL_EXPORTER_OTLP_ENDPOINT", s.receiver.endpoint()), ("TRACETAP_TARGET_COMM", s.haproxy.comm.clone())];
+    agent_env.extend(env.iter().cloned());
+    agent_env
+}
+
 /// Sends `GET path` with a new sampled traceparent on `conn`; returns the trace id.
 fn traced_get(conn: &mut Conn, path: &str, rng: &mut fastrand::Rng) -> String {
     let (tp, trace) = new_trace(rng);
@@ -190,9 +198,7 @@ fn survives_kill_9_twenty_times_under_load() {
     // A collector that refuses two exports in three keeps kept traces in flight (in the outbox)
     // for a few hundred ms each, so that kills land between decision and delivery.
     s.receiver.refuse_two_in_three();
-    let mut agent_env =
-        vec![("OTEL_EXPORTER_OTLP_ENDPOINT", s.receiver.endpoint()), ("TRACETAP_TARGET_COMM", s.haproxy.comm.clone())];
-    agent_env.extend(env.iter().cloned());
+    let agent_env = restart_env(&s, &env);
 
     let stop = Arc::new(AtomicBool::new(false));
     let sent = Arc::new(Mutex::new(Vec::<String>::new()));
@@ -336,12 +342,11 @@ fn traces_that_must_wait_spill_to_the_store_and_are_decided_once_after_a_restart
     assert!(spilled.is_some(), "every trace spills; log:\n{}", s.agent.log());
     assert_eq!(s.agent.metric("tracetap_tail_traces_decided_in_memory_total"), 0);
     assert!(s.receiver.spans().is_empty(), "nothing decided yet");
-    let mut agent_env =
-        vec![("OTEL_EXPORTER_OTLP_ENDPOINT", s.receiver.endpoint()), ("TRACETAP_TARGET_COMM", s.haproxy.comm.clone())];
+    // After the restart the traces are due at once (a short grace): decided from the store.
+    let agent_env =
+        restart_env(&s, &tail_env(dir.path(), &[keep_all.as_slice(), &[("TRACETAP_TAIL_GRACE", "300ms")]].concat()));
     let Stack { agent, receiver, haproxy, rt, backend, .. } = s;
     assert!(agent.stop().success());
-    // After the restart the traces are due at once (a short grace): decided from the store.
-    agent_env.extend(tail_env(dir.path(), &[keep_all.as_slice(), &[("TRACETAP_TAIL_GRACE", "300ms")]].concat()));
     let agent = Agent::start(&agent_env);
     let spans = receiver.wait_for_spans(40);
     let got = by_trace(&spans);
@@ -493,9 +498,7 @@ fn traces_waiting_in_memory_at_a_kill_9_are_decided_after_the_restart() {
     ];
     let env = tail_env(dir.path(), &policy);
     let mut s = Stack::start("", &env);
-    let mut agent_env =
-        vec![("OTEL_EXPORTER_OTLP_ENDPOINT", s.receiver.endpoint()), ("TRACETAP_TARGET_COMM", s.haproxy.comm.clone())];
-    agent_env.extend(env.iter().cloned());
+    let agent_env = restart_env(&s, &env);
     // Four connections send the same requests at once; one in 25 is an error or a slow one.
     let sent: Vec<(String, Kind)> = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..4u64)
@@ -568,9 +571,7 @@ fn twenty_kills_at_random_moments_lose_no_trace_that_ended_half_a_second_before(
         &[("TRACETAP_TAIL_LATENCY_MS", "200"), ("TRACETAP_TAIL_RATIO", "0.05"), ("TRACETAP_TAIL_GRACE", "2s")],
     );
     let mut s = Stack::start("", &env);
-    let mut agent_env =
-        vec![("OTEL_EXPORTER_OTLP_ENDPOINT", s.receiver.endpoint()), ("TRACETAP_TARGET_COMM", s.haproxy.comm.clone())];
-    agent_env.extend(env.iter().cloned());
+    let agent_env = restart_env(&s, &env);
 
     let stop = Arc::new(AtomicBool::new(false));
     // Each request: trace, kind, when it began and ended.

@@ -720,22 +720,6 @@ mod tests {
     }
 
     #[test]
-    fn after_a_write_error_the_replayed_segments_stay_for_the_next_start() {
-        let dir = tempfile::tempdir().unwrap();
-        let (mut j, _) = open(dir.path());
-        j.fragment(&T1, 10, 0, b"a", None);
-        j.commit(0);
-        drop(j);
-        let (mut j, replayed) = open(dir.path());
-        assert_eq!(replayed.undecided.len(), 1);
-        j.counts.write_errors = 1;
-        j.retire_replayed();
-        drop(j);
-        let (_, replayed) = open(dir.path());
-        assert_eq!(replayed.undecided.len(), 1, "still there");
-    }
-
-    #[test]
     fn spans_after_a_decision_start_a_new_part_and_the_first_is_still_re_exported() {
         let dir = tempfile::tempdir().unwrap();
         let (mut j, _) = open(dir.path());
@@ -830,18 +814,34 @@ mod tests {
         assert_eq!(std::fs::read_dir(dir.path().join("quarantine")).unwrap().count(), 1);
     }
 
-    #[test]
-    fn replayed_segments_go_only_when_retired() {
-        let dir = tempfile::tempdir().unwrap();
-        let (mut j, _) = open(dir.path());
+    /// A journal holding one undecided trace, reopened: the segment it was in is replayed.
+    fn reopened_with_one_trace(dir: &Path) -> Journal {
+        let (mut j, _) = open(dir);
         j.fragment(&T1, 10, 0, b"a", None);
         j.commit(0);
         drop(j);
-        let (mut j, replayed) = open(dir.path());
+        let (j, replayed) = open(dir);
         assert_eq!(replayed.undecided.len(), 1);
-        assert_eq!(segments(dir.path()), vec![1, 2]);
+        assert_eq!(segments(dir), vec![1, 2]);
+        j
+    }
+
+    #[test]
+    fn replayed_segments_go_only_when_retired() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut j = reopened_with_one_trace(dir.path());
         j.retire_replayed();
         assert_eq!(segments(dir.path()), vec![2]);
+    }
+
+    #[test]
+    fn after_a_write_error_the_replayed_segments_stay_for_the_next_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut j = reopened_with_one_trace(dir.path());
+        j.counts.write_errors = 1;
+        j.retire_replayed();
+        drop(j);
+        assert_eq!(open(dir.path()).1.undecided.len(), 1, "still there");
     }
 
     /// A trace's parts in the model test (decision, exported), and whether the last is still open.
