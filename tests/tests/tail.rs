@@ -563,6 +563,34 @@ fn traces_waiting_in_memory_at_a_kill_9_are_decided_after_the_restart() {
     assert!(exported_twice(&spans).is_empty(), "nothing was exported before the kill, so nothing twice");
 }
 
+/// Each request of [`mixed_load`]: trace, kind, when it began and ended.
+type Sent = Arc<Mutex<Vec<(String, Kind, Instant, Instant)>>>;
+
+/// Four connections sending requests until `stop`: one in ten an error, one in twenty slow, the
+/// rest plain, each recorded in `sent`.
+fn mixed_load(front: SocketAddr, stop: &Arc<AtomicBool>, sent: &Sent) -> Vec<std::thread::JoinHandle<()>> {
+    (0..4u64)
+        .map(|w| {
+            let (stop, sent) = (Arc::clone(stop), Arc::clone(sent));
+            std::thread::spawn(move || {
+                let mut rng = fastrand::Rng::with_seed(w);
+                let mut conn = Conn::connect(front).expect("connect");
+                while !stop.load(Relaxed) {
+                    let kind = match rng.u8(0..20) {
+                        0 | 1 => Kind::Error,
+                        2 => Kind::Slow,
+                        _ => Kind::Plain,
+                    };
+                    let began = Instant::now();
+                    let trace = traced_get(&mut conn, kind.path(), &mut rng);
+                    sent.lock().expect("sent").push((trace, kind, began, Instant::now()));
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            })
+        })
+        .collect()
+}
+
 /// `kill -9` at random moments under load, 20 times: every error and slow trace (and every plain
 /// one consistent sampling keeps) whose request ended at least 0.5 s before a kill, and began after
 /// its agent was ready, is exported whole; traces sent again after a restart stay under 1% of those
@@ -582,41 +610,32 @@ fn twenty_kills_at_random_moments_lose_no_trace_that_ended_half_a_second_before(
     let agent_env = restart_env(&s, &env);
 
     let stop = Arc::new(AtomicBool::new(false));
-    // Each request: trace, kind, when it began and ended.
-    let sent = Arc::new(Mutex::new(Vec::<(String, Kind, Instant, Instant)>::new()));
-    let load: Vec<_> = (0..4u64)
-        .map(|w| {
-            let (front, stop, sent) = (s.front, Arc::clone(&stop), Arc::clone(&sent));
-            std::thread::spawn(move || {
-                let mut rng = fastrand::Rng::with_seed(w);
-                let mut conn = Conn::connect(front).expect("connect");
-                while !stop.load(Relaxed) {
-                    let kind = match rng.u8(0..20) {
-                        0 | 1 => Kind::Error,
-                        2 => Kind::Slow,
-                        _ => Kind::Plain,
-                    };
-                    let began = Instant::now();
-                    let trace = traced_get(&mut conn, kind.path(), &mut rng);
-                    sent.lock().expect("sent").push((trace, kind, began, Instant::now()));
-                    std::thread::sleep(Duration::from_millis(2));
-                }
-            })
-        })
-        .collect();
+    let sent: Sent = Arc::default();
+    let load = mixed_load(s.front, &stop, &sent);
 
     // When each agent was ready (its tail store open: until then the tail queue may shed), and
-    // when it was killed (the last one: never).
+    // when it was killed (the last one: never). A life in which the agent counted a trace shed by
+    // the tail queue or a record lost to the ring (it fell behind: a busy CI machine) is left out
+    // of the check: those losses are counted, and not the journal's to prevent.
+    let counted_losses = |agent: &Agent| {
+        agent.metric("tracetap_tail_shed_traces_total") + agent.metric("tracetap_events_lost_ring_full_total")
+    };
     let mut lives: Vec<(Instant, Option<Instant>)> = Vec::new();
+    let mut lives_left_out = 0;
     let mut resent = resent_at_start(&s.agent);
     let mut ready = Instant::now();
     let mut rng = fastrand::Rng::with_seed(33);
     let kills = 20;
     for _ in 0..kills {
         std::thread::sleep(Duration::from_millis(rng.u64(1500..3500)));
+        let losses = counted_losses(&s.agent);
         let killed = Instant::now();
         s.agent.kill();
-        lives.push((ready, Some(killed)));
+        if losses == 0 {
+            lives.push((ready, Some(killed)));
+        } else {
+            lives_left_out += 1;
+        }
         s.agent = Agent::start(&agent_env);
         resent += resent_at_start(&s.agent);
         ready = Instant::now();
@@ -626,7 +645,12 @@ fn twenty_kills_at_random_moments_lose_no_trace_that_ended_half_a_second_before(
     for worker in load {
         worker.join().expect("load worker");
     }
-    lives.push((ready, None));
+    if counted_losses(&s.agent) == 0 {
+        lives.push((ready, None));
+    } else {
+        lives_left_out += 1;
+    }
+    assert!(lives_left_out <= 5, "{lives_left_out} of 21 agents fell behind: the test checked too little");
     let settled = wait_for(Duration::from_secs(30), || {
         let pending = s.agent.metric("tracetap_tail_traces_pending");
         (pending == 0 && s.agent.metric("tracetap_tail_outbox_traces") == 0).then_some(())
@@ -652,7 +676,7 @@ fn twenty_kills_at_random_moments_lose_no_trace_that_ended_half_a_second_before(
         must_keep.iter().filter(|(t, ..)| !whole(t)).map(|(t, kind, ..)| format!("{t} ({kind:?})")).collect();
     let kept_kind = |k: Kind| must_keep.iter().filter(|(_, kind, ..)| *kind == k).count();
     println!(
-        "[tail kill -9 x{kills}] {} requests; {} traces exported; {} had to be kept ({} errors, {} slow, {} plain), {} missing; {} re-sent after restarts ({:.2}% of those exported), {} exported twice",
+        "[tail kill -9 x{kills}] {} requests; {} traces exported; {} had to be kept ({} errors, {} slow, {} plain), {} missing; {} re-sent after restarts ({:.2}% of those exported), {} exported twice; {lives_left_out} of 21 lives left out (the agent counted sheds or ring losses)",
         sent.len(),
         traces.len(),
         must_keep.len(),
