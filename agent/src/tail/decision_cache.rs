@@ -25,6 +25,13 @@ pub(super) struct Cached {
     pub(super) last: u64,
 }
 
+impl Cached {
+    /// A decision made in memory (no record in the store), at `now`.
+    pub(super) fn in_memory(now: u64, partition_ns: u64, kept: bool, threshold: u64) -> Self {
+        Self { partition: now / partition_ns, seq: 0, kept, threshold, first: 0, last: 0 }
+    }
+}
+
 #[derive(Debug)]
 pub(super) struct DecisionCache {
     entries: FxHashMap<TraceId, Cached>,

@@ -398,7 +398,7 @@ impl<S: TailStore> Engine<S> {
             journal.decided(&r.trace, true, threshold);
             self.counts.resent += 1;
             if !self.cache.contains(&r.trace) {
-                let cached = Cached { partition: now / PARTITION_NS, seq: 0, kept: true, threshold, first: 0, last: 0 };
+                let cached = Cached::in_memory(now, PARTITION_NS, true, threshold);
                 self.cache.remember(r.trace, cached);
             }
             self.queue_kept(spans.records(), threshold);
@@ -453,7 +453,7 @@ impl<S: TailStore> Engine<S> {
         }
         for (trace, kept, threshold) in replayed.decided {
             if !self.cache.contains(&trace) {
-                let cached = Cached { partition: now / PARTITION_NS, seq: 0, kept, threshold, first: 0, last: 0 };
+                let cached = Cached::in_memory(now, PARTITION_NS, kept, threshold);
                 self.cache.remember(trace, cached);
             }
         }
@@ -723,10 +723,7 @@ impl<S: TailStore> Engine<S> {
         count_decision(&mut self.counts, verdict.policy, keep);
         drop(facts);
         self.counts.decided_in_memory += 1;
-        self.cache.remember(
-            trace,
-            Cached { partition: now / PARTITION_NS, seq: 0, kept: keep, threshold, first: 0, last: 0 },
-        );
+        self.cache.remember(trace, Cached::in_memory(now, PARTITION_NS, keep, threshold));
         if let (Some(journal), Some(held)) = (&mut self.journal, hot.journal) {
             journal.decided(&trace, keep, threshold);
             if keep {
