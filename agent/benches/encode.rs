@@ -93,6 +93,9 @@ fn exchange() -> ServerExchange {
             server: Some("10.0.3.17:8080".parse().unwrap()),
             start_ns: 1_100,
             end_ns: 1_900,
+            connect_ns: None,
+            free_since_ns: None,
+            response_start_ns: None,
             outcome: Outcome::Complete,
             tls: None,
         }],
@@ -103,6 +106,7 @@ fn exchange() -> ServerExchange {
         client: None,
         start_ns: 1_000,
         end_ns: 2_000,
+        head_end_ns: None,
         outcome: Outcome::Complete,
         tls: None,
     }
@@ -120,6 +124,7 @@ fn synthetic<'a>(attrs: &'a [Attr<'a>]) -> SpanView<'a> {
         start_unix_ns: 1_700_000_000_000_000_000,
         end_unix_ns: 1_700_000_000_001_000_000,
         attributes: attrs,
+        events: &[],
         error: false,
     }
 }

@@ -125,6 +125,7 @@ fn encoded_batch(encoder: &mut BatchEncoder, first: u64) -> Vec<u8> {
             start_unix_ns: end - 2_000_000,
             end_unix_ns: end,
             attributes: &server_attrs,
+            events: &[],
             error: false,
         };
         let client = SpanView {
@@ -133,6 +134,7 @@ fn encoded_batch(encoder: &mut BatchEncoder, first: u64) -> Vec<u8> {
             name: "GET be_app",
             kind: 3,
             attributes: &client_attrs,
+            events: &[],
             ..server
         };
         views.push(server);

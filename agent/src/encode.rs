@@ -11,7 +11,7 @@
 //! builds (tested below and in `tests/encode.rs`).
 
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
-use opentelemetry_proto::tonic::trace::v1::{Span, Status, status};
+use opentelemetry_proto::tonic::trace::v1::{Span, Status, span, status};
 use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint, key_len};
 
 /// An attribute value.
@@ -20,6 +20,7 @@ pub enum Value<'a> {
     Str(&'a str),
     Int(i64),
     Bool(bool),
+    Double(f64),
 }
 
 /// An attribute.
@@ -44,7 +45,16 @@ pub struct SpanView<'a> {
     pub start_unix_ns: u64,
     pub end_unix_ns: u64,
     pub attributes: &'a [Attr<'a>],
+    /// Moments on the span's timeline (no attributes of their own).
+    pub events: &'a [EventView<'a>],
     pub error: bool,
+}
+
+/// A span event: a name at a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EventView<'a> {
+    pub time_unix_ns: u64,
+    pub name: &'a str,
 }
 
 impl SpanView<'_> {
@@ -62,6 +72,15 @@ impl SpanView<'_> {
             start_time_unix_nano: self.start_unix_ns,
             end_time_unix_nano: self.end_unix_ns,
             attributes: self.attributes.iter().map(Attr::to_prost).collect(),
+            events: self
+                .events
+                .iter()
+                .map(|e| span::Event {
+                    time_unix_nano: e.time_unix_ns,
+                    name: e.name.to_owned(),
+                    ..span::Event::default()
+                })
+                .collect(),
             status: Some(if self.error {
                 Status { code: status::StatusCode::Error as i32, message: String::new() }
             } else {
@@ -79,6 +98,7 @@ impl Attr<'_> {
             Value::Str(s) => any_value::Value::StringValue(s.to_owned()),
             Value::Int(i) => any_value::Value::IntValue(i),
             Value::Bool(b) => any_value::Value::BoolValue(b),
+            Value::Double(d) => any_value::Value::DoubleValue(d),
         };
         KeyValue { key: self.key.to_owned(), value: Some(AnyValue { value: Some(value) }), ..KeyValue::default() }
     }
@@ -103,6 +123,9 @@ mod field {
     pub const SPAN_START: u32 = 7;
     pub const SPAN_END: u32 = 8;
     pub const SPAN_ATTRIBUTES: u32 = 9;
+    pub const SPAN_EVENTS: u32 = 11;
+    pub const EVENT_TIME: u32 = 1;
+    pub const EVENT_NAME: u32 = 2;
     pub const SPAN_STATUS: u32 = 15;
     pub const SPAN_FLAGS: u32 = 16;
     pub const STATUS_CODE: u32 = 3;
@@ -111,6 +134,7 @@ mod field {
     pub const ANY_STRING: u32 = 1;
     pub const ANY_BOOL: u32 = 2;
     pub const ANY_INT: u32 = 3;
+    pub const ANY_DOUBLE: u32 = 4;
 }
 
 const STATUS_ERROR: u64 = 2;
@@ -145,6 +169,7 @@ fn any_value_len(value: Value<'_>) -> usize {
         Value::Str(s) => len_delimited_len(field::ANY_STRING, s.len()),
         Value::Int(i) => key_len(field::ANY_INT) + encoded_len_varint(i as u64),
         Value::Bool(_) => key_len(field::ANY_BOOL) + 1,
+        Value::Double(_) => key_len(field::ANY_DOUBLE) + 8,
     }
 }
 
@@ -162,6 +187,10 @@ fn write_any_value(buf: &mut Vec<u8>, value: Value<'_>) {
             encode_key(field::ANY_BOOL, WireType::Varint, buf);
             encode_varint(u64::from(b), buf);
         }
+        Value::Double(d) => {
+            encode_key(field::ANY_DOUBLE, WireType::SixtyFourBit, buf);
+            buf.extend_from_slice(&d.to_le_bytes());
+        }
     }
 }
 
@@ -174,6 +203,20 @@ fn write_key_value(buf: &mut Vec<u8>, field: u32, attr: &Attr<'_>) {
     write_bytes(buf, field::KV_KEY, attr.key.as_bytes());
     write_len_delimited(buf, field::KV_VALUE, any_value_len(attr.value));
     write_any_value(buf, attr.value);
+}
+
+fn event_len(event: &EventView<'_>) -> usize {
+    (if event.time_unix_ns == 0 { 0 } else { key_len(field::EVENT_TIME) + 8 })
+        + bytes_len(field::EVENT_NAME, event.name.as_bytes())
+}
+
+fn write_event(buf: &mut Vec<u8>, event: &EventView<'_>) {
+    write_len_delimited(buf, field::SPAN_EVENTS, event_len(event));
+    if event.time_unix_ns != 0 {
+        encode_key(field::EVENT_TIME, WireType::SixtyFourBit, buf);
+        buf.extend_from_slice(&event.time_unix_ns.to_le_bytes());
+    }
+    write_bytes(buf, field::EVENT_NAME, event.name.as_bytes());
 }
 
 fn status_len(error: bool) -> usize {
@@ -191,6 +234,7 @@ fn span_len(span: &SpanView<'_>) -> usize {
         + if span.start_unix_ns == 0 { 0 } else { key_len(field::SPAN_START) + 8 }
         + if span.end_unix_ns == 0 { 0 } else { key_len(field::SPAN_END) + 8 }
         + span.attributes.iter().map(|a| len_delimited_len(field::SPAN_ATTRIBUTES, key_value_len(a))).sum::<usize>()
+        + span.events.iter().map(|e| len_delimited_len(field::SPAN_EVENTS, event_len(e))).sum::<usize>()
         // `status` is always present (possibly empty), as the prost path sets it.
         + len_delimited_len(field::SPAN_STATUS, status_len(span.error))
         + if span.flags == 0 { 0 } else { key_len(field::SPAN_FLAGS) + 4 }
@@ -218,6 +262,9 @@ fn write_span(buf: &mut Vec<u8>, span: &SpanView<'_>) {
     }
     for attr in span.attributes {
         write_key_value(buf, field::SPAN_ATTRIBUTES, attr);
+    }
+    for event in span.events {
+        write_event(buf, event);
     }
     write_len_delimited(buf, field::SPAN_STATUS, status_len(span.error));
     if span.error {
@@ -383,6 +430,7 @@ mod tests {
             start_unix_ns: 1_700_000_000_000_000_000,
             end_unix_ns: 1_700_000_000_000_500_000,
             attributes: attrs,
+            events: &[],
             error: false,
         }
     }
@@ -401,8 +449,15 @@ mod tests {
             Attr { key: "empty", value: Value::Str("") },
             Attr { key: "t", value: Value::Bool(true) },
             Attr { key: "f", value: Value::Bool(false) },
+            Attr { key: "ms", value: Value::Double(119.999) },
+            Attr { key: "zero_ms", value: Value::Double(0.0) },
+        ];
+        let events = [
+            EventView { time_unix_ns: 1_700_000_000_000_100_000, name: "haproxy.request.head_received" },
+            EventView { time_unix_ns: 0, name: "" },
         ];
         let mut spans = [view(&attrs, "GET fe", "ot=th:0"), view(&attrs, "", "")];
+        spans[0].events = &events;
         spans[1].parent_span_id = [9; 8];
         spans[1].error = true;
         spans[1].kind = 3;

@@ -23,4 +23,5 @@ pub mod spans;
 pub mod tail;
 pub mod target;
 pub mod telemetry;
+pub mod timeline;
 pub mod view;

@@ -24,6 +24,7 @@ use tracetap_proxy::{ClientExchange, Outcome, RequestHead, ServerExchange, TlsIn
 use crate::encode::{Attr, SpanView, Value};
 use crate::sampling::Sampler;
 use crate::target::{Target, scrub_query, truncate_chars};
+use crate::timeline;
 
 /// Span flags: the W3C sampled flag, plus "has `is_remote`" (bit 8) and "`is_remote`" (bit 9) of the
 /// OTLP `SpanFlags` for the parent.
@@ -240,7 +241,9 @@ impl SpanBuilder {
         }
         // SERVER spans: 5xx and aborted exchanges are errors, 4xx are the client's business.
         let error = push_error_type(&mut attrs, bump, ex.outcome, status_code, 500);
+        timeline::push_attributes(&mut attrs, ex);
         limit_values(&mut attrs, self.value_length_limit);
+        let events = timeline::events(ex, bump, |ns| self.unix_ns(ns));
         out.push(SpanView {
             trace_id: decision.trace_id,
             span_id,
@@ -252,6 +255,7 @@ impl SpanBuilder {
             start_unix_ns: self.unix_ns(ex.start_ns),
             end_unix_ns: self.unix_ns(ex.end_ns.max(ex.start_ns)),
             attributes: attrs.into_bump_slice(),
+            events,
             error,
         });
         for (i, client) in ex.clients.iter().enumerate() {
@@ -333,6 +337,7 @@ impl SpanBuilder {
             start_unix_ns: self.unix_ns(ex.start_ns),
             end_unix_ns: self.unix_ns(ex.end_ns.max(ex.start_ns)),
             attributes: attrs.into_bump_slice(),
+            events: &[],
             error,
         }
     }
@@ -575,6 +580,9 @@ mod tests {
                 server: Some("127.0.0.1:8080".parse().unwrap()),
                 start_ns: 20,
                 end_ns: 30,
+                connect_ns: None,
+                free_since_ns: None,
+                response_start_ns: None,
                 outcome,
                 tls: None,
             }],
@@ -585,6 +593,7 @@ mod tests {
             client: None,
             start_ns: 10,
             end_ns: 40,
+            head_end_ns: None,
             outcome,
             tls: None,
         }

@@ -250,7 +250,7 @@ mod tests {
         server.attributes = vec![
             attr("http.response.status_code", Value::IntValue(200)),
             attr("haproxy.termination_state", Value::StringValue("--".into())),
-            attr("haproxy.timer.tr", Value::DoubleValue(0.25)),
+            attr("haproxy.timer.response", Value::DoubleValue(0.25)),
         ];
         let mut client = span(1, 2, 1, SpanKind::Client, "GET be_app", (10, 30));
         client.attributes = vec![attr("http.response.status_code", Value::IntValue(200))];
@@ -264,7 +264,7 @@ mod tests {
         assert_eq!(read, Read { spans: 3, traces: 2, skipped: 1 });
         let expected = "\
 trace 01010101010101010101010101010101  2 spans  40.000 ms
-  |================================| SERVER GET fe_main                         200  40.000 ms  --  tr=0.25
+  |================================| SERVER GET fe_main                         200  40.000 ms  --  response=0.25
   |        ================        |   CLIENT GET be_app                        200  20.000 ms
 
 trace 02020202020202020202020202020202  1 span  8.000 ms

@@ -127,6 +127,14 @@ pub struct ClientExchange {
     pub start_ns: u64,
     /// Monotonic ns of the read that ended the response (or of the close).
     pub end_ns: u64,
+    /// Monotonic ns of the `connect` that opened the connection, when this exchange was the first
+    /// on it; `None` on a connection reused from an earlier exchange (or opened before the probes).
+    pub connect_ns: Option<u64>,
+    /// On an HTTP/1 connection reused from an earlier exchange: monotonic ns of the read that
+    /// ended that exchange's response, when the connection became free for this one.
+    pub free_since_ns: Option<u64>,
+    /// Monotonic ns of the read that brought the first byte of the (final) response head.
+    pub response_start_ns: Option<u64>,
     pub outcome: Outcome,
     /// The connection to the server ran in TLS (`ssl` on the server line): `url.scheme` is
     /// `https`.
@@ -153,6 +161,8 @@ pub struct ServerExchange {
     pub start_ns: u64,
     /// Monotonic ns of the write that ended the response (or of the close).
     pub end_ns: u64,
+    /// Monotonic ns of the read that completed the request head (`None` without a request).
+    pub head_end_ns: Option<u64>,
     pub outcome: Outcome,
     /// The client connection ran in TLS (`ssl` on the bind line): `url.scheme` is `https`.
     pub tls: Option<TlsInfo>,

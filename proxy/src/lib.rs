@@ -14,10 +14,12 @@ pub mod haproxy_words;
 pub mod head;
 pub mod hosts;
 pub mod proxy_protocol;
+pub mod timers;
 pub mod trace_context;
 pub mod tracker;
 
 pub use exchange::{ClientExchange, Outcome, ServerExchange, TlsInfo};
 pub use framing::Chunk;
 pub use head::{HttpVersion, RequestHead, ResponseHead, TraceparentField};
+pub use timers::Timers;
 pub use tracker::{Limits, Op, OpaqueMark, SyscallEvent, Tracker, TrackerStats};

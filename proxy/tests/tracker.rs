@@ -88,6 +88,42 @@ fn proxied_request_links_client_to_server() {
 }
 
 #[test]
+fn the_moments_of_haproxys_timers_come_from_the_syscalls_that_make_them() {
+    // Times are 1000 ns apart in script order: accept 1000, ...
+    let mut tracker = Tracker::default();
+    let mut script = Script::default();
+    let head = req("/a");
+    let (first, rest) = head.split_at(5);
+    let back_response = resp(200, "hello");
+    let (response_start, response_rest) = back_response.split_at(7);
+    script
+        .push(1, 10, OwnedOp::Accept(client())) // 1000
+        .push(1, 10, OwnedOp::Read(first.to_vec())) // 2000: the request's first byte
+        .push(1, 10, OwnedOp::Read(rest.to_vec())) // 3000: its head complete
+        .push(1, 11, OwnedOp::Connect(server())) // 4000
+        .push(1, 11, OwnedOp::Write(req("/a"))) // 5000
+        .push(1, 11, OwnedOp::Read(response_start.to_vec())) // 6000: the response's first byte
+        .push(1, 11, OwnedOp::Read(response_rest.to_vec())) // 7000
+        .push(1, 10, OwnedOp::Write(back_response.clone())) // 8000
+        // A second request on both connections: the backend one is reused.
+        .push(1, 10, OwnedOp::Read(req("/b"))) // 9000
+        .push(1, 11, OwnedOp::Write(req("/b"))) // 10000
+        .push(1, 11, OwnedOp::Read(back_response.clone())) // 11000
+        .push(1, 10, OwnedOp::Write(back_response)); // 12000
+    let out = script.run(&mut tracker);
+    assert_eq!(out.len(), 2);
+    let (first_ex, second_ex) = (&out[0], &out[1]);
+    assert_eq!((first_ex.start_ns, first_ex.head_end_ns, first_ex.end_ns), (2000, Some(3000), 8000));
+    let c = &first_ex.clients[0];
+    assert_eq!((c.connect_ns, c.start_ns, c.response_start_ns), (Some(4000), 5000, Some(6000)));
+    assert_eq!((second_ex.start_ns, second_ex.head_end_ns), (9000, Some(9000)));
+    let c = &second_ex.clients[0];
+    assert_eq!((c.connect_ns, c.start_ns, c.response_start_ns), (None, 10000, Some(11000)));
+    assert_eq!(c.free_since_ns, Some(7000), "free since the first response was read whole");
+    assert_eq!(first_ex.clients[0].free_since_ns, None);
+}
+
+#[test]
 fn traceparent_link_wins_over_order() {
     let mut t = Tracker::default();
     let tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";

@@ -60,6 +60,14 @@ impl Received {
     }
 
     #[must_use]
+    pub fn double_attr(&self, key: &str) -> Option<f64> {
+        match attr(&self.span.attributes, key)? {
+            Value::DoubleValue(d) => Some(*d),
+            _ => None,
+        }
+    }
+
+    #[must_use]
     pub fn is_server(&self) -> bool {
         self.span.kind == opentelemetry_proto::tonic::trace::v1::span::SpanKind::Server as i32
     }

@@ -150,7 +150,7 @@ impl Tracker {
                 };
                 let framing = match role {
                     Role::Frontend => self.front_response_head(id, ctx, head),
-                    _ => self.back_response_head(id, ctx, head),
+                    _ => self.back_response_head(id, ctx, head, ctx.ts),
                 };
                 if framing == BodyFraming::Tunnel {
                     // CONNECT: the stream now carries a tunnel; the exchange ends at its head as on

@@ -207,9 +207,15 @@ struct Connection {
     ingress: Framer,
     /// Bytes the process wrote.
     egress: Framer,
-    /// When the message being framed in each direction started.
+    /// When the message being framed in each direction started (its first byte's read or write).
     ingress_start: Option<u64>,
     egress_start: Option<u64>,
+    /// Backend: when the `connect` that opened it ran, until its first request takes it (the
+    /// connect timer of `HAProxy`'s log, see [`crate::timers`]).
+    connect_ns: Option<u64>,
+    /// HTTP/1 backend: when its last exchange ended (the response read whole), the moment the
+    /// connection was free for the next request (see [`crate::timers`]).
+    free_since_ns: Option<u64>,
     /// Frontend: ids of requests read and not yet answered, oldest first.
     fronts: VecDeque<u64>,
     /// Backend: ids of requests written and not yet answered, oldest first.
@@ -251,6 +257,8 @@ impl Connection {
             egress: Framer::new(),
             ingress_start: None,
             egress_start: None,
+            connect_ns: None,
+            free_since_ns: None,
             fronts: VecDeque::new(),
             backs: VecDeque::new(),
             last_seq: 0,
@@ -396,6 +404,7 @@ impl Tracker {
             Op::Connect { server } => {
                 self.close(key, ev.ts_ns);
                 let mut conn = Connection::new(Role::Backend, server);
+                conn.connect_ns = Some(ev.ts_ns);
                 conn.last_seq = ev.seq;
                 conn.opened_ns = if ev.seq == 0 { 0 } else { ev.ts_ns };
                 conn.expect_proxy_header = true;
@@ -812,7 +821,10 @@ impl Tracker {
             }
             let role = conn.role;
             let spoke_http = conn.spoke_http;
-            let (framer, _) = conn.direction(dir);
+            let (framer, start) = conn.direction(dir);
+            if framer.is_idle() && start.is_none() && !cursor.is_empty() {
+                *start = Some(ctx.ts);
+            }
             match framer.step(&mut cursor) {
                 Step::NeedMore => return found_message,
                 Step::Error(_) if !spoke_http => {
@@ -830,12 +842,13 @@ impl Tracker {
                 }
                 Step::Head => {
                     found_message = true;
+                    let started = start.take().unwrap_or(ctx.ts);
                     let Ok(response) = head::parse_response(framer.head_bytes()) else {
                         self.stats.parse_errors += 1;
                         framer.abandon();
                         continue;
                     };
-                    let framing = self.response_head(ctx, role, response);
+                    let framing = self.response_head(ctx, role, response, started);
                     let conn = self.conns.get_mut(&ctx.key).expect("present");
                     conn.spoke_http = true;
                     let (framer, _) = conn.direction(dir);
@@ -855,7 +868,7 @@ impl Tracker {
 
     /// Records a response head on the oldest open request (HTTP/1 pairs in order); returns how
     /// its body is framed.
-    fn response_head(&mut self, ctx: Ctx, role: Role, response: ResponseHead) -> BodyFraming {
+    fn response_head(&mut self, ctx: Ctx, role: Role, response: ResponseHead, started: u64) -> BodyFraming {
         let conn = self.conns.get_mut(&ctx.key).expect("present");
         if role == Role::Frontend {
             let id = if let Some(id) = conn.fronts.front() {
@@ -879,7 +892,7 @@ impl Tracker {
                 self.stats.unpaired_responses += 1;
                 return response.framing("GET");
             };
-            self.back_response_head(back_id, ctx, response)
+            self.back_response_head(back_id, ctx, response, started)
         }
     }
 
@@ -900,15 +913,16 @@ impl Tracker {
         framing
     }
 
-    /// Records the response head of backend exchange `back_id`, read from the server on `ctx`:
-    /// from now on a frontend response on the same thread may claim it. Returns how its body is
-    /// framed.
-    fn back_response_head(&mut self, back_id: u64, ctx: Ctx, response: ResponseHead) -> BodyFraming {
+    /// Records the response head of backend exchange `back_id`, read from the server on `ctx`
+    /// (its first byte read at `started`): from now on a frontend response on the same thread may
+    /// claim it. Returns how its body is framed.
+    fn back_response_head(&mut self, back_id: u64, ctx: Ctx, response: ResponseHead, started: u64) -> BodyFraming {
         let Some(back) = self.backs.get_mut(&back_id) else { return response.framing("GET") };
         if response.is_interim() {
             return BodyFraming::Empty;
         }
         back.exchange.response = Some(response);
+        back.exchange.response_start_ns = Some(started);
         if back.evidence.claimable() && back.relay == Relay::Awaiting {
             back.relay = Relay::Pending { tid: ctx.tid, read_ns: ctx.ts };
             self.relays.push_back(back_id);
@@ -931,6 +945,7 @@ impl Tracker {
                 return;
             }
             conn.backs.pop_front();
+            conn.free_since_ns = Some(ctx.ts);
             self.end_backend(id, ctx.ts, outcome);
         }
     }
@@ -940,6 +955,7 @@ impl Tracker {
         self.next_id += 1;
         let (peer, local, client, tls) =
             self.conns.get(&ctx.key).map_or((None, None, None, None), |c| (c.addr, c.local, c.proxy_client, c.tls));
+        let head_end_ns = request.as_ref().map(|_| ctx.ts);
         self.fronts.insert(
             id,
             FrontRecord {
@@ -952,6 +968,7 @@ impl Tracker {
                     client,
                     start_ns: started,
                     end_ns: started,
+                    head_end_ns,
                     outcome: Outcome::Complete,
                     tls,
                     clients: self.clients_pool.pop().unwrap_or_default(),
@@ -1003,6 +1020,10 @@ impl Tracker {
         self.next_id += 1;
         let conn = self.conns.get_mut(&ctx.key).expect("present");
         let (server, tls) = (conn.addr, conn.tls);
+        // Only the connection's first request waited for its connect; a later one on an HTTP/1
+        // connection waited for the one before it (HTTP/2 ones share the connection).
+        let connect_ns = conn.connect_ns.take();
+        let free_since_ns = if conn.h2.is_none() { conn.free_since_ns } else { None };
         conn.backs.push_back(back_id);
         conn.spoke_http = true;
         self.backs.insert(
@@ -1022,6 +1043,9 @@ impl Tracker {
                     server,
                     start_ns: started,
                     end_ns: started,
+                    connect_ns,
+                    free_since_ns,
+                    response_start_ns: None,
                     outcome: Outcome::Complete,
                     tls,
                 },
