@@ -107,6 +107,7 @@ fn exchange() -> ServerExchange {
         start_ns: 1_000,
         end_ns: 2_000,
         head_end_ns: None,
+        rejected: None,
         outcome: Outcome::Complete,
         tls: None,
     }

@@ -115,6 +115,9 @@ pub struct Config {
     /// `TRACETAP_HAPROXY_RUNTIME_API`: read server names from `HAProxy`'s runtime API (`show
     /// servers state` on its `stats socket`) rather than from its configuration file alone.
     pub runtime_api: bool,
+    /// `TRACETAP_REJECTED_SPANS_PER_SECOND`: most SERVER spans per second for requests `HAProxy`
+    /// rejected as malformed (0: none); the rest are counted.
+    pub rejected_spans_per_second: u32,
 }
 
 /// Every variable the agent reads, with its default and meaning. The table in docs/configuration.md is this list.
@@ -287,6 +290,11 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
         "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT",
         "(unset: no limit)",
         "the same for span attributes; wins over `OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT`",
+    ),
+    (
+        "TRACETAP_REJECTED_SPANS_PER_SECOND",
+        "10",
+        "most SERVER spans a second for requests HAProxy rejects as malformed (bursts of as many); the rest counted in `tracetap_rejected_request_spans_dropped_total`; 0 for none",
     ),
     (
         "TRACETAP_EXCHANGE_IDLE_TIMEOUT",
@@ -595,6 +603,11 @@ impl Config {
         let attribute_value_length_limit = parse_value_length_limit(&src);
         let exchange_idle_timeout = parse_exchange_idle_timeout(&src);
         let runtime_api = src.flag("TRACETAP_HAPROXY_RUNTIME_API", true);
+        let rejected_spans_per_second: Result<u32, _> = src.parse(
+            "TRACETAP_REJECTED_SPANS_PER_SECOND",
+            crate::spans::DEFAULT_REJECTED_SPANS_PER_SECOND,
+            "a whole number of spans a second",
+        );
 
         let errors: Vec<ConfigError> = [
             export.as_ref().err(),
@@ -617,6 +630,7 @@ impl Config {
             attribute_value_length_limit.as_ref().err(),
             exchange_idle_timeout.as_ref().err(),
             runtime_api.as_ref().err(),
+            rejected_spans_per_second.as_ref().err(),
         ]
         .into_iter()
         .flatten()
@@ -650,6 +664,7 @@ impl Config {
             attribute_value_length_limit: attribute_value_length_limit?,
             exchange_idle_timeout: exchange_idle_timeout?,
             runtime_api: runtime_api?,
+            rejected_spans_per_second: rejected_spans_per_second?,
         })
     }
 }
@@ -994,6 +1009,7 @@ mod tests {
         assert_eq!(doc("OTEL_BSP_MAX_EXPORT_BATCH_SIZE"), c.max_export_batch_size.to_string());
         assert_eq!(doc("TRACETAP_ADMIN_ADDR"), c.admin_addr.to_string());
         assert_eq!(doc("TRACETAP_CAPTURE_BYTES"), c.capture_bytes.to_string());
+        assert_eq!(doc("TRACETAP_REJECTED_SPANS_PER_SECOND"), c.rejected_spans_per_second.to_string());
         assert_eq!(doc("TRACETAP_RING_BYTES"), c.ring_bytes.to_string());
         assert_eq!(doc("OTEL_SERVICE_NAME"), c.service_name);
         assert_eq!(doc("TRACETAP_EXCHANGE_IDLE_TIMEOUT"), format!("{}s", c.exchange_idle_timeout.as_secs()));

@@ -15,6 +15,7 @@ pub mod k8s;
 pub mod metrics;
 pub mod names;
 pub mod pipeline;
+pub mod rate_limit;
 pub mod resource;
 pub mod sampling;
 pub mod snippet;

@@ -155,6 +155,7 @@ metrics! {
     backend_quarantined: "counter", "tracetap_backend_exchanges_quarantined_total", "Backend exchanges not exported because records were lost while their link was open to doubt (within 1 s of a loss, or linked with rivals or by headers before it); their SERVER spans are exported";
     sampled_in: "counter", "tracetap_requests_sampled_total", "Requests the head sampler kept";
     sampled_out: "counter", "tracetap_requests_sampled_out_total", "Requests dropped by the head sampler";
+    rejected_spans_dropped: "counter", "tracetap_rejected_request_spans_dropped_total", "SERVER spans of requests HAProxy rejected as malformed that TRACETAP_REJECTED_SPANS_PER_SECOND left out";
     propagated: "counter", "tracetap_requests_propagated_total", "Requests whose trace context HAProxy forwarded itself (tracetap haproxy-snippet); their CLIENT spans take the forwarded parent ids";
     server_names_ambiguous: "counter", "tracetap_server_names_ambiguous_total", "CLIENT spans left without haproxy.backend and haproxy.server: several server lines share the address and the frontend's routes (default_backend, use_backend) do not single one out";
     sampling_disagreements: "counter", "tracetap_sampling_disagreements_total", "Propagated requests whose forwarded sampled flag differs from OTEL_TRACES_SAMPLER's decision (HAProxy's flag is followed)";

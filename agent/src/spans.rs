@@ -22,6 +22,7 @@ use tracetap_proxy::trace_context::{FLAG_RANDOM, TraceParent, parse_traceparent}
 use tracetap_proxy::{ClientExchange, Outcome, RequestHead, ServerExchange, TlsInfo, TraceparentField};
 
 use crate::encode::{Attr, SpanView, Value};
+use crate::rate_limit::RateLimit;
 use crate::sampling::Sampler;
 use crate::target::{Target, scrub_query, truncate_chars};
 use crate::timeline;
@@ -31,6 +32,12 @@ use crate::timeline;
 const SAMPLED: u32 = 0x01;
 const HAS_IS_REMOTE: u32 = 0x100;
 const IS_REMOTE: u32 = 0x200;
+
+/// `TRACETAP_REJECTED_SPANS_PER_SECOND`'s default.
+pub const DEFAULT_REJECTED_SPANS_PER_SECOND: u32 = 10;
+
+/// The attribute with the escaped start of a request `HAProxy` rejected as malformed.
+pub const REJECTED_PREFIX: &str = "tracetap.request.rejected_prefix";
 
 /// A span and the traced process it belongs to (one OTLP resource per process).
 #[derive(Debug, Clone)]
@@ -63,6 +70,9 @@ pub struct DecideStats {
     /// CLIENT spans left without backend and server names because several `server` lines share
     /// the address and the frontend's routes did not single one out.
     pub ambiguous_servers: u64,
+    /// Requests `HAProxy` rejected as malformed whose span the rate limit left out (see
+    /// [`SpanBuilder::admit`]).
+    pub rejected_dropped: u64,
 }
 
 /// Builds spans. Owned by the capture thread.
@@ -74,6 +84,8 @@ pub struct SpanBuilder {
     mono_to_unix_ns: i128,
     /// Most characters of a string attribute value (`OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT`).
     value_length_limit: Option<usize>,
+    /// How many spans of rejected requests may be built (`TRACETAP_REJECTED_SPANS_PER_SECOND`).
+    rejected_limit: RateLimit,
     stats: DecideStats,
 }
 
@@ -92,6 +104,7 @@ impl SpanBuilder {
             rng: fastrand::Rng::new(),
             mono_to_unix_ns,
             value_length_limit: None,
+            rejected_limit: RateLimit::new(DEFAULT_REJECTED_SPANS_PER_SECOND),
             stats: DecideStats::default(),
         }
     }
@@ -104,6 +117,7 @@ impl SpanBuilder {
             rng: fastrand::Rng::with_seed(seed),
             mono_to_unix_ns,
             value_length_limit: None,
+            rejected_limit: RateLimit::new(DEFAULT_REJECTED_SPANS_PER_SECOND),
             stats: DecideStats::default(),
         }
     }
@@ -114,6 +128,25 @@ impl SpanBuilder {
     pub fn with_value_length_limit(mut self, limit: Option<usize>) -> Self {
         self.value_length_limit = limit;
         self
+    }
+
+    /// Builds at most `per_second` spans a second for requests `HAProxy` rejected as malformed.
+    #[must_use]
+    pub fn with_rejected_limit(mut self, per_second: u32) -> Self {
+        self.rejected_limit = RateLimit::new(per_second);
+        self
+    }
+
+    /// Whether an exchange may become spans at all: a request `HAProxy` rejected as malformed
+    /// only within the rate limit (a flood of garbage must not flood the exporter); what it
+    /// leaves out is counted in [`DecideStats::rejected_dropped`]. Call it before
+    /// [`SpanBuilder::decide`].
+    pub fn admit(&mut self, ex: &ServerExchange) -> bool {
+        if ex.rejected.is_none() || self.rejected_limit.admit(ex.end_ns) {
+            return true;
+        }
+        self.stats.rejected_dropped += 1;
+        false
     }
 
     fn unix_ns(&self, mono: u64) -> u64 {
@@ -239,8 +272,13 @@ impl SpanBuilder {
         if let Some(fe) = frontend {
             attrs.push(attr_str("haproxy.frontend", fe));
         }
-        // SERVER spans: 5xx and aborted exchanges are errors, 4xx are the client's business.
-        let error = push_error_type(&mut attrs, bump, ex.outcome, status_code, 500);
+        // SERVER spans: 5xx and aborted exchanges are errors, 4xx are the client's business,
+        // except for a request HAProxy rejected as malformed, which is the error itself.
+        if let Some(prefix) = &ex.rejected {
+            attrs.push(attr_str(REJECTED_PREFIX, prefix));
+        }
+        let error_from = if ex.rejected.is_some() { 400 } else { 500 };
+        let error = push_error_type(&mut attrs, bump, ex.outcome, status_code, error_from);
         timeline::push_attributes(&mut attrs, ex);
         limit_values(&mut attrs, self.value_length_limit);
         let events = timeline::events(ex, bump, |ns| self.unix_ns(ns));
@@ -594,6 +632,7 @@ mod tests {
             start_ns: 10,
             end_ns: 40,
             head_end_ns: None,
+            rejected: None,
             outcome,
             tls: None,
         }
@@ -665,7 +704,10 @@ mod tests {
         assert_eq!(hex(&client.span_id), "00f067aa0ba902b7");
         assert_eq!(client.parent_span_id, server.span_id);
         assert_eq!(client.trace_id, server.trace_id);
-        assert_eq!(b.stats(), DecideStats { propagated: 1, disagreements: 0, ambiguous_servers: 0 });
+        assert_eq!(
+            b.stats(),
+            DecideStats { propagated: 1, disagreements: 0, ambiguous_servers: 0, rejected_dropped: 0 }
+        );
 
         // With an incoming parent in the same trace, the SERVER span stays its child.
         let incoming = format!("traceparent: 00-{TRACE}-b7ad6b7169203331-01\r\n");
@@ -685,11 +727,17 @@ mod tests {
         let mut out = Vec::new();
         let unsampled = format!("traceparent: 00-{low}-00f067aa0ba902b7-02\r\n");
         assert_eq!(b.build(&propagated("", &[&unsampled]), None, &mut out), Built::Dropped);
-        assert_eq!(b.stats(), DecideStats { propagated: 1, disagreements: 0, ambiguous_servers: 0 });
+        assert_eq!(
+            b.stats(),
+            DecideStats { propagated: 1, disagreements: 0, ambiguous_servers: 0, rejected_dropped: 0 }
+        );
         // Lines made for another ratio said "sampled": HAProxy's flag stands, and it is counted.
         let sampled = format!("traceparent: 00-{low}-00f067aa0ba902b7-03\r\n");
         ex_sampled(&mut b, &sampled);
-        assert_eq!(b.stats(), DecideStats { propagated: 2, disagreements: 1, ambiguous_servers: 0 });
+        assert_eq!(
+            b.stats(),
+            DecideStats { propagated: 2, disagreements: 1, ambiguous_servers: 0, rejected_dropped: 0 }
+        );
         // The forwarded context of an unchanged traceparent is no propagation.
         let same = format!("traceparent: 00-{TRACE}-b7ad6b7169203331-01\r\n");
         b.build(&propagated(&same, &[&same]), None, &mut out);
@@ -751,6 +799,37 @@ mod tests {
         let mut out = Vec::new();
         assert_eq!(SpanBuilder::new(Sampler::default(), 0).build(&ex, None, &mut out), Built::Dropped);
         assert!(out.is_empty());
+    }
+
+    fn rejected(end_ns: u64) -> ServerExchange {
+        let mut ex = exchange(b"GET / HTTP/1.1\r\n\r\n", b"HTTP/1.1 400 Bad request\r\n\r\n", Outcome::Complete);
+        ex.request = None;
+        ex.clients.clear();
+        ex.rejected = Some("GET /\\x01 HTTP/1.1".into());
+        ex.end_ns = end_ns;
+        ex
+    }
+
+    #[test]
+    fn a_rejected_request_is_an_error_with_what_the_client_sent() {
+        let mut out = Vec::new();
+        SpanBuilder::new(Sampler::default(), 0).build(&rejected(1), None, &mut out);
+        let span = &out[0].span;
+        assert_eq!(span.status.as_ref().unwrap().code, status::StatusCode::Error as i32);
+        assert_eq!(attr(span, "error.type"), Some(&any_value::Value::StringValue("400".into())));
+        assert_eq!(attr(span, REJECTED_PREFIX), Some(&any_value::Value::StringValue("GET /\\x01 HTTP/1.1".into())));
+        assert_eq!(attr(span, "http.request.method"), Some(&any_value::Value::StringValue("_OTHER".into())));
+    }
+
+    #[test]
+    fn rejected_requests_are_admitted_within_the_rate_and_the_rest_counted() {
+        let mut b = SpanBuilder::new(Sampler::default(), 0).with_rejected_limit(3);
+        let admitted = (0..10).filter(|_| b.admit(&rejected(1_000))).count();
+        assert_eq!((admitted, b.stats().rejected_dropped), (3, 7));
+        let ordinary = exchange(b"GET / HTTP/1.1\r\n\r\n", b"HTTP/1.1 400 Bad request\r\n\r\n", Outcome::Complete);
+        assert!(b.admit(&ordinary), "the limit is for rejected requests only");
+        assert!(b.admit(&rejected(1_000 + 400_000_000)), "a token back after a third of a second");
+        assert!(!SpanBuilder::new(Sampler::default(), 0).with_rejected_limit(0).admit(&rejected(5)));
     }
 
     #[test]

@@ -90,6 +90,7 @@ mod tests {
             start_ns: 10_000_000,
             end_ns: 131_234_567,
             head_end_ns: Some(10_250_000),
+            rejected: None,
             outcome: Outcome::Complete,
             tls: None,
             clients: vec![ClientExchange {

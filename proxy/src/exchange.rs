@@ -163,6 +163,9 @@ pub struct ServerExchange {
     pub end_ns: u64,
     /// Monotonic ns of the read that completed the request head (`None` without a request).
     pub head_end_ns: Option<u64>,
+    /// A request `HAProxy` rejected as malformed (`request` is `None`): the escaped start of what
+    /// the client sent (see [`crate::rejected`]).
+    pub rejected: Option<Box<str>>,
     pub outcome: Outcome,
     /// The client connection ran in TLS (`ssl` on the bind line): `url.scheme` is `https`.
     pub tls: Option<TlsInfo>,

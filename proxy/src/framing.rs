@@ -18,6 +18,8 @@
 
 /// Longest head (request or status line plus headers) the framer accepts.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// Bytes of a message whose framing failed that the framer keeps (see [`Framer::failed_bytes`]).
+pub const FAILED_BYTES_KEPT: usize = 64;
 /// Longest chunk-size line (with extensions) the framer accepts.
 pub const MAX_CHUNK_LINE: usize = 1024;
 /// Marker the sender writes after the last chunk when there are no trailers.
@@ -219,6 +221,20 @@ impl Framer {
     }
 
     /// Starts looking for a head again at the start of the next chunk.
+    /// The first bytes of the message whose framing failed, while the framer is desynchronised
+    /// by that failure (at most [`FAILED_BYTES_KEPT`]; empty after [`Framer::abandon`]).
+    #[must_use]
+    pub fn failed_bytes(&self) -> &[u8] {
+        if self.state == State::Desync { &self.buf } else { &[] }
+    }
+
+    /// The first bytes of a head still being read (at most [`FAILED_BYTES_KEPT`]): what a client
+    /// had sent when `HAProxy` answered before the head was complete (408, 400).
+    #[must_use]
+    pub fn pending_head(&self) -> &[u8] {
+        if self.state == State::Head { &self.buf[..self.buf.len().min(FAILED_BYTES_KEPT)] } else { &[] }
+    }
+
     pub fn resync(&mut self) {
         self.buf.clear();
         self.head_len = 0;
@@ -285,7 +301,9 @@ impl Framer {
 
     fn fail(&mut self, err: FramingError, cursor: &mut Cursor<'_>) -> Step {
         self.state = State::Desync;
-        self.buf.clear();
+        // The start of what failed stays for [`Framer::failed_bytes`]: a request HAProxy rejects
+        // is reported with it.
+        self.buf.truncate(FAILED_BYTES_KEPT);
         self.head_len = 0;
         cursor.skip_all();
         Step::Error(err)

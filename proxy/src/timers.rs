@@ -138,6 +138,7 @@ mod tests {
             start_ns: 1_000,
             end_ns: 9_000,
             head_end_ns: Some(1_200),
+            rejected: None,
             outcome: Outcome::Complete,
             tls: None,
             clients,

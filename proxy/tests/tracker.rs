@@ -124,6 +124,46 @@ fn the_moments_of_haproxys_timers_come_from_the_syscalls_that_make_them() {
 }
 
 #[test]
+fn a_request_haproxy_rejects_is_an_exchange_with_what_the_client_sent() {
+    let answer = b"HTTP/1.1 400 Bad request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_vec();
+    for (label, bytes) in [
+        ("garbage", b"\x01\x02 not http\r\n\r\n".to_vec()),
+        ("bad version", b"GET / HTTX/1.1\r\nHost: h\r\n\r\n".to_vec()),
+        ("a start line longer than the window", format!("GET /{} HTTP/1.1", "a".repeat(300)).into_bytes()),
+    ] {
+        let mut tracker = Tracker::default();
+        let mut script = Script::default();
+        script
+            .push(1, 10, OwnedOp::Accept(client())) // 1000
+            .push(1, 10, OwnedOp::Read(bytes.clone())) // 2000
+            .push(1, 10, OwnedOp::Write(answer.clone())) // 3000
+            .push(1, 10, OwnedOp::Close);
+        let out = script.run(&mut tracker);
+        assert_eq!(out.len(), 1, "{label}");
+        let ex = &out[0];
+        assert!(ex.request.is_none(), "{label}");
+        assert_eq!(ex.response.map(|r| r.status), Some(400), "{label}");
+        assert_eq!(ex.start_ns, 2000, "{label}: from the request's first byte");
+        let prefix = ex.rejected.as_deref().unwrap_or_else(|| panic!("{label}: no prefix"));
+        assert!(prefix.len() <= 128 && prefix.bytes().all(|b| (0x20..=0x7e).contains(&b)), "{label}: {prefix}");
+        assert!(!prefix.is_empty(), "{label}");
+    }
+}
+
+#[test]
+fn bytes_like_a_tls_handshake_on_a_cleartext_connection_stay_opaque_not_rejected() {
+    let mut tracker = Tracker::default();
+    let mut script = Script::default();
+    script
+        .push(1, 10, OwnedOp::Accept(client()))
+        .push(1, 10, OwnedOp::Read(vec![0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00]))
+        .push(1, 10, OwnedOp::Write(vec![0x16, 0x03, 0x03, 0x00, 0x7a, 0x02]))
+        .push(1, 10, OwnedOp::Close);
+    assert!(script.run(&mut tracker).is_empty());
+    assert_eq!(tracker.stats().opaque_connections, 1);
+}
+
+#[test]
 fn traceparent_link_wins_over_order() {
     let mut t = Tracker::default();
     let tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";

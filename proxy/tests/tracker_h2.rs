@@ -451,13 +451,16 @@ fn h2_frames_on_a_connection_seen_mid_way_are_opaque_and_counted() {
     let frames = cat(&[cs.get(1, "/a"), cs.get(3, "/a")]);
     t.handle(&at(1, 30, Op::Read(Chunk::complete(&frames))));
     t.handle(&at(1, 30, Op::Read(Chunk::complete(&cs.get(5, "/a")))));
-    // Seen opened, but its start was not the preface.
+    // Seen opened, but its start was not the preface: a request HAProxy rejects, until its answer
+    // shows it is not HTTP/1 either (a GOAWAY frame).
     t.handle(&at(1, 31, Op::Accept { peer: None, local: None }));
     t.handle(&at(1, 31, Op::Read(Chunk::complete(&frames))));
+    let goaway = [0, 0, 8, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+    t.handle(&at(1, 31, Op::Write(Chunk::complete(&goaway))));
     assert_eq!(t.drain().count(), 0);
     let stats = t.stats();
     assert_eq!((stats.unknown_descriptors, stats.opaque_connections), (1, 1));
-    assert_eq!((stats.frontend_requests, stats.h2_connections, stats.parse_errors), (0, 0, 0));
+    assert_eq!((stats.frontend_requests, stats.h2_connections, stats.parse_errors), (0, 0, 1));
 }
 
 #[test]

@@ -34,6 +34,12 @@ impl Conn {
         Ok(Self { stream, buf: Vec::new() })
     }
 
+    /// The socket itself, for reading an answer to the end (`read_to_end`).
+    #[must_use]
+    pub fn into_stream(self) -> TcpStream {
+        self.stream
+    }
+
     /// The connection's local port: the `network.peer.port` of its SERVER spans.
     pub fn local_port(&self) -> std::io::Result<u16> {
         Ok(self.stream.local_addr()?.port())

@@ -109,7 +109,8 @@ pub fn run(
         ..Limits::default()
     });
     let mut builder = SpanBuilder::new(config.sampler, loader::monotonic_to_unix_offset_ns())
-        .with_value_length_limit(config.attribute_value_length_limit);
+        .with_value_length_limit(config.attribute_value_length_limit)
+        .with_rejected_limit(config.rejected_spans_per_second);
     let mut targets: BTreeSet<u32> = BTreeSet::new();
     let mut batcher = Batcher::new(config.max_export_batch_size, queue.batch_delay(config), config.resource());
     let mut staging = Staging::default();
@@ -353,6 +354,10 @@ fn hand_out(
     let mut scratch = std::mem::take(&mut staging.scratch);
     scratch.extend(tracker.drain());
     for ex in scratch.drain(..) {
+        if !builder.admit(&ex) {
+            tracker.recycle(ex);
+            continue;
+        }
         match builder.decide(&ex) {
             None => {
                 metrics::add(&metrics.sampled_out, 1);
@@ -377,6 +382,7 @@ fn hand_out(
     metrics::set(&metrics.propagated, decided.propagated);
     metrics::set(&metrics.sampling_disagreements, decided.disagreements);
     metrics::set(&metrics.server_names_ambiguous, decided.ambiguous_servers);
+    metrics::set(&metrics.rejected_spans_dropped, decided.rejected_dropped);
     metrics::set(&metrics.server_names_waiting, staging.waiting() as u64);
     metrics::set(&metrics.server_names_unsettled, staging.unsettled);
 }

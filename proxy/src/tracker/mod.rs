@@ -45,6 +45,7 @@ use crate::framing::{BodyFraming, Chunk, Cursor, Framer, Step};
 use crate::h2;
 use crate::head::{self, RequestHead, ResponseHead};
 use crate::proxy_protocol;
+use crate::rejected::Rejected;
 
 mod http2;
 mod linking;
@@ -216,6 +217,9 @@ struct Connection {
     /// HTTP/1 backend: when its last exchange ended (the response read whole), the moment the
     /// connection was free for the next request (see [`crate::timers`]).
     free_since_ns: Option<u64>,
+    /// Frontend: a request whose framing or head failed, until `HAProxy`'s answer to it (the
+    /// SERVER span of a rejected request) or the next request.
+    rejected: Option<Rejected>,
     /// Frontend: ids of requests read and not yet answered, oldest first.
     fronts: VecDeque<u64>,
     /// Backend: ids of requests written and not yet answered, oldest first.
@@ -259,6 +263,7 @@ impl Connection {
             egress_start: None,
             connect_ns: None,
             free_since_ns: None,
+            rejected: None,
             fronts: VecDeque::new(),
             backs: VecDeque::new(),
             last_seq: 0,
@@ -471,6 +476,7 @@ impl Tracker {
             conn.egress_start = None;
             conn.preface_held = 0;
             conn.h2 = None;
+            conn.rejected = None;
         }
     }
 
@@ -766,6 +772,7 @@ impl Tracker {
                 conn.resync_at_message_start(dir, chunk, Kind::Request);
             }
             let role = conn.role;
+            let in_tls = conn.tls.is_some();
             let (framer, start) = conn.direction(dir);
             if framer.is_idle() && start.is_none() && !cursor.is_empty() {
                 *start = Some(ctx.ts);
@@ -774,8 +781,18 @@ impl Tracker {
                 Step::NeedMore => return found_message,
                 Step::MessageEnd => found_message = true,
                 Step::Error(_) => {
-                    *start = None;
-                    if conn.spoke_http {
+                    let started = start.take().unwrap_or(ctx.ts);
+                    // A client's request HAProxy will reject (its answer makes the span), unless
+                    // the bytes are a TLS handshake the TLS probes have not claimed yet.
+                    let failed = framer.failed_bytes();
+                    let rejected =
+                        (role == Role::Frontend && !failed.is_empty() && (in_tls || !starts_like_tls(failed)))
+                            .then(|| Rejected::new(failed, started));
+                    let rejected_here = rejected.is_some();
+                    if rejected_here {
+                        conn.rejected = rejected;
+                    }
+                    if conn.spoke_http || rejected_here {
                         self.stats.parse_errors += 1;
                     } else {
                         conn.role = Role::Opaque;
@@ -800,9 +817,13 @@ impl Tracker {
                         };
                     } else {
                         self.stats.parse_errors += 1;
+                        let rejected = (role == Role::Frontend).then(|| Rejected::new(framer.head_bytes(), started));
                         // Give up on this direction until the next request line.
                         framer.abandon();
                         self.head_pool.push(request);
+                        if let Some(rejected) = rejected {
+                            self.conns.get_mut(&ctx.key).expect("present").rejected = Some(rejected);
+                        }
                     }
                 }
             }
@@ -882,7 +903,17 @@ impl Tracker {
                     // on close. Counted, not traced (HAProxy's `option http-ignore-probes`).
                     return response.framing("GET");
                 }
-                let id = self.insert_front(ctx, None, ctx.ts);
+                // A request HAProxy rejected: its span starts with the request's first byte and
+                // shows what the client sent.
+                let rejected = conn.rejected.take().or_else(|| {
+                    // Answered before its head was complete (a timeout, a head too long).
+                    let pending = conn.ingress.pending_head();
+                    (!pending.is_empty()).then(|| Rejected::new(pending, conn.ingress_start.unwrap_or(ctx.ts)))
+                });
+                let id = self.insert_front(ctx, None, rejected.as_ref().map_or(ctx.ts, |r| r.start_ns));
+                if let (Some(rejected), Some(front)) = (rejected, self.fronts.get_mut(&id)) {
+                    front.exchange.rejected = Some(rejected.prefix);
+                }
                 self.conns.get_mut(&ctx.key).expect("present").fronts.push_back(id);
                 id
             };
@@ -969,6 +1000,7 @@ impl Tracker {
                     start_ns: started,
                     end_ns: started,
                     head_end_ns,
+                    rejected: None,
                     outcome: Outcome::Complete,
                     tls,
                     clients: self.clients_pool.pop().unwrap_or_default(),
@@ -993,6 +1025,7 @@ impl Tracker {
         conn.fronts.push_back(id);
         conn.gapped = false;
         conn.spoke_http = true;
+        conn.rejected = None;
         id
     }
 
@@ -1150,6 +1183,11 @@ struct Ctx {
 enum Kind {
     Request,
     Response,
+}
+
+/// True for bytes that begin like a TLS handshake record (content type 22, version 3.x).
+fn starts_like_tls(bytes: &[u8]) -> bool {
+    bytes.starts_with(&[0x16, 0x03])
 }
 
 /// Guesses what the first bytes of a connection's stream are.

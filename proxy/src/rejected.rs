@@ -1,0 +1,78 @@
+//! Requests `HAProxy` rejected as malformed: what the client sent, kept as a short, printable
+//! prefix for the SERVER span of `HAProxy`'s answer (the rest is never parsed, never exported).
+//!
+//! The prefix is at most [`MAX_CHARS`] characters of printable ASCII: bytes outside it, and the
+//! backslash, are written as `\xNN` (`\\` for the backslash), never cut in half. So whatever a
+//! client sends, the value is safe to show, to log and to put in a terminal.
+
+/// Most characters of a rejected request's prefix.
+pub const MAX_CHARS: usize = 128;
+
+/// A frontend request whose framing or head failed, waiting for `HAProxy`'s answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejected {
+    /// [`escape`]d first bytes.
+    pub prefix: Box<str>,
+    /// Monotonic ns of the read that brought its first byte.
+    pub start_ns: u64,
+}
+
+impl Rejected {
+    #[must_use]
+    pub fn new(bytes: &[u8], start_ns: u64) -> Self {
+        Self { prefix: escape(bytes), start_ns }
+    }
+}
+
+/// `bytes` as printable ASCII, at most [`MAX_CHARS`] characters (see the module note).
+#[must_use]
+pub fn escape(bytes: &[u8]) -> Box<str> {
+    let mut out = String::with_capacity(MAX_CHARS.min(bytes.len() * 4));
+    for &b in bytes {
+        let escaped_len = match b {
+            b'\\' => 2,
+            0x20..=0x7e => 1,
+            _ => 4,
+        };
+        if out.len() + escaped_len > MAX_CHARS {
+            break;
+        }
+        match b {
+            b'\\' => out.push_str("\\\\"),
+            0x20..=0x7e => out.push(char::from(b)),
+            _ => {
+                use std::fmt::Write as _;
+                let _ = write!(out, "\\x{b:02x}");
+            }
+        }
+    }
+    out.into_boxed_str()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn printable_bytes_stay_and_others_are_escaped() {
+        assert_eq!(&*escape(b"GET /a\x01b HTTP/1.1\r\n"), "GET /a\\x01b HTTP/1.1\\x0d\\x0a");
+        assert_eq!(&*escape(b"a\\b\xff"), "a\\\\b\\xff");
+    }
+
+    #[test]
+    fn never_longer_than_the_bound_and_never_a_cut_escape() {
+        let cut = escape(&[0x01; 100]);
+        assert_eq!(cut.len(), 128);
+        assert!(cut.ends_with("\\x01"));
+        assert_eq!(escape(&[b'a'; 500]).len(), MAX_CHARS);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_bytes_give_a_bounded_printable_value(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..300)) {
+            let out = escape(&bytes);
+            proptest::prop_assert!(out.len() <= MAX_CHARS);
+            proptest::prop_assert!(out.bytes().all(|b| (0x20..=0x7e).contains(&b)));
+        }
+    }
+}
