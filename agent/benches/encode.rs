@@ -96,6 +96,7 @@ fn exchange() -> ServerExchange {
             connect_ns: None,
             free_since_ns: None,
             response_start_ns: None,
+            server_closed: false,
             outcome: Outcome::Complete,
             tls: None,
         }],
@@ -108,6 +109,7 @@ fn exchange() -> ServerExchange {
         end_ns: 2_000,
         head_end_ns: None,
         rejected: None,
+        client_closed: false,
         outcome: Outcome::Complete,
         tls: None,
     }

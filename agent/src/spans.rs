@@ -18,6 +18,7 @@ use bumpalo::Bump;
 use bumpalo::collections::{String as BumpString, Vec as BumpVec};
 use opentelemetry_proto::tonic::trace::v1::{Span, span};
 use tracetap_proxy::haproxy_config::{ProxyNames, ServerMatch};
+use tracetap_proxy::termination::termination_state;
 use tracetap_proxy::trace_context::{FLAG_RANDOM, TraceParent, parse_traceparent};
 use tracetap_proxy::{ClientExchange, Outcome, RequestHead, ServerExchange, TlsInfo, TraceparentField};
 
@@ -276,6 +277,9 @@ impl SpanBuilder {
         // except for a request HAProxy rejected as malformed, which is the error itself.
         if let Some(prefix) = &ex.rejected {
             attrs.push(attr_str(REJECTED_PREFIX, prefix));
+        }
+        if let Some(state) = termination_state(ex) {
+            attrs.push(attr_str("haproxy.termination_state", state));
         }
         let error_from = if ex.rejected.is_some() { 400 } else { 500 };
         let error = push_error_type(&mut attrs, bump, ex.outcome, status_code, error_from);
@@ -621,6 +625,7 @@ mod tests {
                 connect_ns: None,
                 free_since_ns: None,
                 response_start_ns: None,
+                server_closed: false,
                 outcome,
                 tls: None,
             }],
@@ -633,6 +638,7 @@ mod tests {
             end_ns: 40,
             head_end_ns: None,
             rejected: None,
+            client_closed: false,
             outcome,
             tls: None,
         }

@@ -91,6 +91,7 @@ mod tests {
             end_ns: 131_234_567,
             head_end_ns: Some(10_250_000),
             rejected: None,
+            client_closed: false,
             outcome: Outcome::Complete,
             tls: None,
             clients: vec![ClientExchange {
@@ -102,6 +103,7 @@ mod tests {
                 connect_ns: Some(10_400_000),
                 free_since_ns: None,
                 response_start_ns: Some(130_999_999),
+                server_closed: false,
                 outcome: Outcome::Complete,
                 tls: None,
             }],

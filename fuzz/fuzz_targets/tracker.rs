@@ -19,6 +19,8 @@ enum FuzzOp {
     Tls { version: u16 },
     /// A read whose bytes start with the HTTP/2 preface, so that HTTP/2 decoding is reached.
     H2Read { bytes: Vec<u8> },
+    /// A read or write that failed because the peer was gone.
+    PeerGone,
     Expire,
 }
 
@@ -53,6 +55,7 @@ fuzz_target!(|calls: Vec<Call>| {
             }
             FuzzOp::Eof => Op::Read(Chunk { known: &[], total: 0, tail: &[] }),
             FuzzOp::Close => Op::Close,
+            FuzzOp::PeerGone => Op::PeerGone,
             FuzzOp::Ignore => Op::Ignore,
             FuzzOp::Tls { version } => Op::Tls { version: *version },
             FuzzOp::H2Read { bytes } => {

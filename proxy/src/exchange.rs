@@ -133,8 +133,12 @@ pub struct ClientExchange {
     /// On an HTTP/1 connection reused from an earlier exchange: monotonic ns of the read that
     /// ended that exchange's response, when the connection became free for this one.
     pub free_since_ns: Option<u64>,
-    /// Monotonic ns of the read that brought the first byte of the (final) response head.
+    /// Monotonic ns of the read that brought the first byte of the (final) response head, or of
+    /// the first response bytes at all when no head could be parsed from them.
     pub response_start_ns: Option<u64>,
+    /// The server went away (`HAProxy` read its end of stream, or a call failed: a reset) before
+    /// the exchange was complete: the exchange ended then, not at `HAProxy`'s later close.
+    pub server_closed: bool,
     pub outcome: Outcome,
     /// The connection to the server ran in TLS (`ssl` on the server line): `url.scheme` is
     /// `https`.
@@ -166,6 +170,9 @@ pub struct ServerExchange {
     /// A request `HAProxy` rejected as malformed (`request` is `None`): the escaped start of what
     /// the client sent (see [`crate::rejected`]).
     pub rejected: Option<Box<str>>,
+    /// The client closed its side or went away (`HAProxy` read its end of stream, or a call on
+    /// its connection failed) while the exchange was open.
+    pub client_closed: bool,
     pub outcome: Outcome,
     /// The client connection ran in TLS (`ssl` on the bind line): `url.scheme` is `https`.
     pub tls: Option<TlsInfo>,

@@ -15,6 +15,7 @@ pub mod head;
 pub mod hosts;
 pub mod proxy_protocol;
 pub mod rejected;
+pub mod termination;
 pub mod timers;
 pub mod trace_context;
 pub mod tracker;

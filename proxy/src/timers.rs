@@ -122,6 +122,7 @@ mod tests {
             connect_ns,
             free_since_ns,
             response_start_ns,
+            server_closed: false,
             outcome: Outcome::Complete,
             tls: None,
         }
@@ -139,6 +140,7 @@ mod tests {
             end_ns: 9_000,
             head_end_ns: Some(1_200),
             rejected: None,
+            client_closed: false,
             outcome: Outcome::Complete,
             tls: None,
             clients,

@@ -164,6 +164,26 @@ fn bytes_like_a_tls_handshake_on_a_cleartext_connection_stay_opaque_not_rejected
 }
 
 #[test]
+fn a_server_that_closes_before_answering_ends_its_exchange_then_not_at_haproxys_close() {
+    let mut tracker = Tracker::default();
+    let mut script = Script::default();
+    script
+        .push(1, 10, OwnedOp::Accept(client())) // 1000
+        .push(1, 10, OwnedOp::Read(req("/a"))) // 2000
+        .push(1, 11, OwnedOp::Connect(server())) // 3000
+        .push(1, 11, OwnedOp::Write(req("/a"))) // 4000
+        .push(1, 11, OwnedOp::Eof) // 5000: the server hung up
+        .push(1, 10, OwnedOp::Write(resp(502, "bad gateway"))) // 6000
+        .push(1, 11, OwnedOp::Close); // 7000
+    let out = script.run(&mut tracker);
+    assert_eq!(out.len(), 1);
+    let back = &out[0].clients[0];
+    assert_eq!((back.end_ns, back.outcome, back.server_closed), (5000, Outcome::ClosedBeforeResponse, true));
+    assert!(back.end_ns < out[0].end_ns, "inside its parent");
+    assert_eq!(tracetap_proxy::termination::termination_state(&out[0]), Some("SH"));
+}
+
+#[test]
 fn traceparent_link_wins_over_order() {
     let mut t = Tracker::default();
     let tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";

@@ -63,6 +63,8 @@ pub fn event<'a>(h: &'a EventHeader, record: &'a [u8]) -> Result<SyscallEvent<'a
         }
         EventKind::Connect => Op::Connect { server: sockaddr(&h.addr[..(h.addr_len as usize).min(h.addr.len())]) },
         EventKind::Close => Op::Close,
+        // The call failed: the peer reset or broke the connection (see the common crate).
+        EventKind::Read | EventKind::Write if h.ret < 0 => Op::PeerGone,
         EventKind::Read => Op::Read(chunk),
         EventKind::Write => Op::Write(chunk),
         EventKind::TlsOpen => Op::Tls { version: u16::try_from(h.ret).unwrap_or(0) },
@@ -113,6 +115,19 @@ mod tests {
         assert_eq!(sockaddr(&v6), Some("[::1]:443".parse().unwrap()));
         assert_eq!(sockaddr(&[1, 0, 0]), None);
         assert_eq!(sockaddr(&[0u8; 28]), None, "AF_UNSPEC / unix sockets carry no address");
+    }
+
+    #[test]
+    fn a_failed_read_or_write_is_the_peer_gone_not_an_end_of_stream() {
+        let record = vec![0u8; EventHeader::SIZE];
+        let mut h = header(&record).unwrap();
+        for kind in [EventKind::Read, EventKind::Write] {
+            h.kind = kind as u32;
+            h.ret = -104;
+            assert!(matches!(event(&h, &record).unwrap().op, Op::PeerGone));
+            h.ret = 0;
+            assert!(!matches!(event(&h, &record).unwrap().op, Op::PeerGone));
+        }
     }
 
     #[test]

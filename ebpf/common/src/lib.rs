@@ -13,6 +13,9 @@
 //!   descriptors the probes did not see open (older than the probes, or not sockets).
 //! - A read or write on a connection the agent marked as opaque (`OPAQUE_CONNS`) carries no
 //!   payload (`captured == 0`) whatever `ret` says.
+//! - A `Read`/`Write` record with a negative `ret` is a call that failed because the peer was
+//!   gone (`-ECONNRESET`, `-EPIPE`, `-ETIMEDOUT`): no payload, numbered like the rest. Other
+//!   failed calls (`EAGAIN` above all) are not reported.
 //! - On a TLS connection, after its [`EventKind::TlsOpen`] record, `Read`/`Write` records carry
 //!   the plaintext the process got from or gave to its TLS library; its socket bytes (the
 //!   ciphertext) are not reported. Those records are numbered in the connection's sequence too.

@@ -701,8 +701,10 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> i32 {
         }
         _ => return 0,
     };
-    // Failed calls move nothing (EAGAIN is most of them); a non-blocking connect is in progress.
-    if ret < 0 && !(kind == EventKind::Connect && ret == -EINPROGRESS) {
+    // Failed calls move nothing (EAGAIN is most of them); a non-blocking connect is in progress;
+    // a read or write that found the connection broken is where HAProxy saw the peer go.
+    let broken = ret < 0 && matches!(kind, EventKind::Read | EventKind::Write) && nr != nr::SPLICE && peer_gone(ret);
+    if ret < 0 && !broken && !(kind == EventKind::Connect && ret == -EINPROGRESS) {
         return 0;
     }
     let pid_tgid = bpf_get_current_pid_tgid();
@@ -720,6 +722,10 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> i32 {
         return 0;
     }
     let fd = reg(regs, PT_REGS_DI) as i32;
+    if broken {
+        emit_broken(kind, tgid, fd, ret);
+        return 0;
+    }
     let (si, dx) = (reg(regs, PT_REGS_SI), reg(regs, PT_REGS_DX));
     match kind {
         EventKind::Accept => {
@@ -791,6 +797,22 @@ pub(crate) fn emit_data(
     let copied = if ret > 0 { copy_payload(staging, shape, buf, count, ret as u64, window) } else { 0 };
     staging.header.captured = copied as u32;
     emit(staging, copied);
+}
+
+/// Errors of a read or write that say the peer is gone (`ECONNRESET`, `EPIPE`, `ETIMEDOUT`).
+#[inline(always)]
+fn peer_gone(ret: i64) -> bool {
+    matches!(-ret, 104 | 32 | 110)
+}
+
+/// Reports a read or write that failed with `ret` (see [`peer_gone`]) on a numbered connection,
+/// in its sequence and without payload. Connections not numbered are left out: nothing ties the
+/// failure to an exchange there.
+#[inline(always)]
+fn emit_broken(kind: EventKind, tgid: u32, fd: i32, ret: i64) {
+    let Some(state) = CONNS.get_ptr_mut(&conn_key(tgid, fd)) else { return };
+    let seq = take_seq(state);
+    emit_header_only(kind, fd, ret, seq);
 }
 
 /// Emits a read or write without payload (a connection the agent marked opaque).

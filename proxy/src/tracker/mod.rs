@@ -80,6 +80,9 @@ pub enum Op<'a> {
     },
     /// The process read these bytes; a chunk with `total == 0` is end of stream.
     Read(Chunk<'a>),
+    /// A read or write failed because the peer was gone (reset, broken pipe, timed out): like an
+    /// end of stream, where the process saw it.
+    PeerGone,
     /// The process wrote these bytes.
     Write(Chunk<'a>),
     Close,
@@ -435,12 +438,17 @@ impl Tracker {
                 self.tls(key, ev, version);
                 return;
             }
+            Op::PeerGone => {
+                self.check_sequence(key, ev);
+                self.end_of_stream(key, ev.ts_ns, false);
+                return;
+            }
             Op::Read(_) | Op::Write(_) => {}
         }
         match ev.op {
             Op::Read(chunk) if chunk.total == 0 => {
                 self.check_sequence(key, ev);
-                self.end_of_stream(key, ev.ts_ns);
+                self.end_of_stream(key, ev.ts_ns, true);
             }
             Op::Read(chunk) => self.data(key, ev, chunk, Direction::Ingress),
             Op::Write(chunk) => self.data(key, ev, chunk, Direction::Egress),
@@ -618,13 +626,47 @@ impl Tracker {
         }
     }
 
-    fn end_of_stream(&mut self, key: (u32, i32), ts: u64) {
+    /// The peer closed its side of the connection `key` (a read returned end of stream: `clean`),
+    /// or is gone (a read or write failed).
+    fn end_of_stream(&mut self, key: (u32, i32), ts: u64, clean: bool) {
         let Some(conn) = self.conns.get_mut(&key) else { return };
-        if conn.role == Role::Backend
-            && conn.ingress.finish()
-            && let Some(id) = conn.backs.pop_front()
-        {
-            self.end_backend(id, ts, Outcome::Complete);
+        match conn.role {
+            Role::Backend => {
+                // Only a clean end of stream completes a body delimited by the close.
+                if clean
+                    && conn.ingress.finish()
+                    && let Some(id) = conn.backs.pop_front()
+                {
+                    self.end_backend(id, ts, Outcome::Complete);
+                }
+                let conn = self.conns.get_mut(&key).expect("present");
+                if conn.h2.is_some() {
+                    return;
+                }
+                // Nothing more can come from the server: what is still open on an HTTP/1
+                // connection ends now, where HAProxy saw the failure, not at its later close.
+                let open: Vec<u64> = conn.backs.drain(..).collect();
+                for id in open {
+                    let Some(back) = self.backs.get_mut(&id) else { continue };
+                    back.exchange.server_closed = true;
+                    let outcome = if back.exchange.response.is_some() {
+                        Outcome::ClosedDuringResponse
+                    } else {
+                        Outcome::ClosedBeforeResponse
+                    };
+                    self.end_backend(id, ts, outcome);
+                }
+            }
+            Role::Frontend => {
+                // A client may half-close after its request and still read the answer: the
+                // exchanges go on, marked.
+                for id in &conn.fronts {
+                    if let Some(front) = self.fronts.get_mut(id) {
+                        front.exchange.client_closed = true;
+                    }
+                }
+            }
+            Role::Unknown | Role::Opaque => {}
         }
     }
 
@@ -842,9 +884,16 @@ impl Tracker {
             }
             let role = conn.role;
             let spoke_http = conn.spoke_http;
+            let oldest_back = conn.backs.front().copied();
             let (framer, start) = conn.direction(dir);
             if framer.is_idle() && start.is_none() && !cursor.is_empty() {
                 *start = Some(ctx.ts);
+                // The server answered something, parsable or not.
+                if role == Role::Backend
+                    && let Some(back) = oldest_back.and_then(|id| self.backs.get_mut(&id))
+                {
+                    back.exchange.response_start_ns.get_or_insert(ctx.ts);
+                }
             }
             match framer.step(&mut cursor) {
                 Step::NeedMore => return found_message,
@@ -1001,6 +1050,7 @@ impl Tracker {
                     end_ns: started,
                     head_end_ns,
                     rejected: None,
+                    client_closed: false,
                     outcome: Outcome::Complete,
                     tls,
                     clients: self.clients_pool.pop().unwrap_or_default(),
@@ -1079,6 +1129,7 @@ impl Tracker {
                     connect_ns,
                     free_since_ns,
                     response_start_ns: None,
+                    server_closed: false,
                     outcome: Outcome::Complete,
                     tls,
                 },
