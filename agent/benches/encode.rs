@@ -96,6 +96,7 @@ fn exchange() -> ServerExchange {
             connect_ns: None,
             free_since_ns: None,
             response_start_ns: None,
+            response_head_ns: None,
             server_closed: false,
             outcome: Outcome::Complete,
             tls: None,

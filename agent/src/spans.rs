@@ -25,7 +25,7 @@ use tracetap_proxy::{ClientExchange, Outcome, RequestHead, ServerExchange, TlsIn
 use crate::encode::{Attr, SpanView, Value};
 use crate::rate_limit::RateLimit;
 use crate::sampling::Sampler;
-use crate::target::{Target, scrub_query, truncate_chars};
+use crate::target::{Target, scrub_query, scrub_request_line, truncate_chars};
 use crate::timeline;
 
 /// Span flags: the W3C sampled flag, plus "has `is_remote`" (bit 8) and "`is_remote`" (bit 9) of the
@@ -275,8 +275,8 @@ impl SpanBuilder {
         }
         // SERVER spans: 5xx and aborted exchanges are errors, 4xx are the client's business,
         // except for a request HAProxy rejected as malformed, which is the error itself.
-        if let Some(prefix) = &ex.rejected {
-            attrs.push(attr_str(REJECTED_PREFIX, prefix));
+        if let Some(rejected) = &ex.rejected {
+            attrs.push(attr_str(REJECTED_PREFIX, scrub_request_line(&rejected.prefix, bump)));
         }
         if let Some(state) = termination_state(ex) {
             attrs.push(attr_str("haproxy.termination_state", state));
@@ -607,6 +607,7 @@ mod tests {
     use super::*;
     use tracetap_proxy::Outcome;
     use tracetap_proxy::head::{parse_request, parse_response};
+    use tracetap_proxy::rejected::Rejected;
 
     fn attr<'a>(span: &'a Span, key: &str) -> Option<&'a any_value::Value> {
         span.attributes.iter().find(|kv| kv.key == key).and_then(|kv| kv.value.as_ref()?.value.as_ref())
@@ -625,6 +626,7 @@ mod tests {
                 connect_ns: None,
                 free_since_ns: None,
                 response_start_ns: None,
+                response_head_ns: None,
                 server_closed: false,
                 outcome,
                 tls: None,
@@ -811,7 +813,7 @@ mod tests {
         let mut ex = exchange(b"GET / HTTP/1.1\r\n\r\n", b"HTTP/1.1 400 Bad request\r\n\r\n", Outcome::Complete);
         ex.request = None;
         ex.clients.clear();
-        ex.rejected = Some("GET /\\x01 HTTP/1.1".into());
+        ex.rejected = Some(Rejected::failed(b"GET /\x01 HTTP/1.1?sig=x", 0));
         ex.end_ns = end_ns;
         ex
     }
@@ -823,7 +825,10 @@ mod tests {
         let span = &out[0].span;
         assert_eq!(span.status.as_ref().unwrap().code, status::StatusCode::Error as i32);
         assert_eq!(attr(span, "error.type"), Some(&any_value::Value::StringValue("400".into())));
-        assert_eq!(attr(span, REJECTED_PREFIX), Some(&any_value::Value::StringValue("GET /\\x01 HTTP/1.1".into())));
+        assert_eq!(
+            attr(span, REJECTED_PREFIX),
+            Some(&any_value::Value::StringValue("GET /\\x01 HTTP/1.1?sig=REDACTED".into()))
+        );
         assert_eq!(attr(span, "http.request.method"), Some(&any_value::Value::StringValue("_OTHER".into())));
     }
 

@@ -154,6 +154,43 @@ fn split_off(s: &str, at: char) -> (&str, Option<&str>) {
     }
 }
 
+/// A request line as a client sent it, possibly malformed (the prefix of a request `HAProxy`
+/// rejected): each space-separated word that carries a userinfo (`scheme://user:pass@host`) or a
+/// query gets the redactions of [`Target::full_url`] and [`scrub_query`]. Borrows `line` when
+/// there is nothing to redact.
+pub fn scrub_request_line<'a>(line: &'a str, bump: &'a Bump) -> &'a str {
+    if !line.contains(['?', '@']) {
+        return line;
+    }
+    let mut out = BumpString::with_capacity_in(line.len() + 2 * REDACTED.len(), bump);
+    for (i, word) in line.split(' ').enumerate() {
+        if i > 0 {
+            out.push(' ');
+        }
+        let (before_query, query) = match word.split_once('?') {
+            Some((before, query)) => (before, Some(query)),
+            None => (word, None),
+        };
+        match before_query.split_once("://") {
+            Some((scheme, rest)) => {
+                let (authority, path) = rest.find('/').map_or((rest, ""), |slash| rest.split_at(slash));
+                let (userinfo, host_port) = split_userinfo(authority);
+                out.push_str(scheme);
+                out.push_str("://");
+                push_redacted_userinfo(&mut out, userinfo);
+                out.push_str(host_port);
+                out.push_str(path);
+            }
+            None => out.push_str(before_query),
+        }
+        if let Some(query) = query {
+            out.push('?');
+            push_scrubbed(&mut out, query);
+        }
+    }
+    out.into_bump_str()
+}
+
 /// Splits an authority at its last `@`: a password may hold an unescaped `@`, a host may not.
 fn split_userinfo(authority: &str) -> (Option<&str>, &str) {
     match authority.rsplit_once('@') {
@@ -254,6 +291,20 @@ mod tests {
 
     fn scrub(q: &str) -> String {
         scrub_query(q, &Bump::new()).to_owned()
+    }
+
+    #[test]
+    fn a_rejected_request_line_loses_its_credentials() {
+        let bump = Bump::new();
+        let scrub = |line| scrub_request_line(line, &bump);
+        assert_eq!(scrub("GET /a\\x01 HTTP/1.1"), "GET /a\\x01 HTTP/1.1");
+        assert_eq!(scrub("GET /x?sig=abc&a=1 HTTP/1.1"), "GET /x?sig=REDACTED&a=1 HTTP/1.1");
+        assert_eq!(
+            scrub("GET http://user:pw@host:8080/p?Signature=s HTTX/1.1"),
+            "GET http://REDACTED:REDACTED@host:8080/p?Signature=REDACTED HTTX/1.1"
+        );
+        assert_eq!(scrub("GET http://u@h HTTP/1.1"), "GET http://REDACTED@h HTTP/1.1");
+        assert_eq!(scrub("a@b ?"), "a@b ?", "no scheme, no userinfo; an empty query stays");
     }
 
     #[test]

@@ -103,6 +103,7 @@ mod tests {
                 connect_ns: Some(10_400_000),
                 free_since_ns: None,
                 response_start_ns: Some(130_999_999),
+                response_head_ns: Some(130_999_999),
                 server_closed: false,
                 outcome: Outcome::Complete,
                 tls: None,

@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 
 use crate::head::{RequestHead, ResponseHead};
+use crate::rejected::Rejected;
 
 /// How an exchange ended.
 ///
@@ -136,6 +137,8 @@ pub struct ClientExchange {
     /// Monotonic ns of the read that brought the first byte of the (final) response head, or of
     /// the first response bytes at all when no head could be parsed from them.
     pub response_start_ns: Option<u64>,
+    /// Monotonic ns of the read that completed the (final) response head.
+    pub response_head_ns: Option<u64>,
     /// The server went away (`HAProxy` read its end of stream, or a call failed: a reset) before
     /// the exchange was complete: the exchange ended then, not at `HAProxy`'s later close.
     pub server_closed: bool,
@@ -167,9 +170,9 @@ pub struct ServerExchange {
     pub end_ns: u64,
     /// Monotonic ns of the read that completed the request head (`None` without a request).
     pub head_end_ns: Option<u64>,
-    /// A request `HAProxy` rejected as malformed (`request` is `None`): the escaped start of what
-    /// the client sent (see [`crate::rejected`]).
-    pub rejected: Option<Box<str>>,
+    /// A request `HAProxy` rejected as malformed (`request` is `None`): the escaped request line
+    /// the client sent, and whether it was cut short (see [`crate::rejected`]).
+    pub rejected: Option<Rejected>,
     /// The client closed its side or went away (`HAProxy` read its end of stream, or a call on
     /// its connection failed) while the exchange was open.
     pub client_closed: bool,

@@ -220,7 +220,6 @@ impl Framer {
         self.state == State::Desync
     }
 
-    /// Starts looking for a head again at the start of the next chunk.
     /// The first bytes of the message whose framing failed, while the framer is desynchronised
     /// by that failure (at most [`FAILED_BYTES_KEPT`]; empty after [`Framer::abandon`]).
     #[must_use]
@@ -235,6 +234,7 @@ impl Framer {
         if self.state == State::Head { &self.buf[..self.buf.len().min(FAILED_BYTES_KEPT)] } else { &[] }
     }
 
+    /// Starts looking for a head again at the start of the next chunk.
     pub fn resync(&mut self) {
         self.buf.clear();
         self.head_len = 0;

@@ -1,9 +1,11 @@
 //! Requests `HAProxy` rejected as malformed: what the client sent, kept as a short, printable
 //! prefix for the SERVER span of `HAProxy`'s answer (the rest is never parsed, never exported).
 //!
-//! The prefix is at most [`MAX_CHARS`] characters of printable ASCII: bytes outside it, and the
-//! backslash, are written as `\xNN` (`\\` for the backslash), never cut in half. So whatever a
-//! client sends, the value is safe to show, to log and to put in a terminal.
+//! The prefix is the request line only (up to the first CR or LF: header lines, where credentials
+//! and cookies travel, are never kept), at most [`MAX_CHARS`] characters of printable ASCII: bytes
+//! outside it, and the backslash, are written as `\xNN` (`\\` for the backslash), never cut in
+//! half. So whatever a client sends, the value is safe to show, to log and to put in a terminal.
+//! Credentials in its query or userinfo are the agent's to redact, as for any URL.
 
 /// Most characters of a rejected request's prefix.
 pub const MAX_CHARS: usize = 128;
@@ -15,13 +17,37 @@ pub struct Rejected {
     pub prefix: Box<str>,
     /// Monotonic ns of the read that brought its first byte.
     pub start_ns: u64,
+    /// The head was still incomplete (`HAProxy` answered before it ended: a timeout, or the
+    /// client gave up); otherwise its framing or parsing failed.
+    pub pending: bool,
+    /// Records the client sent since, still unanswered (see the tracker's bound).
+    pub records_since: u8,
 }
 
 impl Rejected {
+    /// A request whose framing or head failed, from its first `bytes`.
     #[must_use]
-    pub fn new(bytes: &[u8], start_ns: u64) -> Self {
-        Self { prefix: escape(bytes), start_ns }
+    pub fn failed(bytes: &[u8], start_ns: u64) -> Self {
+        Self { prefix: escape(request_line(bytes)), start_ns, pending: false, records_since: 0 }
     }
+
+    /// A head still incomplete when `HAProxy` answered.
+    #[must_use]
+    pub fn pending(bytes: &[u8], start_ns: u64) -> Self {
+        Self { pending: true, ..Self::failed(bytes, start_ns) }
+    }
+}
+
+/// `bytes` up to the first CR or LF.
+fn request_line(bytes: &[u8]) -> &[u8] {
+    memchr::memchr2(b'\r', b'\n', bytes).map_or(bytes, |end| &bytes[..end])
+}
+
+/// Statuses `HAProxy` answers a request it rejects with, before any backend: bad syntax, request
+/// timeout, too large, URI too long, header fields too large, not implemented.
+#[must_use]
+pub fn is_rejection_status(status: u16) -> bool {
+    matches!(status, 400 | 408 | 413 | 414 | 431 | 501)
 }
 
 /// `bytes` as printable ASCII, at most [`MAX_CHARS`] characters (see the module note).
@@ -52,6 +78,14 @@ pub fn escape(bytes: &[u8]) -> Box<str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_request_line_is_kept() {
+        let r = Rejected::failed(b"GET /a\x01 HTTP/1.1\r\nAuthorization: Bearer secret\r\n\r\n", 5);
+        assert_eq!(&*r.prefix, "GET /a\\x01 HTTP/1.1");
+        assert_eq!(&*Rejected::pending(b"GET /x\nCookie: a=b", 5).prefix, "GET /x");
+        assert!(!Rejected::failed(b"\x01\x02", 1).pending && Rejected::pending(b"G", 1).pending);
+    }
 
     #[test]
     fn printable_bytes_stay_and_others_are_escaped() {

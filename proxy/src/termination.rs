@@ -10,7 +10,11 @@
 //! | `SH` | the server went away before answering | the server's end of stream or a failed call (a reset), no response byte, and `HAProxy` answered 502 |
 //! | `sH` | server timeout before the response head | no response byte and the server never closed, and `HAProxy` answered 504 |
 //! | `cR` | client timeout while reading the request | a head still incomplete when `HAProxy` answered 408 |
-//! | `PR` | the proxy rejected the request | a request whose head failed to parse, answered by `HAProxy` (400 and the like) |
+//! | `PR` | the proxy rejected the request | a request whose head failed to frame or parse, answered by `HAProxy` (400 and the like) |
+//!
+//! `--` also needs the client's status to be the server's (an `http-response deny` makes the
+//! answer `HAProxy`'s: `PH`), and `CD` a client that went away once the response was under way or
+//! with a failed call (a client may half-close after its request and still read the answer).
 //!
 //! A hang-up `HAProxy` learns of from its poller alone, without a read that returns it (data and
 //! the close arriving together), shows no end of stream: then no state.
@@ -26,10 +30,11 @@ use crate::exchange::{ClientExchange, Outcome, ServerExchange};
 #[must_use]
 pub fn termination_state(ex: &ServerExchange) -> Option<&'static str> {
     let status = ex.response.map(|r| r.status);
-    if ex.rejected.is_some() {
-        return match status? {
-            408 => Some("cR"),
-            400..=499 => Some("PR"),
+    if let Some(rejected) = &ex.rejected {
+        // A head cut short and answered 400 may be the client's abort (`CR`) as well: no state.
+        return match (status?, rejected.pending) {
+            (408, true) => Some("cR"),
+            (400..=499, false) => Some("PR"),
             _ => None,
         };
     }
@@ -44,7 +49,8 @@ pub fn termination_state(ex: &ServerExchange) -> Option<&'static str> {
         (true, Outcome::ClosedDuringResponse, _) if attempt.server_closed => Some("SD"),
         // HAProxy then gives up the server's response too.
         (true, _, Outcome::ClosedDuringResponse) if ex.client_closed && !attempt.server_closed => Some("CD"),
-        (true, Outcome::Complete, Outcome::Complete) => Some("--"),
+        // The client got what the server answered (not a response HAProxy blocked, `PH`).
+        (true, Outcome::Complete, Outcome::Complete) if status == attempt.response.map(|r| r.status) => Some("--"),
         _ => None,
     }
 }
@@ -75,6 +81,7 @@ mod tests {
             connect_ns: None,
             free_since_ns: None,
             response_start_ns: status.map(|_| 15),
+            response_head_ns: status.map(|_| 16),
             server_closed,
             outcome,
             tls: None,
@@ -104,6 +111,7 @@ mod tests {
     fn each_state_the_syscalls_show() {
         let complete = || attempt(Some(200), Outcome::Complete, false);
         assert_eq!(termination_state(&front(200, Outcome::Complete, vec![complete()])), Some("--"));
+        assert_eq!(termination_state(&front(502, Outcome::Complete, vec![complete()])), None, "PH: blocked");
         let mut aborted = front(200, Outcome::ClosedDuringResponse, vec![complete()]);
         assert_eq!(termination_state(&aborted), None, "cut without the client's end of stream: not known");
         aborted.client_closed = true;
@@ -133,9 +141,11 @@ mod tests {
     fn rejected_requests() {
         let mut ex = front(408, Outcome::Complete, Vec::new());
         ex.request = None;
-        ex.rejected = Some("GET / HT".into());
+        ex.rejected = Some(crate::rejected::Rejected::pending(b"GET / HT", 0));
         assert_eq!(termination_state(&ex), Some("cR"));
         ex.response = Some(response(400));
+        assert_eq!(termination_state(&ex), None, "a head cut short and 400: the client's abort or not");
+        ex.rejected = Some(crate::rejected::Rejected::failed(b"G(ET / HTTP/1.1", 0));
         assert_eq!(termination_state(&ex), Some("PR"));
         ex.response = None;
         assert_eq!(termination_state(&ex), None);

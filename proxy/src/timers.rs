@@ -10,8 +10,8 @@
 //! - `Tc` (connect): from the `connect` until the request's first write (`HAProxy` writes once the
 //!   connection is established); 0 on a reused connection, as `HAProxy` logs it;
 //! - `Tr` (server response): from the connection being established (the request's first write on
-//!   a new connection; the moment `Tw` ended on a reused one) until the read that brought the
-//!   first byte of the response. On a reused connection, `HAProxy` counts the time it takes to
+//!   a new connection; the moment `Tw` ended on a reused one) until the read that completed the
+//!   response head. On a reused connection, `HAProxy` counts the time it takes to
 //!   write the request there too: taking an idle connection over from another thread can take a
 //!   few milliseconds, which its log shows in `Tr`, not in `Tw`;
 //! - `Ta` (active): from the request's first byte to the write that ended the response.
@@ -68,7 +68,8 @@ pub fn moments(ex: &ServerExchange) -> Option<Moments> {
         head_end_ns,
         connect_ns: attempt.and_then(|c| c.connect_ns),
         request_sent_ns: attempt.map(|c| c.start_ns),
-        response_start_ns: attempt.and_then(|c| c.response_start_ns),
+        // Only a response that had a head: bytes that never made one are no response.
+        response_start_ns: attempt.filter(|c| c.response.is_some()).and_then(|c| c.response_start_ns),
     })
 }
 
@@ -91,8 +92,8 @@ pub fn timers(ex: &ServerExchange) -> Option<Timers> {
         queue_ns: assigned.map(|at| at.saturating_sub(head_end)),
         connect_ns: attempt.map(|c| c.connect_ns.map_or(0, |connect| c.start_ns.saturating_sub(connect))),
         response_ns: established
-            .zip(attempt.and_then(|c| c.response_start_ns))
-            .map(|(from, first)| first.saturating_sub(from)),
+            .zip(attempt.and_then(|c| c.response_head_ns))
+            .map(|(from, head)| head.saturating_sub(from)),
         active_ns: ex.end_ns.saturating_sub(ex.start_ns),
     })
 }
@@ -122,6 +123,7 @@ mod tests {
             connect_ns,
             free_since_ns,
             response_start_ns,
+            response_head_ns: response_start_ns,
             server_closed: false,
             outcome: Outcome::Complete,
             tls: None,

@@ -144,10 +144,37 @@ fn a_request_haproxy_rejects_is_an_exchange_with_what_the_client_sent() {
         assert!(ex.request.is_none(), "{label}");
         assert_eq!(ex.response.map(|r| r.status), Some(400), "{label}");
         assert_eq!(ex.start_ns, 2000, "{label}: from the request's first byte");
-        let prefix = ex.rejected.as_deref().unwrap_or_else(|| panic!("{label}: no prefix"));
+        let prefix = ex.rejected.as_ref().map_or_else(|| panic!("{label}: no prefix"), |r| &*r.prefix);
         assert!(prefix.len() <= 128 && prefix.bytes().all(|b| (0x20..=0x7e).contains(&b)), "{label}: {prefix}");
         assert!(!prefix.is_empty(), "{label}");
     }
+}
+
+#[test]
+fn a_request_haproxy_served_is_not_called_rejected_when_only_the_tracker_could_not_parse_it() {
+    let mut tracker = Tracker::default();
+    let mut script = Script::default();
+    script
+        .push(1, 10, OwnedOp::Accept(client()))
+        .push(1, 10, OwnedOp::Read(b"\x01 odd but served\r\n\r\n".to_vec()))
+        .push(1, 10, OwnedOp::Write(resp(200, "ok")))
+        .push(1, 10, OwnedOp::Close);
+    let out = script.run(&mut tracker);
+    assert_eq!(out.len(), 1);
+    assert!(out[0].rejected.is_none(), "HAProxy answered 200: no rejection to report");
+}
+
+#[test]
+fn a_client_whose_bytes_haproxy_never_answers_turns_opaque() {
+    let mut tracker = Tracker::default();
+    let mut script = Script::default();
+    script.push(1, 10, OwnedOp::Accept(client()));
+    for _ in 0..6 {
+        script.push(1, 10, OwnedOp::Read(b"\x00\x01 a stream of something else".to_vec()));
+    }
+    script.run(&mut tracker);
+    // Opaque (the probes are told when the connection is numbered), one parse error, no more.
+    assert_eq!((tracker.stats().opaque_connections, tracker.stats().parse_errors), (1, 1));
 }
 
 #[test]

@@ -64,6 +64,21 @@ fn send(front: SocketAddr, bytes: &[u8]) -> (u16, u16) {
     )
 }
 
+/// The escaped request line of what was sent on `port` (printable ASCII as it is, `\\` and
+/// `\xNN` for the rest), as the span's prefix should start.
+fn sent_line(kind: &str, port: u16, requests: &[(u16, Vec<u8>)]) -> String {
+    let bytes = &requests.iter().find(|(p, _)| *p == port).unwrap_or_else(|| panic!("{kind}: sent")).1;
+    let end = bytes.iter().position(|b| *b == b'\r' || *b == b'\n').unwrap_or(bytes.len());
+    bytes[..end]
+        .iter()
+        .map(|b| match b {
+            b'\\' => "\\\\".to_owned(),
+            0x20..=0x7e => char::from(*b).to_string(),
+            _ => format!("\\x{b:02x}"),
+        })
+        .collect()
+}
+
 #[test]
 fn every_rejected_request_has_a_span_with_its_status_and_error_type() {
     if !require_root() {
@@ -78,8 +93,10 @@ fn every_rejected_request_on(version: Version) {
     // A limit no test run reaches: every rejected request must have its span.
     let stack = Stack::start_on(version, "", &[("TRACETAP_REJECTED_SPANS_PER_SECOND", "1000".into())]);
     let mut sent = Vec::new();
+    let mut requests = Vec::new();
     for (kind, bytes) in malformed() {
         let (port, status) = send(stack.front, &bytes);
+        requests.push((port, bytes.clone()));
         assert!((400..500).contains(&status), "{version:?} {kind}: HAProxy answered {status}");
         sent.push((kind, port, status));
     }
@@ -98,11 +115,15 @@ fn every_rejected_request_on(version: Version) {
             continue;
         };
         let prefix = span.str_attr("tracetap.request.rejected_prefix");
+        // The start of the request line as sent, escaped; never a header line.
+        let line = sent_line(kind, *port, &requests);
+        let prefix_is_the_line = prefix.is_some_and(|p| !p.is_empty() && line.starts_with(p) && !p.contains("Host"));
         let ok = span.int_attr("http.response.status_code") == Some(i64::from(*status))
             && span.str_attr("error.type") == Some(status.to_string().as_str())
             && span.is_error()
             && span.str_attr("client.address") == Some("127.0.0.1")
             && span.str_attr("haproxy.frontend") == Some("fe_main")
+            && prefix_is_the_line
             && prefix.is_some_and(|p| p.chars().count() <= 128 && p.chars().all(|c| !c.is_control()));
         if !ok {
             wrong.push(format!("{kind} (port {port}, {status}): {:?} {:?}", span.span.name, span.span.attributes));

@@ -45,7 +45,7 @@ use crate::framing::{BodyFraming, Chunk, Cursor, Framer, Step};
 use crate::h2;
 use crate::head::{self, RequestHead, ResponseHead};
 use crate::proxy_protocol;
-use crate::rejected::Rejected;
+use crate::rejected::{Rejected, is_rejection_status};
 
 mod http2;
 mod linking;
@@ -342,6 +342,10 @@ fn mark_opaque(marks: &mut Vec<OpaqueMark>, key: (u32, i32), opened_ns: u64) {
 /// How long after a loss of records no new link is trusted: the lost record may have been a
 /// frontend request whose backend request is still to come, and would link to the wrong one.
 pub const QUARANTINE_NS: u64 = 1_000_000_000;
+
+/// Records a client whose first bytes were not HTTP may send before `HAProxy` answers them: past
+/// this, the connection is taken for something other than HTTP and turns opaque.
+const MAX_UNANSWERED_RECORDS: usize = 4;
 
 /// Most recycled heads (and client lists) kept for reuse.
 const POOL_LIMIT: usize = 4096;
@@ -658,10 +662,12 @@ impl Tracker {
                 }
             }
             Role::Frontend => {
-                // A client may half-close after its request and still read the answer: the
-                // exchanges go on, marked.
+                // A client may half-close after its request and still read the answer: a clean
+                // end of stream counts only once the response is under way; a failed call always.
                 for id in &conn.fronts {
-                    if let Some(front) = self.fronts.get_mut(id) {
+                    if let Some(front) = self.fronts.get_mut(id)
+                        && (front.responding || !clean)
+                    {
                         front.exchange.client_closed = true;
                     }
                 }
@@ -812,6 +818,16 @@ impl Tracker {
             let Some(conn) = self.conns.get_mut(&ctx.key) else { return found_message };
             if std::mem::take(&mut first_step) {
                 conn.resync_at_message_start(dir, chunk, Kind::Request);
+                if conn.unanswered_garbage() {
+                    // Not a client HAProxy answers (a `mode tcp` stream the names did not show,
+                    // a one-way protocol): opaque after all, so its bytes stop being copied.
+                    conn.role = Role::Opaque;
+                    conn.opaque_cause = OpaqueCause::Other;
+                    conn.rejected = None;
+                    self.stats.opaque_connections += 1;
+                    mark_opaque(&mut self.opaque_marks, ctx.key, conn.opened_ns);
+                    return found_message;
+                }
             }
             let role = conn.role;
             let in_tls = conn.tls.is_some();
@@ -829,7 +845,7 @@ impl Tracker {
                     let failed = framer.failed_bytes();
                     let rejected =
                         (role == Role::Frontend && !failed.is_empty() && (in_tls || !starts_like_tls(failed)))
-                            .then(|| Rejected::new(failed, started));
+                            .then(|| Rejected::failed(failed, started));
                     let rejected_here = rejected.is_some();
                     if rejected_here {
                         conn.rejected = rejected;
@@ -859,7 +875,7 @@ impl Tracker {
                         };
                     } else {
                         self.stats.parse_errors += 1;
-                        let rejected = (role == Role::Frontend).then(|| Rejected::new(framer.head_bytes(), started));
+                        let rejected = (role == Role::Frontend).then(|| Rejected::failed(framer.head_bytes(), started));
                         // Give up on this direction until the next request line.
                         framer.abandon();
                         self.head_pool.push(request);
@@ -953,15 +969,17 @@ impl Tracker {
                     return response.framing("GET");
                 }
                 // A request HAProxy rejected: its span starts with the request's first byte and
-                // shows what the client sent.
-                let rejected = conn.rejected.take().or_else(|| {
+                // shows what the client sent. Any other answer means HAProxy took a request the
+                // tracker could not parse: no claim about it.
+                let rejected = conn.rejected.take().filter(|_| is_rejection_status(response.status)).or_else(|| {
                     // Answered before its head was complete (a timeout, a head too long).
                     let pending = conn.ingress.pending_head();
-                    (!pending.is_empty()).then(|| Rejected::new(pending, conn.ingress_start.unwrap_or(ctx.ts)))
+                    (is_rejection_status(response.status) && !pending.is_empty())
+                        .then(|| Rejected::pending(pending, conn.ingress_start.unwrap_or(ctx.ts)))
                 });
                 let id = self.insert_front(ctx, None, rejected.as_ref().map_or(ctx.ts, |r| r.start_ns));
                 if let (Some(rejected), Some(front)) = (rejected, self.fronts.get_mut(&id)) {
-                    front.exchange.rejected = Some(rejected.prefix);
+                    front.exchange.rejected = Some(rejected);
                 }
                 self.conns.get_mut(&ctx.key).expect("present").fronts.push_back(id);
                 id
@@ -1003,6 +1021,7 @@ impl Tracker {
         }
         back.exchange.response = Some(response);
         back.exchange.response_start_ns = Some(started);
+        back.exchange.response_head_ns = Some(ctx.ts);
         if back.evidence.claimable() && back.relay == Relay::Awaiting {
             back.relay = Relay::Pending { tid: ctx.tid, read_ns: ctx.ts };
             self.relays.push_back(back_id);
@@ -1129,6 +1148,7 @@ impl Tracker {
                     connect_ns,
                     free_since_ns,
                     response_start_ns: None,
+                    response_head_ns: None,
                     server_closed: false,
                     outcome: Outcome::Complete,
                     tls,
@@ -1206,6 +1226,19 @@ impl Connection {
         let (framer, _) = self.direction(dir);
         if framer.is_desynced() && classify(chunk.known) == Some(kind) {
             framer.resync();
+        }
+    }
+
+    /// Counts a record of a client whose first bytes were not HTTP and that `HAProxy` has not
+    /// answered yet; true past [`MAX_UNANSWERED_RECORDS`].
+    fn unanswered_garbage(&mut self) -> bool {
+        let desynced = self.ingress.is_desynced();
+        match self.rejected.as_mut() {
+            Some(rejected) if !self.spoke_http && desynced => {
+                rejected.records_since = rejected.records_since.saturating_add(1);
+                usize::from(rejected.records_since) > MAX_UNANSWERED_RECORDS
+            }
+            _ => false,
         }
     }
 
