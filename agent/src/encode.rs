@@ -240,9 +240,10 @@ fn span_len(span: &SpanView<'_>) -> usize {
         + if span.flags == 0 { 0 } else { key_len(field::SPAN_FLAGS) + 4 }
 }
 
-fn write_span(buf: &mut Vec<u8>, span: &SpanView<'_>) {
+/// Writes `span`, whose [`span_len`] is `len` (computed once: the scope's length needs it too).
+fn write_span(buf: &mut Vec<u8>, span: &SpanView<'_>, len: usize) {
     let parent: &[u8] = if span.parent_span_id == [0; 8] { &[] } else { &span.parent_span_id };
-    write_len_delimited(buf, field::SCOPE_SPANS_SPANS, span_len(span));
+    write_len_delimited(buf, field::SCOPE_SPANS_SPANS, len);
     write_bytes(buf, field::SPAN_TRACE_ID, &span.trace_id);
     write_bytes(buf, field::SPAN_SPAN_ID, &span.span_id);
     write_bytes(buf, field::SPAN_TRACE_STATE, span.trace_state.as_bytes());
@@ -287,6 +288,8 @@ pub struct BatchEncoder {
     processes: rustc_hash::FxHashMap<u32, Vec<(String, String)>>,
     scope_name: &'static str,
     scope_version: &'static str,
+    /// The encoded length of each span of the group being written, reused across batches.
+    span_lens: Vec<usize>,
 }
 
 impl BatchEncoder {
@@ -298,6 +301,7 @@ impl BatchEncoder {
             processes: rustc_hash::FxHashMap::default(),
             scope_name: SCOPE_NAME,
             scope_version: SCOPE_VERSION,
+            span_lens: Vec::new(),
         }
     }
 
@@ -332,6 +336,7 @@ impl BatchEncoder {
     pub fn encode<'s>(&mut self, groups: impl IntoIterator<Item = (u32, &'s [SpanView<'s>])>) -> &[u8] {
         let mut buf = std::mem::take(&mut self.buf);
         buf.clear();
+        let mut span_lens = std::mem::take(&mut self.span_lens);
         let mut pid_text = String::with_capacity(10);
         for (pid, spans) in groups {
             pid_text.clear();
@@ -341,7 +346,9 @@ impl BatchEncoder {
                 attrs.clone().map(|a| len_delimited_len(field::RESOURCE_ATTRIBUTES, key_value_len(&a))).sum();
             let scope_len = bytes_len(field::SCOPE_NAME, self.scope_name.as_bytes())
                 + bytes_len(field::SCOPE_VERSION, self.scope_version.as_bytes());
-            let spans_len: usize = spans.iter().map(|s| len_delimited_len(field::SCOPE_SPANS_SPANS, span_len(s))).sum();
+            span_lens.clear();
+            span_lens.extend(spans.iter().map(span_len));
+            let spans_len: usize = span_lens.iter().map(|len| len_delimited_len(field::SCOPE_SPANS_SPANS, *len)).sum();
             let scope_spans_len = len_delimited_len(field::SCOPE_SPANS_SCOPE, scope_len) + spans_len;
             let resource_spans_len = len_delimited_len(field::RESOURCE_SPANS_RESOURCE, resource_len)
                 + len_delimited_len(field::RESOURCE_SPANS_SCOPE_SPANS, scope_spans_len);
@@ -355,10 +362,11 @@ impl BatchEncoder {
             write_len_delimited(&mut buf, field::SCOPE_SPANS_SCOPE, scope_len);
             write_bytes(&mut buf, field::SCOPE_NAME, self.scope_name.as_bytes());
             write_bytes(&mut buf, field::SCOPE_VERSION, self.scope_version.as_bytes());
-            for span in spans {
-                write_span(&mut buf, span);
+            for (span, len) in spans.iter().zip(&span_lens) {
+                write_span(&mut buf, span, *len);
             }
         }
+        self.span_lens = span_lens;
         self.buf = buf;
         &self.buf
     }
