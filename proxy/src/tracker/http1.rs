@@ -1,0 +1,293 @@
+//! HTTP/1 connections: requests and responses framed from each call's bytes (`framing`), heads
+//! parsed (`head`), responses paired with requests in order, and what a client sent that does not
+//! frame as a request kept for `HAProxy`'s answer to it (a rejected request, see
+//! `crate::rejected`). The HTTP/2 counterpart is the `http2` module; both report to the same
+//! exchange records through the parent module.
+
+use crate::exchange::Outcome;
+use crate::framing::{BodyFraming, Cursor, Step};
+use crate::head::{self, ResponseHead};
+use crate::rejected::{Rejected, is_rejection_status};
+
+use super::linking::Relay;
+use super::{
+    Chunk, Connection, Ctx, Direction, Kind, MAX_UNANSWERED_RECORDS, OpaqueCause, Role, Tracker, classify, mark_opaque,
+};
+
+impl Tracker {
+    /// Frames requests flowing in `dir` on the connection; true when a head or a message end was
+    /// found (which marks the exchange active), false for bytes inside a message.
+    pub(super) fn requests(&mut self, ctx: Ctx, chunk: Chunk<'_>, dir: Direction) -> bool {
+        let mut cursor = Cursor::new(chunk);
+        let mut found_message = false;
+        let mut first_step = true;
+        loop {
+            let Some(conn) = self.conns.get_mut(&ctx.key) else { return found_message };
+            if std::mem::take(&mut first_step) {
+                conn.resync_at_message_start(dir, chunk, Kind::Request);
+                if conn.unanswered_garbage() {
+                    // Not a client HAProxy answers (a `mode tcp` stream the names did not show,
+                    // a one-way protocol): opaque after all, so its bytes stop being copied.
+                    conn.role = Role::Opaque;
+                    conn.opaque_cause = OpaqueCause::Other;
+                    conn.rejected = None;
+                    self.stats.opaque_connections += 1;
+                    mark_opaque(&mut self.opaque_marks, ctx.key, conn.opened_ns);
+                    return found_message;
+                }
+            }
+            let role = conn.role;
+            let in_tls = conn.tls.is_some();
+            let (framer, start) = conn.direction(dir);
+            if framer.is_idle() && start.is_none() && !cursor.is_empty() {
+                *start = Some(ctx.ts);
+            }
+            match framer.step(&mut cursor) {
+                Step::NeedMore => return found_message,
+                Step::MessageEnd => found_message = true,
+                Step::Error(_) => {
+                    let started = start.take().unwrap_or(ctx.ts);
+                    // A client's request HAProxy will reject (its answer makes the span), unless
+                    // the bytes are a TLS handshake the TLS probes have not claimed yet.
+                    let failed = framer.failed_bytes();
+                    let rejected =
+                        (role == Role::Frontend && !failed.is_empty() && (in_tls || !starts_like_tls(failed)))
+                            .then(|| Rejected::failed(failed, started));
+                    let rejected_here = rejected.is_some();
+                    if rejected_here {
+                        conn.rejected = rejected;
+                    }
+                    if conn.spoke_http || rejected_here {
+                        self.stats.parse_errors += 1;
+                    } else {
+                        conn.role = Role::Opaque;
+                        conn.opaque_cause =
+                            if conn.tls.is_none() { OpaqueCause::FirstBytes } else { OpaqueCause::Other };
+                        self.stats.opaque_connections += 1;
+                        mark_opaque(&mut self.opaque_marks, ctx.key, conn.opened_ns);
+                        return found_message;
+                    }
+                }
+                Step::Head => {
+                    found_message = true;
+                    let started = start.take().unwrap_or(ctx.ts);
+                    let mut request = self.head_pool.pop().unwrap_or_default();
+                    if head::parse_request_into(framer.head_bytes(), &mut request).is_ok() {
+                        request.truncated = framer.head_truncated();
+                        self.stats.truncated_heads += u64::from(request.truncated);
+                        framer.set_body(request.framing);
+                        match role {
+                            Role::Frontend => self.new_front(ctx, request, started),
+                            _ => self.new_backend(ctx, request, started),
+                        };
+                    } else {
+                        self.stats.parse_errors += 1;
+                        let rejected = (role == Role::Frontend).then(|| Rejected::failed(framer.head_bytes(), started));
+                        // Give up on this direction until the next request line.
+                        framer.abandon();
+                        self.head_pool.push(request);
+                        if let Some(rejected) = rejected {
+                            self.conns.get_mut(&ctx.key).expect("present").rejected = Some(rejected);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Frames responses flowing in `dir` on the connection; see [`Tracker::requests`].
+    pub(super) fn responses(&mut self, ctx: Ctx, chunk: Chunk<'_>, dir: Direction) -> bool {
+        let mut cursor = Cursor::new(chunk);
+        let mut found_message = false;
+        let mut first_step = true;
+        loop {
+            let Some(conn) = self.conns.get_mut(&ctx.key) else { return found_message };
+            if std::mem::take(&mut first_step) {
+                conn.resync_at_message_start(dir, chunk, Kind::Response);
+            }
+            let role = conn.role;
+            let spoke_http = conn.spoke_http;
+            let oldest_back = conn.backs.front().copied();
+            let (framer, start) = conn.direction(dir);
+            if framer.is_idle() && start.is_none() && !cursor.is_empty() {
+                *start = Some(ctx.ts);
+                // The server answered something, parsable or not.
+                if role == Role::Backend
+                    && let Some(back) = oldest_back.and_then(|id| self.backs.get_mut(&id))
+                {
+                    back.exchange.response_start_ns.get_or_insert(ctx.ts);
+                }
+            }
+            match framer.step(&mut cursor) {
+                Step::NeedMore => return found_message,
+                Step::Error(_) if !spoke_http => {
+                    let conn = self.conns.get_mut(&ctx.key).expect("present");
+                    conn.role = Role::Opaque;
+                    conn.opaque_cause = if conn.tls.is_none() { OpaqueCause::FirstBytes } else { OpaqueCause::Other };
+                    self.stats.opaque_connections += 1;
+                    mark_opaque(&mut self.opaque_marks, ctx.key, conn.opened_ns);
+                    return found_message;
+                }
+                Step::Error(_) => self.stats.parse_errors += 1,
+                Step::MessageEnd => {
+                    found_message = true;
+                    self.response_done(ctx, role, Outcome::Complete);
+                }
+                Step::Head => {
+                    found_message = true;
+                    let started = start.take().unwrap_or(ctx.ts);
+                    let Ok(response) = head::parse_response(framer.head_bytes()) else {
+                        self.stats.parse_errors += 1;
+                        framer.abandon();
+                        continue;
+                    };
+                    let framing = self.response_head(ctx, role, response, started);
+                    let conn = self.conns.get_mut(&ctx.key).expect("present");
+                    conn.spoke_http = true;
+                    let (framer, _) = conn.direction(dir);
+                    framer.set_body(framing);
+                    if framing == BodyFraming::Tunnel {
+                        // Both directions now carry opaque bytes.
+                        conn.direction(dir.reverse()).0.enter_tunnel();
+                        mark_opaque(&mut self.opaque_marks, ctx.key, conn.opened_ns);
+                        self.response_done(ctx, role, Outcome::Upgraded);
+                    } else if framing == BodyFraming::Empty && !response.is_interim() {
+                        self.response_done(ctx, role, Outcome::Complete);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Records a response head on the oldest open request (HTTP/1 pairs in order); returns how
+    /// its body is framed.
+    fn response_head(&mut self, ctx: Ctx, role: Role, response: ResponseHead, started: u64) -> BodyFraming {
+        let conn = self.conns.get_mut(&ctx.key).expect("present");
+        if role == Role::Frontend {
+            let id = if let Some(id) = conn.fronts.front() {
+                *id
+            } else {
+                // HAProxy answered without a request we parsed (408, 400, ...), or this answers a
+                // request lost in a capture gap.
+                self.stats.unpaired_responses += 1;
+                if (conn.ingress.is_idle() && !conn.ingress.is_desynced()) || conn.egress_resynced_after_gap() {
+                    // Not a byte of a request: a TCP probe or port scan HAProxy answered with 400
+                    // on close. Counted, not traced (HAProxy's `option http-ignore-probes`).
+                    return response.framing("GET");
+                }
+                // A request HAProxy rejected: its span starts with the request's first byte and
+                // shows what the client sent. Any other answer means HAProxy took a request the
+                // tracker could not parse: no claim about it.
+                let rejected = conn.rejected.take().filter(|_| is_rejection_status(response.status)).or_else(|| {
+                    // Answered before its head was complete (a timeout, a head too long).
+                    let pending = conn.ingress.pending_head();
+                    (is_rejection_status(response.status) && !pending.is_empty())
+                        .then(|| Rejected::pending(pending, conn.ingress_start.unwrap_or(ctx.ts)))
+                });
+                let id = self.insert_front(ctx, None, rejected.as_ref().map_or(ctx.ts, |r| r.start_ns));
+                if let (Some(rejected), Some(front)) = (rejected, self.fronts.get_mut(&id)) {
+                    front.exchange.rejected = Some(rejected);
+                }
+                self.conns.get_mut(&ctx.key).expect("present").fronts.push_back(id);
+                id
+            };
+            self.front_response_head(id, ctx, response)
+        } else {
+            let Some(back_id) = conn.backs.front().copied() else {
+                self.stats.unpaired_responses += 1;
+                return response.framing("GET");
+            };
+            self.back_response_head(back_id, ctx, response, started)
+        }
+    }
+
+    /// Records the response head of frontend exchange `id`, written to the client on `ctx`: the
+    /// relay of a backend response (see [`Tracker::claim_relay`]). Returns how its body is framed.
+    pub(super) fn front_response_head(&mut self, id: u64, ctx: Ctx, response: ResponseHead) -> BodyFraming {
+        let Some(front) = self.fronts.get_mut(&id) else { return BodyFraming::Empty };
+        front.last_activity_ns = ctx.ts;
+        if response.is_interim() {
+            return BodyFraming::Empty;
+        }
+        front.responding = true;
+        front.exchange.response = Some(response);
+        let method = front.exchange.request.as_ref().map_or("GET", |r| r.method.as_str());
+        let framing = response.framing(method);
+        self.drop_candidate(id);
+        self.claim_relay(id, ctx, response);
+        framing
+    }
+
+    /// Records the response head of backend exchange `back_id`, read from the server on `ctx`
+    /// (its first byte read at `started`): from now on a frontend response on the same thread may
+    /// claim it. Returns how its body is framed.
+    pub(super) fn back_response_head(
+        &mut self,
+        back_id: u64,
+        ctx: Ctx,
+        response: ResponseHead,
+        started: u64,
+    ) -> BodyFraming {
+        let Some(back) = self.backs.get_mut(&back_id) else { return response.framing("GET") };
+        if response.is_interim() {
+            return BodyFraming::Empty;
+        }
+        back.exchange.response = Some(response);
+        back.exchange.response_start_ns = Some(started);
+        back.exchange.response_head_ns = Some(ctx.ts);
+        if back.evidence.claimable() && back.relay == Relay::Awaiting {
+            back.relay = Relay::Pending { tid: ctx.tid, read_ns: ctx.ts };
+            self.relays.push_back(back_id);
+        }
+        response.framing(&back.exchange.request.method)
+    }
+
+    fn response_done(&mut self, ctx: Ctx, role: Role, outcome: Outcome) {
+        let conn = self.conns.get_mut(&ctx.key).expect("present");
+        if role == Role::Frontend {
+            let Some(id) = conn.fronts.front().copied() else { return };
+            if self.fronts.get(&id).is_some_and(|f| !f.responding) {
+                return; // an interim response ended, the final one is still to come
+            }
+            conn.fronts.pop_front();
+            self.finish_front(id, ctx.ts, outcome);
+        } else {
+            let Some(id) = conn.backs.front().copied() else { return };
+            if self.backs.get(&id).is_some_and(|b| b.exchange.response.is_none()) {
+                return;
+            }
+            conn.backs.pop_front();
+            conn.free_since_ns = Some(ctx.ts);
+            self.end_backend(id, ctx.ts, outcome);
+        }
+    }
+}
+
+impl Connection {
+    /// At the first step over a call whose bytes begin with a `kind` start line, a direction that
+    /// lost its framing (a parse error, a capture gap) starts over there.
+    fn resync_at_message_start(&mut self, dir: Direction, chunk: Chunk<'_>, kind: Kind) {
+        let (framer, _) = self.direction(dir);
+        if framer.is_desynced() && classify(chunk.known) == Some(kind) {
+            framer.resync();
+        }
+    }
+
+    /// Counts a record of a client whose first bytes were not HTTP and that `HAProxy` has not
+    /// answered yet; true past [`MAX_UNANSWERED_RECORDS`].
+    fn unanswered_garbage(&mut self) -> bool {
+        let desynced = self.ingress.is_desynced();
+        match self.rejected.as_mut() {
+            Some(rejected) if !self.spoke_http && desynced => {
+                rejected.records_since = rejected.records_since.saturating_add(1);
+                usize::from(rejected.records_since) > MAX_UNANSWERED_RECORDS
+            }
+            _ => false,
+        }
+    }
+}
+
+/// True for bytes that begin like a TLS handshake record (content type 22, version 3.x).
+fn starts_like_tls(bytes: &[u8]) -> bool {
+    bytes.starts_with(&[0x16, 0x03])
+}
