@@ -84,12 +84,12 @@ echo "requests: HTTP/2 over TLS (one continuing a trace), HTTP/1.1 over TLS, a s
 echo "one the server never answers in time, and one HAProxy rejects as malformed"
 
 tp='traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01'
-curl -sk -o /dev/null --http2 "https://127.0.0.1:$tls/api/hello"
-curl -sk -o /dev/null --http2 -H "$tp" "https://127.0.0.1:$tls/api/hello?from=demo"
-curl -sk -o /dev/null --http1.1 "https://127.0.0.1:$tls/api/hello"
-curl -s -o /dev/null "http://127.0.0.1:$front/slow"
-curl -s -o /dev/null "http://127.0.0.1:$front/fail"
-curl -s -o /dev/null "http://127.0.0.1:$front/hang"
+curl -sk --max-time 10 -o /dev/null --http2 "https://127.0.0.1:$tls/api/hello"
+curl -sk --max-time 10 -o /dev/null --http2 -H "$tp" "https://127.0.0.1:$tls/api/hello?from=demo"
+curl -sk --max-time 10 -o /dev/null --http1.1 "https://127.0.0.1:$tls/api/hello"
+curl -s --max-time 10 -o /dev/null "http://127.0.0.1:$front/slow"
+curl -s --max-time 10 -o /dev/null "http://127.0.0.1:$front/fail"
+curl -s --max-time 10 -o /dev/null "http://127.0.0.1:$front/hang"
 printf 'GET /\x01 HTTP/1.1\r\n\r\n' | timeout 2 python3 -c '
 import socket, sys
 s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
@@ -97,7 +97,11 @@ s.sendall(sys.stdin.buffer.read())
 s.recv(4096)' "$front" || true
 sleep 1
 metrics=$(curl -s "http://127.0.0.1:$admin/metrics")
-kill -TERM "$agent"; wait "$agent" || true
+kill -TERM "$agent"
+# It stops within seconds once its queue is flushed; never wait for ever.
+for _ in $(seq 1 100); do kill -0 "$agent" 2>/dev/null || break; sleep 0.1; done
+kill -KILL "$agent" 2>/dev/null || true
+wait "$agent" 2>/dev/null || true
 
 echo
 [ -s "$work/spans.jsonl" ] || { echo "no spans: agent log follows" >&2; cat "$work/agent.log"; exit 1; }

@@ -154,38 +154,49 @@ fn split_off(s: &str, at: char) -> (&str, Option<&str>) {
     }
 }
 
-/// A request line as a client sent it, possibly malformed (the prefix of a request `HAProxy`
-/// rejected): each space-separated word that carries a userinfo (`scheme://user:pass@host`) or a
-/// query gets the redactions of [`Target::full_url`] and [`scrub_query`]. Borrows `line` when
-/// there is nothing to redact.
+/// A request line as a client sent it, possibly malformed and possibly cut short (the prefix of a
+/// request `HAProxy` rejected), made safe to export. Only its first three words are kept (method,
+/// target, version: anything after is not a request line's). In each word, a userinfo is replaced
+/// by `REDACTED@`: everything up to the word's last `@`, after `scheme://` or from the word's start
+/// (the authority form of `CONNECT`), but not in an origin-form path (`/...`); and a query gets the
+/// redactions of [`scrub_query`]. The last word of a line cut before its version may have lost
+/// its `@`: an absolute URL there keeps only its scheme. Borrows `line` when there is nothing to do.
 pub fn scrub_request_line<'a>(line: &'a str, bump: &'a Bump) -> &'a str {
-    if !line.contains(['?', '@']) {
+    let words: Vec<&str> = line.split(' ').take(3).collect();
+    let cut = words.len() < 3;
+    let risky = |w: &str| w.contains(['?', '@']) || (cut && w.contains("://"));
+    if !words.iter().any(|w| risky(w)) && line.split(' ').nth(3).is_none() {
         return line;
     }
     let mut out = BumpString::with_capacity_in(line.len() + 2 * REDACTED.len(), bump);
-    for (i, word) in line.split(' ').enumerate() {
+    for (i, word) in words.iter().enumerate() {
         if i > 0 {
             out.push(' ');
         }
-        let (before_query, query) = match word.split_once('?') {
-            Some((before, query)) => (before, Some(query)),
-            None => (word, None),
+        let (scheme, rest) = match word.find("://") {
+            Some(at) => word.split_at(at + 3),
+            None => ("", *word),
         };
-        match before_query.split_once("://") {
-            Some((scheme, rest)) => {
-                let (authority, path) = rest.find('/').map_or((rest, ""), |slash| rest.split_at(slash));
-                let (userinfo, host_port) = split_userinfo(authority);
-                out.push_str(scheme);
-                out.push_str("://");
-                push_redacted_userinfo(&mut out, userinfo);
-                out.push_str(host_port);
-                out.push_str(path);
-            }
-            None => out.push_str(before_query),
+        out.push_str(scheme);
+        if cut && i + 1 == words.len() && !scheme.is_empty() && !rest.contains('@') {
+            out.push_str(REDACTED);
+            continue;
         }
-        if let Some(query) = query {
-            out.push('?');
-            push_scrubbed(&mut out, query);
+        let rest = match rest.rfind('@') {
+            Some(at) if !rest.starts_with('/') => {
+                out.push_str(REDACTED);
+                out.push('@');
+                &rest[at + 1..]
+            }
+            _ => rest,
+        };
+        match rest.split_once('?') {
+            Some((before, query)) => {
+                out.push_str(before);
+                out.push('?');
+                push_scrubbed(&mut out, query);
+            }
+            None => out.push_str(rest),
         }
     }
     out.into_bump_str()
@@ -301,10 +312,16 @@ mod tests {
         assert_eq!(scrub("GET /x?sig=abc&a=1 HTTP/1.1"), "GET /x?sig=REDACTED&a=1 HTTP/1.1");
         assert_eq!(
             scrub("GET http://user:pw@host:8080/p?Signature=s HTTX/1.1"),
-            "GET http://REDACTED:REDACTED@host:8080/p?Signature=REDACTED HTTX/1.1"
+            "GET http://REDACTED@host:8080/p?Signature=REDACTED HTTX/1.1"
         );
         assert_eq!(scrub("GET http://u@h HTTP/1.1"), "GET http://REDACTED@h HTTP/1.1");
-        assert_eq!(scrub("a@b ?"), "a@b ?", "no scheme, no userinfo; an empty query stays");
+        assert_eq!(scrub("GET http://u:p?w@h/x HTTP/1.1"), "GET http://REDACTED@h/x HTTP/1.1", "? in userinfo");
+        assert_eq!(scrub("GET http://u:p/w@h/x HTTP/1.1"), "GET http://REDACTED@h/x HTTP/1.1", "/ in userinfo");
+        assert_eq!(scrub("CONNECT user:pw@host:443 HTTP/1.1"), "CONNECT REDACTED@host:443 HTTP/1.1");
+        assert_eq!(scrub("GET /users/@me HTTP/1.1"), "GET /users/@me HTTP/1.1", "a path's @ is no userinfo");
+        assert_eq!(scrub("GET http://user:longtoken"), "GET http://REDACTED", "cut before its @");
+        assert_eq!(scrub("GET / HTTP/1.1 Authorization: x"), "GET / HTTP/1.1", "three words at most");
+        assert_eq!(scrub("GET /?a=1?sig=2 HTTP/1.1"), "GET /?a=1?sig=2 HTTP/1.1");
     }
 
     #[test]

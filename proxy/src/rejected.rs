@@ -17,9 +17,12 @@ pub struct Rejected {
     pub prefix: Box<str>,
     /// Monotonic ns of the read that brought its first byte.
     pub start_ns: u64,
-    /// The head was still incomplete (`HAProxy` answered before it ended: a timeout, or the
-    /// client gave up); otherwise its framing or parsing failed.
+    /// The head was incomplete as far as the tracker knows (`HAProxy` answered before it ended,
+    /// or the capture window cut it): a timeout, the client giving up, or a head too long, which
+    /// the syscalls do not tell apart. Otherwise bytes the tracker saw made it fail.
     pub pending: bool,
+    /// Its first bytes do not even look like a start line: the client may speak something else.
+    pub not_http: bool,
     /// Records the client sent since, still unanswered (see the tracker's bound).
     pub records_since: u8,
 }
@@ -28,7 +31,13 @@ impl Rejected {
     /// A request whose framing or head failed, from its first `bytes`.
     #[must_use]
     pub fn failed(bytes: &[u8], start_ns: u64) -> Self {
-        Self { prefix: escape(request_line(bytes)), start_ns, pending: false, records_since: 0 }
+        Self { prefix: escape(request_line(bytes)), start_ns, pending: false, not_http: false, records_since: 0 }
+    }
+
+    /// A request whose first bytes do not look like a start line.
+    #[must_use]
+    pub fn not_http(bytes: &[u8], start_ns: u64) -> Self {
+        Self { not_http: true, ..Self::failed(bytes, start_ns) }
     }
 
     /// A head still incomplete when `HAProxy` answered.
@@ -44,7 +53,8 @@ fn request_line(bytes: &[u8]) -> &[u8] {
 }
 
 /// Statuses `HAProxy` answers a request it rejects with, before any backend: bad syntax, request
-/// timeout, too large, URI too long, header fields too large, not implemented.
+/// timeout, too large, URI too long, header fields too large, not implemented (an unknown
+/// transfer coding).
 #[must_use]
 pub fn is_rejection_status(status: u16) -> bool {
     matches!(status, 400 | 408 | 413 | 414 | 431 | 501)

@@ -10,7 +10,7 @@
 //! | `SH` | the server went away before answering | the server's end of stream or a failed call (a reset), no response byte, and `HAProxy` answered 502 |
 //! | `sH` | server timeout before the response head | no response byte and the server never closed, and `HAProxy` answered 504 |
 //! | `cR` | client timeout while reading the request | a head still incomplete when `HAProxy` answered 408 |
-//! | `PR` | the proxy rejected the request | a request whose head failed to frame or parse, answered by `HAProxy` (400 and the like) |
+//! | `PR` | the proxy rejected the request | a request whose bytes failed to frame or parse (not a head the capture window cut), answered 400 by `HAProxy` |
 //!
 //! `--` also needs the client's status to be the server's (an `http-response deny` makes the
 //! answer `HAProxy`'s: `PH`), and `CD` a client that went away once the response was under way or
@@ -32,9 +32,10 @@ pub fn termination_state(ex: &ServerExchange) -> Option<&'static str> {
     let status = ex.response.map(|r| r.status);
     if let Some(rejected) = &ex.rejected {
         // A head cut short and answered 400 may be the client's abort (`CR`) as well: no state.
+        // Other rejection statuses (413, 414, 431, 501) are not checked against HAProxy's log.
         return match (status?, rejected.pending) {
             (408, true) => Some("cR"),
-            (400..=499, false) => Some("PR"),
+            (400, false) => Some("PR"),
             _ => None,
         };
     }
@@ -147,6 +148,10 @@ mod tests {
         assert_eq!(termination_state(&ex), None, "a head cut short and 400: the client's abort or not");
         ex.rejected = Some(crate::rejected::Rejected::failed(b"G(ET / HTTP/1.1", 0));
         assert_eq!(termination_state(&ex), Some("PR"));
+        ex.response = Some(response(408));
+        assert_eq!(termination_state(&ex), None, "408 to a head that failed: not a state we checked");
+        ex.response = Some(response(414));
+        assert_eq!(termination_state(&ex), None, "other rejection statuses: not checked against the log");
         ex.response = None;
         assert_eq!(termination_state(&ex), None);
     }

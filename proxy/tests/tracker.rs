@@ -211,6 +211,24 @@ fn a_server_that_closes_before_answering_ends_its_exchange_then_not_at_haproxys_
 }
 
 #[test]
+fn a_client_that_half_closes_after_its_request_still_ends_normally() {
+    let mut tracker = Tracker::default();
+    let mut script = Script::default();
+    script
+        .push(1, 10, OwnedOp::Accept(client()))
+        .push(1, 10, OwnedOp::Read(req("/a")))
+        .push(1, 10, OwnedOp::Eof) // shutdown(SHUT_WR): it still reads the answer
+        .push(1, 11, OwnedOp::Connect(server()))
+        .push(1, 11, OwnedOp::Write(req("/a")))
+        .push(1, 11, OwnedOp::Read(resp(200, "hello")))
+        .push(1, 10, OwnedOp::Write(resp(200, "hello")));
+    let out = script.run(&mut tracker);
+    assert_eq!(out.len(), 1);
+    assert!(!out[0].client_closed, "a clean end of stream before the response is no abort");
+    assert_eq!(tracetap_proxy::termination::termination_state(&out[0]), Some("--"));
+}
+
+#[test]
 fn traceparent_link_wins_over_order() {
     let mut t = Tracker::default();
     let tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";

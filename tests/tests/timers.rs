@@ -4,9 +4,11 @@
 //! whose request reuses an idle backend connection (`http-reuse always`), and a request queued
 //! behind another (`maxconn 1` on the server).
 //!
-//! Each timer is within 1 ms of `HAProxy`'s, give or take 0.1 ms: `HAProxy` logs whole
-//! milliseconds of a clock it reads when its poller wakes up, the agent microseconds of the
-//! syscalls' exits.
+//! Each timer is within 1.5 ms of `HAProxy`'s: `HAProxy` logs the difference of two clock readings
+//! truncated to whole milliseconds (up to 1 ms off either way), taken when its poller woke up, while
+//! the agent times the syscalls that follow, to the microsecond: a few hundred microseconds later
+//! when `HAProxy` first wakes another thread (a request leaving the queue was seen 1.14 ms from
+//! `HAProxy`'s `Tw` once, its `Tw + Tc` within 0.2 ms).
 #![cfg(target_os = "linux")]
 
 use std::collections::HashMap;
@@ -28,8 +30,8 @@ const ATTRIBUTES: [&str; 5] = [
     "haproxy.timer.active",
 ];
 
-/// What `HAProxy` may differ by: whole milliseconds of its own clock (see the module note).
-const TOLERANCE_MS: f64 = 1.1;
+/// What `HAProxy` may differ by (see the module note).
+const TOLERANCE_MS: f64 = 1.5;
 
 fn config(port: u16, backend: SocketAddr, log: SocketAddr) -> String {
     format!(

@@ -5,7 +5,7 @@
 //! exchange records through the parent module.
 
 use crate::exchange::Outcome;
-use crate::framing::{BodyFraming, Cursor, Step};
+use crate::framing::{BodyFraming, Cursor, FramingError, Step};
 use crate::head::{self, ResponseHead};
 use crate::rejected::{Rejected, is_rejection_status};
 
@@ -45,14 +45,20 @@ impl Tracker {
             match framer.step(&mut cursor) {
                 Step::NeedMore => return found_message,
                 Step::MessageEnd => found_message = true,
-                Step::Error(_) => {
+                Step::Error(error) => {
                     let started = start.take().unwrap_or(ctx.ts);
                     // A client's request HAProxy will reject (its answer makes the span), unless
-                    // the bytes are a TLS handshake the TLS probes have not claimed yet.
+                    // the bytes are a TLS handshake the TLS probes have not claimed yet. A head
+                    // the window cut or too long for the tracker is incomplete as far as it knows.
                     let failed = framer.failed_bytes();
-                    let rejected =
-                        (role == Role::Frontend && !failed.is_empty() && (in_tls || !starts_like_tls(failed)))
-                            .then(|| Rejected::failed(failed, started));
+                    let rejected = (role == Role::Frontend
+                        && !failed.is_empty()
+                        && (in_tls || !starts_like_tls(failed)))
+                    .then(|| match error {
+                        FramingError::HeadTruncated | FramingError::HeadTooLarge => Rejected::pending(failed, started),
+                        FramingError::BadHead => Rejected::not_http(failed, started),
+                        FramingError::BadChunk => Rejected::failed(failed, started),
+                    });
                     let rejected_here = rejected.is_some();
                     if rejected_here {
                         conn.rejected = rejected;
@@ -177,14 +183,16 @@ impl Tracker {
                 }
                 // A request HAProxy rejected: its span starts with the request's first byte and
                 // shows what the client sent. Any other answer means HAProxy took a request the
-                // tracker could not parse: no claim about it.
-                let rejected = conn.rejected.take().filter(|_| is_rejection_status(response.status)).or_else(|| {
+                // tracker could not parse: no claim about it, but the span still starts there.
+                let taken = conn.rejected.take();
+                let started = taken.as_ref().map(|r| r.start_ns).or(conn.ingress_start).unwrap_or(ctx.ts);
+                let rejected = taken.filter(|_| is_rejection_status(response.status)).or_else(|| {
                     // Answered before its head was complete (a timeout, a head too long).
                     let pending = conn.ingress.pending_head();
                     (is_rejection_status(response.status) && !pending.is_empty())
-                        .then(|| Rejected::pending(pending, conn.ingress_start.unwrap_or(ctx.ts)))
+                        .then(|| Rejected::pending(pending, started))
                 });
-                let id = self.insert_front(ctx, None, rejected.as_ref().map_or(ctx.ts, |r| r.start_ns));
+                let id = self.insert_front(ctx, None, started);
                 if let (Some(rejected), Some(front)) = (rejected, self.fronts.get_mut(&id)) {
                     front.exchange.rejected = Some(rejected);
                 }
@@ -278,7 +286,9 @@ impl Connection {
     fn unanswered_garbage(&mut self) -> bool {
         let desynced = self.ingress.is_desynced();
         match self.rejected.as_mut() {
-            Some(rejected) if !self.spoke_http && desynced => {
+            // Only bytes that never looked like HTTP: a request the window cut may stream a body
+            // HAProxy takes.
+            Some(rejected) if !self.spoke_http && desynced && rejected.not_http => {
                 rejected.records_since = rejected.records_since.saturating_add(1);
                 usize::from(rejected.records_since) > MAX_UNANSWERED_RECORDS
             }
