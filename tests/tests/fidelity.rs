@@ -141,7 +141,10 @@ fn haproxy_answering_by_itself() {
     if !require_root() {
         return;
     }
-    let dead = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    // Port 1: below the ephemeral range the tests' servers bind in, so no other test can take it
+    // meanwhile (a port from `free_port` was once taken by a parallel test's OTLP receiver).
+    let dead = SocketAddr::from(([127, 0, 0, 1], 1));
+    assert!(std::net::TcpStream::connect(dead).is_err(), "nothing listens on {dead}");
     let s = Stack::with_config(
         |port, backend| {
             format!(
