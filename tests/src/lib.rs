@@ -20,6 +20,7 @@ pub mod linking;
 pub mod otlp;
 pub mod pki;
 pub mod seccomp;
+pub mod syslog;
 pub mod tls;
 pub mod vm;
 

@@ -6,13 +6,13 @@
 //! span ends when `HAProxy` read the hang-up, inside its SERVER span.
 #![cfg(target_os = "linux")]
 
-use std::collections::HashMap;
 use std::io::{Read as _, Write as _};
-use std::net::{SocketAddr, TcpListener, UdpSocket};
-use std::time::{Duration, Instant};
+use std::net::{SocketAddr, TcpListener};
+use std::time::Duration;
 
 use tracetap_tests::client::Conn;
 use tracetap_tests::haproxy::{self, Version};
+use tracetap_tests::syslog::Syslog;
 use tracetap_tests::{Stack, otlp, require_root, wait_for};
 
 /// A server that reads a request and then does `answer` with the connection.
@@ -71,20 +71,6 @@ fn config(port: u16, backend: SocketAddr, log: SocketAddr, servers: &Servers) ->
     )
 }
 
-/// The termination state (two letters) of each `httplog` line received, by client port.
-fn read_log(socket: &UdpSocket, ports: &[u16]) -> HashMap<u16, String> {
-    let mut found = HashMap::new();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut buf = vec![0u8; 65_536];
-    while ports.iter().any(|p| !found.contains_key(p)) && Instant::now() < deadline {
-        let Ok(n) = socket.recv(&mut buf) else { continue };
-        if let Some((port, state)) = parse_httplog(&String::from_utf8_lossy(&buf[..n])) {
-            found.insert(port, state);
-        }
-    }
-    found
-}
-
 /// `... haproxy[1]: 127.0.0.1:PORT [date] fe be/srv TR/Tw/Tc/Tr/Ta STATUS BYTES - - sH-- ...`.
 fn parse_httplog(line: &str) -> Option<(u16, String)> {
     let fields: Vec<&str> = line.split(' ').filter(|f| !f.is_empty()).collect();
@@ -120,9 +106,7 @@ fn leave_during_the_response(front: SocketAddr) -> u16 {
 }
 
 fn check_version(version: Version) {
-    let log = UdpSocket::bind("127.0.0.1:0").expect("bind log socket");
-    log.set_read_timeout(Some(Duration::from_millis(200))).expect("timeout");
-    let log_addr = log.local_addr().expect("log addr");
+    let log = Syslog::bind();
     let servers = Servers {
         hang_up: raw_server(|_| {}),
         reset: raw_server(reset),
@@ -132,7 +116,7 @@ fn check_version(version: Version) {
             std::thread::sleep(Duration::from_millis(50));
         }),
     };
-    let stack = Stack::with_config_on(version, |port, backend| config(port, backend, log_addr, &servers), &[]);
+    let stack = Stack::with_config_on(version, |port, backend| config(port, backend, log.addr, &servers), &[]);
     let front = stack.front;
     let cases = [
         ("--", exchange(front, b"GET /term/normal HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")),
@@ -145,7 +129,7 @@ fn check_version(version: Version) {
         ("CD", leave_during_the_response(front)),
     ];
     let ports: Vec<u16> = cases.iter().map(|(_, port)| *port).collect();
-    let logged = read_log(&log, &ports);
+    let logged = log.collect(&ports, parse_httplog);
     let server_of = |spans: &[otlp::Received], port: u16| {
         spans.iter().find(|s| s.is_server() && s.int_attr("network.peer.port") == Some(i64::from(port))).cloned()
     };

@@ -11,12 +11,12 @@
 //! `HAProxy`'s `Tw` once, its `Tw + Tc` within 0.2 ms).
 #![cfg(target_os = "linux")]
 
-use std::collections::HashMap;
-use std::net::{SocketAddr, UdpSocket};
-use std::time::{Duration, Instant};
+use std::net::SocketAddr;
+use std::time::Duration;
 
 use tracetap_tests::client::Conn as Client;
 use tracetap_tests::haproxy::{self, Version};
+use tracetap_tests::syslog::Syslog;
 use tracetap_tests::{Stack, otlp, require_root};
 
 /// `TR`, `Tw`, `Tc`, `Tr`, `Ta` of one log line, in ms (-1: does not apply).
@@ -43,21 +43,6 @@ fn config(port: u16, backend: SocketAddr, log: SocketAddr) -> String {
     )
 }
 
-/// The timers of each request in the `httplog` lines received, by request path.
-fn read_log(socket: &UdpSocket, paths: &[&str]) -> HashMap<String, LogTimers> {
-    let mut found = HashMap::new();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut buf = vec![0u8; 65_536];
-    while found.len() < paths.len() && Instant::now() < deadline {
-        let Ok(n) = socket.recv(&mut buf) else { continue };
-        let line = String::from_utf8_lossy(&buf[..n]).into_owned();
-        if let Some((path, timers)) = parse_httplog(&line) {
-            found.insert(path, timers);
-        }
-    }
-    found
-}
-
 /// `... fe_main be_app/s0 TR/Tw/Tc/Tr/Ta 200 ... "GET /path HTTP/1.1"`.
 fn parse_httplog(line: &str) -> Option<(String, LogTimers)> {
     let request = line.split('"').nth(1)?;
@@ -71,10 +56,8 @@ fn parse_httplog(line: &str) -> Option<(String, LogTimers)> {
 }
 
 fn check_version(version: Version) {
-    let log = UdpSocket::bind("127.0.0.1:0").expect("bind log socket");
-    log.set_read_timeout(Some(Duration::from_millis(200))).expect("timeout");
-    let log_addr = log.local_addr().expect("log addr");
-    let stack = Stack::with_config_on(version, |port, backend| config(port, backend, log_addr), &[]);
+    let log = Syslog::bind();
+    let stack = Stack::with_config_on(version, |port, backend| config(port, backend, log.addr), &[]);
 
     // A new backend connection, to a server that takes 120 ms; then two keep-alive requests that
     // reuse it.
@@ -107,7 +90,7 @@ fn check_version(version: Version) {
         "/timers/holder",
         "/timers/queued",
     ];
-    let logged = read_log(&log, &paths);
+    let logged = log.collect(&paths.map(str::to_owned), parse_httplog);
     let spans = stack.spans_for(&paths);
     let mut report = Vec::new();
     let mut wrong = Vec::new();
