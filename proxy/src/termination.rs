@@ -24,7 +24,8 @@
 //! (`SC`: an unused connection looks like a health check), and client timeouts during the response (`cD`, which looks like `CD` without the
 //! client's end of stream).
 
-use crate::exchange::{ClientExchange, Outcome, ServerExchange};
+use crate::exchange::{Outcome, ServerExchange};
+use crate::timers::relayed_attempt;
 
 /// `HAProxy`'s termination state of `ex` (see the module note), when the syscalls show it.
 #[must_use]
@@ -39,7 +40,7 @@ pub fn termination_state(ex: &ServerExchange) -> Option<&'static str> {
             _ => None,
         };
     }
-    let attempt = last_attempt(ex)?;
+    let attempt = relayed_attempt(ex)?;
     match (attempt.response.is_some(), attempt.outcome, ex.outcome) {
         (false, _, _) if attempt.response_start_ns.is_some() => None,
         (false, _, _) => match status? {
@@ -56,16 +57,10 @@ pub fn termination_state(ex: &ServerExchange) -> Option<&'static str> {
     }
 }
 
-/// The backend attempt the client's answer came from: the last one that got a response head,
-/// else the last one.
-fn last_attempt(ex: &ServerExchange) -> Option<&ClientExchange> {
-    let answered = ex.clients.iter().filter(|c| c.response.is_some()).max_by_key(|c| c.start_ns);
-    answered.or_else(|| ex.clients.iter().max_by_key(|c| c.start_ns))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::exchange::ClientExchange;
     use crate::head::{parse_request, parse_response};
 
     fn response(status: u16) -> crate::ResponseHead {

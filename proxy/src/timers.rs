@@ -52,9 +52,9 @@ pub struct Moments {
     pub response_start_ns: Option<u64>,
 }
 
-/// The backend attempt whose times make `Tw`, `Tc` and `Tr`: the last one that got a response,
-/// else the last one.
-fn relayed_attempt(ex: &ServerExchange) -> Option<&ClientExchange> {
+/// The backend attempt whose times make `Tw`, `Tc` and `Tr` (and whose end makes the termination
+/// state): the last one that got a response, else the last one.
+pub(crate) fn relayed_attempt(ex: &ServerExchange) -> Option<&ClientExchange> {
     let answered = ex.clients.iter().filter(|c| c.response.is_some()).max_by_key(|c| c.start_ns);
     answered.or_else(|| ex.clients.iter().max_by_key(|c| c.start_ns))
 }
