@@ -33,7 +33,9 @@ modes add only the `filter` line):
 - The edge (unless BENCH_EDGE=0): the same HAProxy terminating TLS (`bind ... ssl crt ... alpn
   h2,http/1.1`, a P-256 certificate made for the run), untraced and with the agent at ratio 1.0:
   `tls none` / `tls ratio 1.0` with HTTP/1.1 clients, `h2 none` / `h2 ratio 1.0` with HTTP/2
-  clients (4 concurrent streams per connection), and `tls entry`: ratio 1.0 with the TLS probes
+  clients (4 concurrent streams per connection), `tls floor`: the floor (below) with the TLS
+  probes' points attached too, to programs that return at once (what the uprobe traps alone
+  cost: a breakpoint exception each, which no BPF statistic counts), and `tls entry`: ratio 1.0 with the TLS probes
   at the functions' entries and returns (`TRACETAP_TLS_PROBES=entry`, what a TLS library the agent
   does not recognise gets) instead of on their internal call. Their load is h2load over TLS (wrk does not speak
   HTTP/2): saturated `-c64` for BENCH_SECONDS, and a fixed EDGE_RATE (6 000 req/s: TLS costs
@@ -107,7 +109,7 @@ NCPU = os.cpu_count() or 2
 OTHER_CPUS = ",".join(str(c) for c in range(1, NCPU)) if NCPU > 1 else "0"
 
 LINES = os.environ.get("BENCH_LINES", "1") == "1"
-EDGE_MODES = ["tls none", "tls ratio 1.0", "tls entry", "h2 none", "h2 ratio 1.0"]
+EDGE_MODES = ["tls none", "tls floor", "tls ratio 1.0", "tls entry", "h2 none", "h2 ratio 1.0"]
 LINES_MODES = ["lines none", "lines ratio 1.0"]
 MODES = (["none", "floor", "ratio 1.0", "ratio 0.0", "ot 100", "ot 0"] + (["tail 1%"] if TAIL else [])
          + (LINES_MODES if LINES else []) + (EDGE_MODES if EDGE else []))
@@ -130,6 +132,7 @@ LABELS = {
     "ot 0": "same filter, rate-limit 0",
     "tail 1%": "tracetap, ratio 1.0, tail keeps errors + 1%",
     "tls none": "TLS, HTTP/1.1: no tracing",
+    "tls floor": "TLS, HTTP/1.1: tracetap floor (empty programs, TLS probes' traps included)",
     "tls ratio 1.0": "TLS, HTTP/1.1: tracetap, ratio 1.0",
     "tls entry": "TLS, HTTP/1.1: tracetap, ratio 1.0, `TRACETAP_TLS_PROBES=entry`",
     "h2 none": "TLS, HTTP/2: no tracing",
@@ -487,6 +490,9 @@ backend be_origin
             row["probe_runs"] = d("tracetap_probe_runs_total") / sat_requests
             row["sat_lost"] = m1.get("tracetap_events_lost_ring_full_total", 0) - m0.get("tracetap_events_lost_ring_full_total", 0)
             a_cpu0, a0 = cpu_seconds(agent.pid), m1
+            if family and m1.get("tracetap_tls_processes", 0) < 1:
+                # Without its TLS probes, a TLS mode would measure the cleartext hooks only.
+                fail(f"the agent ({mode}) attached no TLS probes to HAProxy (tracetap_tls_processes is 0)")
         dd0 = dd_stats(self.dd_port)
         h_cpu0 = cpu_seconds(haproxy.pid)
         load = h2load(self.front_port, EDGE_RATE if family else FIXED_RATE, SECONDS, family)

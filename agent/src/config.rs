@@ -269,7 +269,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     (
         "TRACETAP_PROBE_MODE",
         "capture",
-        "`floor` attaches programs that return at once and traces nothing: the hooks' own cost, for benchmarks",
+        "`floor` attaches programs that return at once (the syscall hooks and the TLS probes' points) and traces nothing: the hooks' own cost, for benchmarks",
     ),
     (
         "TRACETAP_TLS_PROBES",

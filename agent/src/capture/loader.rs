@@ -112,8 +112,10 @@ pub struct Probes {
     tls_route: Result<TlsRoute, String>,
     /// `TLS_HOOKED`, set once the first process is hooked.
     tls_hooked: Array<MapData, u32>,
-    /// `TRACETAP_TLS_PROBES`, `Off` in the floor mode.
+    /// `TRACETAP_TLS_PROBES`.
     tls_placement: TlsProbes,
+    /// `TRACETAP_PROBE_MODE=floor`: every TLS probe point gets a program that returns at once.
+    tls_floor: bool,
 }
 
 /// The route the TLS probes take, with what it needs.
@@ -210,7 +212,8 @@ impl Probes {
             tracing::debug!(program = name, verified_instructions = ?verified, "probe attached");
         }
         let attached = programs.len();
-        let tls_probes = if config.probe_mode == ProbeMode::Capture { config.tls_probes } else { TlsProbes::Off };
+        // The floor attaches the TLS probes too, with programs that do nothing (see `program_at`).
+        let tls_probes = config.tls_probes;
         let tls_route = if tls_probes == TlsProbes::Off {
             Err("TLS probes are off (TRACETAP_TLS_PROBES=off)".to_owned())
         } else {
@@ -263,6 +266,7 @@ impl Probes {
             tls_route,
             tls_hooked,
             tls_placement: tls_probes,
+            tls_floor: config.probe_mode == ProbeMode::Floor,
         };
         // Nothing is traced yet; with no command filter, every process can be ruled out at once.
         probes.write_target_set(&[]);
@@ -361,15 +365,16 @@ impl Probes {
     }
 
     fn attach_point(&mut self, pid: u32, object: &Path, point: &super::tls::ProbePoint) -> Result<TlsLink, String> {
+        let program = program_at(point, self.tls_floor);
         match &self.tls_route {
             Err(why) => Err(why.clone()),
             Ok(TlsRoute::Multi(programs, _)) => programs
-                .attach(point.program, object, &[point.offset], &[point.cookie], pid)
+                .attach(program, object, &[point.offset], &[point.cookie], pid)
                 .map(TlsLink::Multi)
                 .map_err(|e| format!("uprobe-multi link: {e}")),
             Ok(TlsRoute::Tracefs(tracefs)) => {
                 let tracefs = tracefs.clone();
-                let program = self.uprobe(point.program).map_err(|e| e.to_string())?;
+                let program = self.uprobe(program).map_err(|e| e.to_string())?;
                 let returns = matches!(program.kind(), aya::programs::ProbeKind::Return);
                 let fd = program.fd().map_err(|e| e.to_string())?;
                 uprobes::attach_tracefs(&tracefs, fd.as_fd(), returns, object, point.offset, point.cookie, pid)
@@ -382,9 +387,9 @@ impl Probes {
                     location: UProbeAttachLocation::AbsoluteOffset(point.offset),
                     cookie: Some(point.cookie),
                 };
-                self.uprobe(point.program)
+                self.uprobe(program)
                     .and_then(|p| p.attach(at, object, UProbeScope::OneProcess(pid)))
-                    .map(|link| TlsLink::Perf(point.program, link))
+                    .map(|link| TlsLink::Perf(program, link))
                     .map_err(|e| format!("perf uprobe: {e}"))
             }
         }
@@ -475,7 +480,7 @@ impl Probes {
         let mut links = Vec::with_capacity(plan.len());
         for point in plan.iter() {
             let cookie = point.cookie | TLS_COOKIE_ANY_PROCESS;
-            match programs.attach(point.program, &object, &[point.offset], &[cookie], 0) {
+            match programs.attach(program_at(point, self.tls_floor), &object, &[point.offset], &[cookie], 0) {
                 Ok(link) => links.push(link),
                 Err(e) => return Some(Err(format!("uprobe-multi link for every process: {e}"))),
             }
@@ -555,6 +560,11 @@ impl Probes {
         // SAFETY: one valid pollfd for the duration of the call.
         let _ = unsafe { libc::poll(&raw mut fds, 1, ms) };
     }
+}
+
+/// The program attached at `point`: its own, or in the floor mode its twin that returns at once.
+fn program_at(point: &super::tls::ProbePoint, floor: bool) -> &'static str {
+    if floor { super::tls::floor_twin(point.program) } else { point.program }
 }
 
 /// The program the route self-test attaches (any TLS program would do: it never runs).

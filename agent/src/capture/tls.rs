@@ -53,8 +53,8 @@ const FUNCTIONS: [Function; 3] = [
     Function { symbol: "SSL_do_handshake", entry: "ssl_handshake_entry", ret: "ssl_handshake_return", call_site: None },
 ];
 
-/// Every program the TLS probes use (the agent loads them all at start).
-pub const PROGRAMS: [&str; 10] = [
+/// Every program the TLS probes use (the agent loads them all at start), the floor's last.
+pub const PROGRAMS: [&str; 12] = [
     "ssl_read_entry",
     "ssl_read_return",
     "ssl_read_call",
@@ -65,7 +65,21 @@ pub const PROGRAMS: [&str; 10] = [
     "ssl_write_done",
     "ssl_handshake_entry",
     "ssl_handshake_return",
+    FLOOR_PROGRAM,
+    FLOOR_RETURN_PROGRAM,
 ];
+
+/// What `TRACETAP_PROBE_MODE=floor` attaches at every point of a plan instead of its program:
+/// programs that return at once, so that the benchmark measures the uprobe traps alone.
+pub const FLOOR_PROGRAM: &str = "ssl_floor";
+/// The floor's program for the points of a plan that are return probes (`*_return`).
+pub const FLOOR_RETURN_PROGRAM: &str = "ssl_floor_return";
+
+/// The program the floor attaches in place of `program`: a return probe stays a return probe.
+#[must_use]
+pub fn floor_twin(program: &str) -> &'static str {
+    if program.ends_with("_return") { FLOOR_RETURN_PROGRAM } else { FLOOR_PROGRAM }
+}
 
 /// A function prologue the agent recognises: its bytes up to and including the internal call's
 /// `test eax,eax; jle` (`None`: any byte, the displacements), where the call and the jump are,

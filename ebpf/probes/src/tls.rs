@@ -38,10 +38,13 @@ use aya_ebpf::{
 };
 use tracetap_ebpf_common::{EventKind, Loss, MAX_NUMBERED_CONNECTIONS, TLS_COOKIE_ANY_PROCESS};
 
-use crate::{
-    BufShape, CONN_DECIDED, CONN_TLS, CONN_TLS_ANNOUNCED, CONNS, ConnState, capture_window, conn_key, count_loss,
-    decide_h2, drop_opaque_mark, emit, emit_data, emit_header_only, is_target, payload_unwanted_at, stage, take_seq,
+use crate::conns::{
+    CONN_DECIDED, CONN_TLS, CONN_TLS_ANNOUNCED, CONNS, ConnState, capture_window, conn_key, decide_h2,
+    drop_opaque_mark, payload_unwanted_at, take_seq,
 };
+use crate::payload::{BufShape, emit_data};
+use crate::ring::{count_loss, emit, emit_header_only, stage};
+use crate::targets::is_target;
 
 /// Threads inside an `SSL_*` call: `pid_tgid` to the call.
 #[map]
@@ -334,4 +337,18 @@ pub fn ssl_handshake_entry(ctx: ProbeContext) -> u32 {
 #[uretprobe]
 pub fn ssl_handshake_return(ctx: RetProbeContext) -> u32 {
     leave(&ctx, CALL_HANDSHAKE)
+}
+
+/// The TLS floor of `make bench` (`TRACETAP_PROBE_MODE=floor`): attached where the TLS programs
+/// would be, it does nothing, so that a measurement can tell what the uprobe traps cost from what
+/// the TLS programs' work costs.
+#[uprobe]
+pub fn ssl_floor(_ctx: ProbeContext) -> u32 {
+    0
+}
+
+/// See [`ssl_floor`]: in place of the return programs of entry and return probes.
+#[uretprobe]
+pub fn ssl_floor_return(_ctx: RetProbeContext) -> u32 {
+    0
 }
