@@ -366,7 +366,7 @@ pub fn objects_of(proc_root: &Path, pid: u32) -> std::io::Result<Objects> {
         // A process that `chroot`ed itself (HAProxy's `chroot` directive) mapped its libraries
         // before, and `maps` shows their paths from the top of its mount namespace: `..` of
         // `/proc/PID/root` until it goes no higher.
-        let above_jail = crate::jail::above(&root).pop().map(|top| top.join(inside));
+        let above_jail = crate::procfs::jail::above(&root).pop().map(|top| top.join(inside));
         let found = [root.join(inside), path.clone()]
             .into_iter()
             .chain(above_jail)

@@ -24,7 +24,7 @@ use tracetap_proxy::haproxy_runtime::{
     SHOW_SERVERS_STATE, ServersState, StateError, parse_servers_state, split_answer,
 };
 
-use super::{fd_path, open_in_root, start_root};
+use crate::procfs::root::{fd_path, open_in_root, start_root};
 
 /// Most bytes of one answer read: 100 000 servers of ~100 bytes each fit.
 pub const MAX_ANSWER_BYTES: u64 = 16 << 20;

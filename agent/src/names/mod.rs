@@ -1,6 +1,6 @@
 //! Names from each traced HAProxy's own configuration: the `-f` files (and directories) on its
 //! command line, read through `/proc/PID/root` so it works for HAProxy in containers (or, for a
-//! process that `chroot`ed itself, the root it started in above its jail: [`start_root`]). A config that
+//! process that `chroot`ed itself, the root it started in above its jail: [`crate::procfs::root::start_root`]). A config that
 //! cannot be read or understood degrades spans to addresses, with one warning per process.
 //!
 //! Those files are hostile input: any process named `haproxy` chooses them, and may point `-f` at a
@@ -21,65 +21,30 @@
 //!   warned); its thread is left to finish, or to hang, holding its slot. A process that hangs
 //!   every loader thus costs at most [`MAX_LOADERS`] parked threads, and the loads after it time
 //!   out instead of piling up threads.
-//! - Paths resolve inside the process's root, as `openat2(RESOLVE_IN_ROOT)` would: `..` stops at
-//!   the root and symbolic links, absolute ones included, resolve inside it (not on the agent's
-//!   own file system), at most [`MAX_SYMLINKS`] links and [`MAX_PATH_STEPS`] components per
-//!   path. Every step is opened `O_PATH | O_NOFOLLOW`, which never blocks, not even on a FIFO.
-//! - Only regular files are read: the kind is checked with `fstat` on the descriptor that is
-//!   then read (reopened `O_NONBLOCK`, same device and inode), so there is no window between
-//!   the check and the read. At most [`MAX_CONFIG_BYTES`] in all and [`MAX_CONFIG_FILES`] files
-//!   per process, at most [`MAX_DIR_ENTRIES`] entries per directory; what the parser keeps is
-//!   bounded too ([`tracetap_proxy::haproxy_config::MAX_NAMES_BYTES`]).
-//! - One bad file does not spoil the others: the names of the files that could be read are
-//!   kept. Each file that could not be read counts in `tracetap_config_read_errors_total`, and
-//!   the process gets one warning naming the files and why.
+//! - What a load reads, and its bounds, are in `config_files`; paths resolve inside the
+//!   process's root as `crate::procfs::root` resolves them.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::ffi::OsString;
-use std::fs::{File, OpenOptions};
-use std::io::{self, Read as _};
-use std::os::fd::AsRawFd as _;
-use std::os::unix::ffi::OsStrExt as _;
-use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _, OpenOptionsExt as _};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::time::{Duration, Instant};
 
-use tracetap_proxy::haproxy_config::{ConfigParser, ProxyNames};
+use tracetap_proxy::haproxy_config::ProxyNames;
 use tracetap_proxy::haproxy_runtime::ServersState;
-use tracetap_proxy::haproxy_words::Environment;
 
 use crate::metrics::{self, Metrics};
 
+mod config_files;
 mod runtime_api;
 
+use config_files::load;
+pub use config_files::{
+    MAX_CMDLINE_BYTES, MAX_CONFIG_BYTES, MAX_CONFIG_FILES, MAX_DIR_ENTRIES, MAX_ENVIRON_BYTES, MAX_HOSTS_BYTES,
+    MAX_PROBLEMS_KEPT, config_paths,
+};
 pub use runtime_api::{RuntimeApiError, read_servers_state};
 
-/// Most configuration bytes read for one process, all its files together (so also for any one
-/// file). HAProxy configurations are kilobytes, and even generated ones with thousands of
-/// backends stay far below this; the cap bounds what a process pointing `-f` at a huge file makes
-/// the agent read and hold (twice over at most, while parsing).
-pub const MAX_CONFIG_BYTES: u64 = 4 << 20;
-/// Most paths opened for one process: `-f` arguments and `*.cfg` directory entries together,
-/// whether they turn out readable or not (so that 10 000 `-f /dev/zero` cost 256 opens).
-pub const MAX_CONFIG_FILES: usize = 256;
-/// Problems kept for the warning (all are counted in the metric).
-pub const MAX_PROBLEMS_KEPT: usize = 16;
-/// Most entries looked at in one `-f` directory. Past it the whole directory is skipped: HAProxy
-/// loads its `*.cfg` files in lexical order, and a partial listing has no order.
-pub const MAX_DIR_ENTRIES: usize = 1024;
-/// Bytes of `/proc/PID/cmdline` read: far more than any HAProxy command line.
-pub const MAX_CMDLINE_BYTES: u64 = 128 << 10;
-/// Bytes of `/proc/PID/environ` read (for `"${VAR}"` in the configuration); Linux caps a
-/// process's arguments and environment together at a quarter of its stack limit.
-pub const MAX_ENVIRON_BYTES: u64 = 2 << 20;
-/// Bytes of the process root's `/etc/hosts` read (for `server` lines that give a hostname).
-pub const MAX_HOSTS_BYTES: u64 = 1 << 20;
-/// Path components walked to open one path, those of symbolic links included.
-pub const MAX_PATH_STEPS: usize = 128;
-/// Symbolic links followed to open one path (the kernel's own `MAXSYMLINKS`).
-pub const MAX_SYMLINKS: usize = 40;
 /// Loads running at once.
 pub const MAX_LOADERS: usize = 2;
 /// A load that has not answered by then (counted from the request) is given up.
@@ -614,381 +579,10 @@ impl Names {
     }
 }
 
-/// The configuration files of a command line, in the order HAProxy loads them: each `-f FILE`
-/// (or `-fFILE`), and every argument after `--` (haproxy(1): "all the arguments following it
-/// are config files").
-#[must_use]
-pub fn config_paths(cmdline: &[u8]) -> Vec<String> {
-    let args: Vec<&str> = cmdline.split(|b| *b == 0).filter_map(|a| std::str::from_utf8(a).ok()).collect();
-    let mut out = Vec::new();
-    let mut i = 1;
-    while i < args.len() {
-        if args[i] == "--" {
-            out.extend(args[i + 1..].iter().filter(|a| !a.is_empty()).map(|a| (*a).to_owned()));
-            break;
-        }
-        if args[i] == "-f" {
-            if let Some(p) = args.get(i + 1) {
-                out.push((*p).to_owned());
-            }
-            i += 2;
-            continue;
-        }
-        if let Some(p) = args[i].strip_prefix("-f").filter(|p| !p.is_empty()) {
-            out.push(p.to_owned());
-        }
-        i += 1;
-    }
-    out
-}
-
-/// Reads and parses the configuration of process `pid` (run on a loader thread).
-fn load(proc_root: &Path, pid: u32) -> Outcome {
-    let pid_dir = proc_root.join(pid.to_string());
-    let mut cmdline = Vec::new();
-    if let Err(e) =
-        File::open(pid_dir.join("cmdline")).and_then(|f| f.take(MAX_CMDLINE_BYTES).read_to_end(&mut cmdline))
-    {
-        return Outcome::failed(format!("reading cmdline: {e}"));
-    }
-    let paths = config_paths(&cmdline);
-    if paths.is_empty() {
-        return Outcome::failed("no -f argument on the command line".into());
-    }
-    // The process's own environment, for `"${VAR}"` in its configuration. Unreadable: variables
-    // expand to nothing, as an unset one would (the names they give are then not found).
-    let mut environ = Vec::new();
-    let _ = File::open(pid_dir.join("environ")).and_then(|f| f.take(MAX_ENVIRON_BYTES).read_to_end(&mut environ));
-    let cwd = std::fs::read_link(pid_dir.join("cwd")).unwrap_or_else(|_| PathBuf::from("/"));
-    let process_root = match process_root(proc_root, pid) {
-        Ok(root) => root,
-        Err(e) => return Outcome::failed(format!("opening the process's root: {e}")),
-    };
-    // A process that `chroot`ed itself has its configuration above its jail: read from there,
-    // and kept only if the configuration's own `chroot` says that jail is the process's root.
-    let first = if Path::new(&paths[0]).is_absolute() { PathBuf::from(&paths[0]) } else { cwd.join(&paths[0]) };
-    let above = if open_in_root(&process_root, &first).is_ok() { None } else { above_jail(&process_root, &first) };
-    let jailed = above.is_some();
-    let root = match above.map_or_else(|| process_root.try_clone(), Ok) {
-        Ok(root) => root,
-        Err(e) => return Outcome::failed(format!("opening the process's root: {e}")),
-    };
-    let mut reader = Reader {
-        root,
-        parser: ConfigParser::with_environment(Environment::from_environ(&environ)),
-        bytes_left: MAX_CONFIG_BYTES,
-        paths: 0,
-        read_any: false,
-        problems: Vec::new(),
-        problem_count: 0,
-    };
-    for p in paths {
-        let inside = if Path::new(&p).is_absolute() { PathBuf::from(&p) } else { cwd.join(&p) };
-        reader.argument(&inside);
-    }
-    let Reader { root, parser, read_any, mut problems, mut problem_count, .. } = reader;
-    let mut names = read_any.then(|| parser.finish());
-    if jailed
-        && names.as_ref().is_some_and(|n| !n.chroot.as_deref().is_some_and(|dir| is_jail_of(&root, dir, &process_root)))
-    {
-        problems.push(format!(
-            "{} is not in the process's root; a configuration above it names no `chroot` that is the process's root, so it is not used",
-            first.display()
-        ));
-        problem_count += 1;
-        names = None;
-    }
-    let names = names.map(|mut names| {
-        if !names.fd_binds.is_empty() {
-            // `bind fd@N`: the socket the process was given as descriptor N says its address.
-            names.resolve_fd_binds(|fd| crate::sockets::socket_addr(proc_root, pid, fd));
-        }
-        if !names.host_servers.is_empty() {
-            // Hostnames as the process resolved them at start, from its own root's /etc/hosts
-            // (unreadable: they stay unnamed, counted as skipped lines).
-            let hosts = read_hosts(&root);
-            names.resolve_hosts(|h| hosts.get(h).copied());
-        }
-        names
-    });
-    Outcome { names, problems, problem_count }
-}
-
-/// `/etc/hosts` inside the process's root, at most [`MAX_HOSTS_BYTES`] of it.
-fn read_hosts(root: &File) -> HashMap<String, std::net::IpAddr> {
-    let mut text = Vec::new();
-    let read = open_in_root(root, Path::new("/etc/hosts")).and_then(|f| {
-        // Reopened for reading through the O_PATH descriptor, non-blocking (a FIFO there must not hang).
-        let file = OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(fd_path(&f))?;
-        if !file.metadata()?.is_file() {
-            return Err(io::Error::other("not a regular file"));
-        }
-        file.take(MAX_HOSTS_BYTES).read_to_end(&mut text)
-    });
-    match read {
-        Ok(_) => tracetap_proxy::hosts::parse_hosts(&String::from_utf8_lossy(&text)),
-        Err(_) => HashMap::new(),
-    }
-}
-
-/// The files of one process's configuration, read within the limits.
-struct Reader {
-    /// The process's root directory (`O_PATH`).
-    root: File,
-    parser: ConfigParser,
-    bytes_left: u64,
-    /// Paths opened, against [`MAX_CONFIG_FILES`].
-    paths: usize,
-    read_any: bool,
-    problems: Vec<String>,
-    problem_count: usize,
-}
-
-impl Reader {
-    /// One `-f` argument: a file, or the `*.cfg` files of a directory in lexical order (as HAProxy
-    /// loads them).
-    fn argument(&mut self, path: &Path) {
-        match self.open(path) {
-            Some((meta, dir)) if meta.is_dir() => self.directory(path, &dir),
-            Some((meta, file)) => self.file(path, &file, &meta),
-            None => {}
-        }
-    }
-
-    /// Opens `path` inside the root (`O_PATH`), counted against [`MAX_CONFIG_FILES`]; `None`, with
-    /// the problem noted, when it cannot be.
-    fn open(&mut self, path: &Path) -> Option<(std::fs::Metadata, File)> {
-        if self.paths >= MAX_CONFIG_FILES {
-            self.problem(path, &format!("more than {MAX_CONFIG_FILES} files: not read"));
-            return None;
-        }
-        self.paths += 1;
-        match open_in_root(&self.root, path).and_then(|f| Ok((f.metadata()?, f))) {
-            Ok(opened) => Some(opened),
-            Err(e) => {
-                self.problem(path, &e.to_string());
-                None
-            }
-        }
-    }
-
-    fn directory(&mut self, path: &Path, dir: &File) {
-        let entries = match std::fs::read_dir(fd_path(dir)) {
-            Ok(entries) => entries,
-            Err(e) => return self.problem(path, &e.to_string()),
-        };
-        let mut names: Vec<OsString> = Vec::new();
-        for (n, entry) in entries.enumerate() {
-            if n >= MAX_DIR_ENTRIES {
-                return self.problem(path, &format!("more than {MAX_DIR_ENTRIES} entries: directory skipped"));
-            }
-            match entry {
-                Ok(entry) => {
-                    let name = entry.file_name();
-                    if Path::new(&name).extension().is_some_and(|e| e == "cfg") {
-                        names.push(name);
-                    }
-                }
-                Err(e) => return self.problem(path, &format!("listing it: {e}")),
-            }
-        }
-        names.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
-        for name in names {
-            let file = path.join(name);
-            if let Some((meta, f)) = self.open(&file) {
-                self.file(&file, &f, &meta);
-            }
-        }
-    }
-
-    /// `file` is an `O_PATH` descriptor of something that is not a symbolic link.
-    fn file(&mut self, path: &Path, file: &File, meta: &std::fs::Metadata) {
-        if !meta.is_file() {
-            return self.problem(path, &format!("not a regular file but {}", kind(meta)));
-        }
-        if meta.len() > self.bytes_left {
-            let left = self.bytes_left;
-            return self.problem(
-                path,
-                &format!(
-                    "{} bytes: over the cap of {MAX_CONFIG_BYTES} configuration bytes per process ({left} left)",
-                    meta.len()
-                ),
-            );
-        }
-        match self.read(file, meta) {
-            Ok(text) => {
-                self.parser.add_file(&String::from_utf8_lossy(&text));
-                self.read_any = true;
-            }
-            Err(e) => self.problem(path, &e.to_string()),
-        }
-    }
-
-    /// Reads a regular file through a new descriptor, checked to be the same regular file.
-    fn read(&mut self, file: &File, meta: &std::fs::Metadata) -> io::Result<Vec<u8>> {
-        let readable =
-            OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY).open(fd_path(file))?;
-        let now = readable.metadata()?;
-        if !now.is_file() || (now.dev(), now.ino()) != (meta.dev(), meta.ino()) {
-            return Err(io::Error::other("replaced while being opened"));
-        }
-        let mut text = Vec::with_capacity(now.len().min(self.bytes_left) as usize);
-        readable.take(self.bytes_left + 1).read_to_end(&mut text)?;
-        if text.len() as u64 > self.bytes_left {
-            return Err(io::Error::other(format!("grew past the {MAX_CONFIG_BYTES}-byte cap while being read")));
-        }
-        self.bytes_left -= text.len() as u64;
-        Ok(text)
-    }
-
-    fn problem(&mut self, path: &Path, why: &str) {
-        self.problem_count += 1;
-        if self.problems.len() < MAX_PROBLEMS_KEPT {
-            self.problems.push(format!("{}: {why}", path.display()));
-        }
-    }
-}
-
-fn kind(meta: &std::fs::Metadata) -> &'static str {
-    let t = meta.file_type();
-    if t.is_fifo() {
-        "a FIFO"
-    } else if t.is_char_device() {
-        "a character device"
-    } else if t.is_block_device() {
-        "a block device"
-    } else if t.is_socket() {
-        "a socket"
-    } else if t.is_dir() {
-        "a directory"
-    } else {
-        "something else"
-    }
-}
-
-/// `/proc/PID/root` (`O_PATH`).
-fn process_root(proc_root: &Path, pid: u32) -> io::Result<File> {
-    open_dir(&proc_root.join(pid.to_string()).join("root"))
-}
-
-fn open_dir(path: &Path) -> io::Result<File> {
-    OpenOptions::new().read(true).custom_flags(libc::O_PATH | libc::O_DIRECTORY).open(path)
-}
-
-/// The nearest directory above `root` (the jail of a process that `chroot`ed itself), within
-/// the process's mount namespace, where `probe` exists: a candidate for the root the process
-/// started in. Only a candidate: [`is_jail_of`] must confirm it against the process's own
-/// `chroot` directive, or a process confined by someone else could have the agent read above
-/// its confinement.
-fn above_jail(root: &File, probe: &Path) -> Option<File> {
-    crate::jail::above(&fd_path(root))
-        .iter()
-        .filter_map(|dir| open_dir(dir).ok())
-        .find(|dir| open_in_root(dir, probe).is_ok())
-}
-
-/// Whether `chroot` (the process's `chroot` directive) under `start` is the process's `root`.
-fn is_jail_of(start: &File, chroot: &str, root: &File) -> bool {
-    use std::os::unix::fs::MetadataExt as _;
-    let (Ok(jail), Ok(root)) = (open_in_root(start, Path::new(chroot)).and_then(|j| j.metadata()), root.metadata())
-    else {
-        return false;
-    };
-    (jail.dev(), jail.ino()) == (root.dev(), root.ino())
-}
-
-/// The root process `pid` started in, where a path it was given at start resolves (`probe`:
-/// its stats socket): `/proc/PID/root`, unless its configuration's `chroot` directive (`chroot`)
-/// moved it into a jail after it started (Debian's packaged configuration has `chroot
-/// /var/lib/haproxy`) and `probe` is not in the jail: then the directory above the jail that
-/// holds `probe` and of which `chroot` is the jail. Otherwise `/proc/PID/root`, so that the
-/// caller's own error says what is missing.
-pub(crate) fn start_root(proc_root: &Path, pid: u32, probe: &Path, chroot: Option<&str>) -> io::Result<File> {
-    let root = process_root(proc_root, pid)?;
-    let Some(chroot) = chroot else { return Ok(root) };
-    if open_in_root(&root, probe).is_ok() {
-        return Ok(root);
-    }
-    match above_jail(&root, probe) {
-        Some(start) if is_jail_of(&start, chroot, &root) => Ok(start),
-        _ => Ok(root),
-    }
-}
-
-/// The path of an open descriptor, to open what it names again or to look under it.
-fn fd_path(file: &File) -> PathBuf {
-    PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()))
-}
-
-enum Step {
-    Root,
-    Up,
-    Name(OsString),
-}
-
-fn push_steps(todo: &mut Vec<Step>, path: &Path) {
-    let steps: Vec<Step> = path
-        .components()
-        .filter_map(|c| match c {
-            Component::RootDir => Some(Step::Root),
-            Component::ParentDir => Some(Step::Up),
-            Component::Normal(name) => Some(Step::Name(name.to_owned())),
-            Component::CurDir | Component::Prefix(_) => None,
-        })
-        .collect();
-    todo.extend(steps.into_iter().rev());
-}
-
-/// Opens `path` (as the process sees it) with `root` as `/`, the way `openat2(2)` with
-/// `RESOLVE_IN_ROOT` would, using only `open` on `/proc/self/fd/N/NAME`: `..` stops at the root and
-/// symbolic links, absolute ones too, resolve inside it. Each step is opened `O_PATH |
-/// O_NOFOLLOW`: that never blocks (not on a FIFO either), never reads anything, and never follows a
-/// link behind the walk's back. Returns an `O_PATH` descriptor of something that is not a link.
-fn open_in_root(root: &File, path: &Path) -> io::Result<File> {
-    // Directories walked below the root; the last one is where the walk is.
-    let mut dirs: Vec<File> = Vec::new();
-    let mut todo = Vec::new();
-    push_steps(&mut todo, path);
-    let (mut steps, mut links) = (0, 0);
-    while let Some(step) = todo.pop() {
-        let name = match step {
-            Step::Root => {
-                dirs.clear();
-                continue;
-            }
-            Step::Up => {
-                dirs.pop();
-                continue;
-            }
-            Step::Name(name) => name,
-        };
-        steps += 1;
-        if steps > MAX_PATH_STEPS {
-            return Err(io::Error::other(format!("more than {MAX_PATH_STEPS} path components to walk")));
-        }
-        let at = fd_path(dirs.last().unwrap_or(root)).join(&name);
-        let file = OpenOptions::new().read(true).custom_flags(libc::O_PATH | libc::O_NOFOLLOW).open(&at)?;
-        let meta = file.metadata()?;
-        if meta.file_type().is_symlink() {
-            links += 1;
-            if links > MAX_SYMLINKS {
-                return Err(io::Error::from_raw_os_error(libc::ELOOP));
-            }
-            push_steps(&mut todo, &std::fs::read_link(&at)?);
-        } else if meta.is_dir() {
-            dirs.push(file);
-        } else if todo.is_empty() {
-            return Ok(file);
-        } else {
-            return Err(io::Error::from_raw_os_error(libc::ENOTDIR));
-        }
-    }
-    dirs.pop().map_or_else(|| root.try_clone(), Ok)
-}
-
 #[cfg(test)]
 mod tests {
+    use std::fs::File;
+    use std::io;
     use std::process::Command;
     use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 
