@@ -36,6 +36,8 @@ setup:
 	fi
 	@rustup component list --toolchain nightly --installed 2>/dev/null | grep -q '^rust-src' \
 		|| rustup component add rust-src --toolchain nightly
+	@rustup component list --toolchain nightly --installed 2>/dev/null | grep -q '^clippy' \
+		|| rustup component add clippy --toolchain nightly
 	@if ! bpf-linker --version 2>/dev/null | grep -q "$(BPF_LINKER_VERSION)"; then \
 		echo "building bpf-linker $(BPF_LINKER_VERSION) against LLVM 22"; \
 		LLVM_PREFIX=/usr/lib/llvm-22 LLVM_SYS_221_PREFIX=/usr/lib/llvm-22 \
@@ -74,6 +76,9 @@ test: setup
 lint: setup
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
+	# The probes are not a default member and build for BPF only: linted on that target (the
+	# workspace lints, ebpf/probes/Cargo.toml), with the nightly toolchain that builds them.
+	cd ebpf/probes && cargo +nightly clippy --release --target bpfel-unknown-none -Z build-std=core -p tracetap-ebpf -- -D warnings
 
 demo: setup
 	cargo build -p tracetap

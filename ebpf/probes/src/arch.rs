@@ -1,8 +1,8 @@
-//! What the probes read of x86_64's syscall ABI: the numbers of the syscalls they follow and
+//! What the probes read of `x86_64`'s syscall ABI: the numbers of the syscalls they follow and
 //! where `struct pt_regs` keeps the syscall number and arguments. The one place that knows the
 //! architecture.
 
-/// x86_64 syscall numbers of the calls we follow.
+/// `x86_64` syscall numbers of the calls we follow.
 pub(crate) mod nr {
     pub(crate) const READ: u64 = 0;
     pub(crate) const WRITE: u64 = 1;
@@ -23,12 +23,12 @@ pub(crate) mod nr {
     pub(crate) const CLONE3: u64 = 435;
 }
 
-/// Offset of `dx` in `struct pt_regs` (x86_64).
+/// Offset of `dx` in `struct pt_regs` (`x86_64`).
 pub(crate) const PT_REGS_DX: usize = 96;
-/// Offset of `r10` (the fourth syscall argument) in `struct pt_regs` (x86_64).
+/// Offset of `r10` (the fourth syscall argument) in `struct pt_regs` (`x86_64`).
 pub(crate) const PT_REGS_R10: usize = 56;
 
-/// Offset of `orig_ax` (the syscall number) in `struct pt_regs` (x86_64).
+/// Offset of `orig_ax` (the syscall number) in `struct pt_regs` (`x86_64`).
 pub(crate) const PT_REGS_ORIG_AX: usize = 120;
 /// Offsets of `si` and `di` (the second and first syscall arguments) in `struct pt_regs`.
 pub(crate) const PT_REGS_SI: usize = 104;

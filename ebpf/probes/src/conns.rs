@@ -74,7 +74,7 @@ pub(crate) fn conn_key(tgid: u32, fd: i32) -> u64 {
 pub(crate) fn open_conn(tgid: u32, fd: i32, opened_ns: u64) -> u32 {
     let state = ConnState { opened_ns, seq: 1, checked_generation: 0, opaque: 0, flags: 0, ssl: 0 };
     // A full table evicts the least recently used entry; insert fails only on memory pressure.
-    if CONNS.insert(&conn_key(tgid, fd), &state, 0).is_ok() { 1 } else { 0 }
+    u32::from(CONNS.insert(conn_key(tgid, fd), &state, 0).is_ok())
 }
 
 /// Takes the next sequence number of a numbered connection (see `CONNS`).
@@ -92,7 +92,7 @@ pub(crate) fn take_seq(state: *mut ConnState) -> u32 {
 /// The next sequence number of a connection's records (0 for connections not numbered).
 #[inline(always)]
 pub(crate) fn next_seq(tgid: u32, fd: i32) -> u32 {
-    CONNS.get_ptr_mut(&conn_key(tgid, fd)).map_or(0, take_seq)
+    CONNS.get_ptr_mut(conn_key(tgid, fd)).map_or(0, take_seq)
 }
 
 /// What a read or write on a socket gets: nothing (the bytes are TLS ciphertext, whose plaintext
@@ -110,7 +110,7 @@ pub(crate) enum DataPlan {
 #[inline(always)]
 pub(crate) fn plan_data(pid_tgid: u64, tgid: u32, fd: i32, plain_buf: Option<u64>, ret: i64) -> DataPlan {
     let key = conn_key(tgid, fd);
-    let Some(state) = CONNS.get_ptr_mut(&key) else {
+    let Some(state) = CONNS.get_ptr_mut(key) else {
         return DataPlan::Copy { seq: 0, window: capture_window(0) };
     };
     // SAFETY: map value pointer, see `take_seq`.
@@ -180,7 +180,7 @@ pub(crate) fn payload_unwanted(key: u64, state: *mut ConnState) -> bool {
     unsafe {
         if (*state).checked_generation != generation {
             // SAFETY: read-only lookup of a plain value.
-            let marked = OPAQUE_CONNS.get(&key).is_some_and(|opened| *opened == (*state).opened_ns);
+            let marked = OPAQUE_CONNS.get(key).is_some_and(|opened| *opened == (*state).opened_ns);
             (*state).opaque = u32::from(marked);
             (*state).checked_generation = generation;
         }
@@ -194,7 +194,7 @@ pub(crate) fn payload_unwanted(key: u64, state: *mut ConnState) -> bool {
 #[inline(always)]
 pub(crate) fn drop_opaque_mark(tgid: u32, fd: i32, state: *mut ConnState) {
     if payload_unwanted_at(tgid, fd, state) {
-        let _ = OPAQUE_CONNS.remove(&conn_key(tgid, fd));
+        let _ = OPAQUE_CONNS.remove(conn_key(tgid, fd));
         // SAFETY: map value pointer, see `take_seq`; the cached verdict follows the map.
         unsafe { (*state).opaque = 0 };
     }

@@ -24,15 +24,25 @@
 //! - Payload lengths are clamped to `STAGING_BYTES` right before each copy (see [`bounded`]), so the
 //!   verifier can prove every access stays inside the staging buffer; the logical bound
 //!   (`CAPTURE_BYTES`) is applied first.
-//! - Syscall numbers and `pt_regs` offsets are those of x86_64, all in `arch`.
+//! - Syscall numbers and `pt_regs` offsets are those of `x86_64`, all in `arch`.
 //!
 //! Modules, one job each: `syscalls` (the two syscall hooks), `process` (process start, exec and
 //! exit), `targets` (which processes are traced), `conns` (per connection state: numbering, opaque
 //! marks, TLS and HTTP/2 flags), `payload` (copying a call's bytes), `ring` (staging, the ring
-//! buffer, losses, wake-ups), `arch` (x86_64's syscall numbers and registers), `tls` (the TLS
+//! buffer, losses, wake-ups), `arch` (`x86_64`'s syscall numbers and registers), `tls` (the TLS
 //! library's uprobes). The globals the agent sets at load time stay here.
 #![no_std]
 #![no_main]
+// The workspace lints apply here too (ebpf/probes/Cargo.toml), with two exceptions of BPF's own.
+#![expect(
+    clippy::inline_always,
+    reason = "every helper is inlined on purpose: BPF-to-BPF calls cost the verifier more states and limit the stack, and a \
+              call the compiler chose not to inline may not verify"
+)]
+#![expect(
+    clippy::needless_pass_by_value,
+    reason = "a program's context is passed by value: that is the signature aya's program macros expect"
+)]
 
 mod arch;
 mod conns;

@@ -173,11 +173,7 @@ pub(crate) fn copy_segment(staging: &mut Staging, offset: u64, from: u64, len: u
     // SAFETY: offset + len stays inside `staging.data` (see above); the helper faults safely on
     // bad user addresses.
     let rc = unsafe {
-        raw_probe_read_user(
-            staging.data.as_mut_ptr().add(offset as usize).cast(),
-            len as u32,
-            from as *const core::ffi::c_void,
-        )
+        raw_probe_read_user(staging.data.as_mut_ptr().add(offset as usize).cast(), len as u32, from as *const c_void)
     };
     if rc == 0 {
         len

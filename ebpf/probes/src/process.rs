@@ -20,7 +20,7 @@ use crate::tls;
 pub fn sched_process_exec(_ctx: BtfTracePointContext) -> i32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     if let Some(verdict) = comm_verdict() {
-        let _ = TARGET_PIDS.insert(&tgid, &u8::from(verdict), 0);
+        let _ = TARGET_PIDS.insert(tgid, u8::from(verdict), 0);
     }
     if is_target(tgid) {
         emit_at_once(EventKind::ProcessExec);
@@ -44,7 +44,7 @@ pub fn sched_process_exit(_ctx: BtfTracePointContext) -> i32 {
         }
         // Its verdict goes with it (the agent untraces it too): a later process with the pid is
         // judged afresh, and one the probes marked traced at its fork leaves no stray entry.
-        let _ = TARGET_PIDS.remove(&tgid);
+        let _ = TARGET_PIDS.remove(tgid);
     }
     0
 }
@@ -86,7 +86,7 @@ pub(crate) fn process_forked(regs: u64, nr: u64, child: u32) {
     if flags & CLONE_THREAD != 0 {
         return;
     }
-    let _ = TARGET_PIDS.insert(&child, &1, 0);
+    let _ = TARGET_PIDS.insert(child, 1, 0);
     if let Some(set) = TARGET_SET.get_ptr_mut(0) {
         // SAFETY: the array's one value; a racing write by the agent only makes this moot.
         unsafe { (*set).complete = 0 };

@@ -23,7 +23,8 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> i32 {
     let ret: i64 = ctx.arg(1);
     let nr = reg(regs, PT_REGS_ORIG_AX);
     let (kind, shape) = match nr {
-        nr::READ | nr::RECVFROM => (EventKind::Read, BufShape::Plain),
+        // `splice` is taken apart below (a read and a write, no payload).
+        nr::READ | nr::RECVFROM | nr::SPLICE => (EventKind::Read, BufShape::Plain),
         nr::READV => (EventKind::Read, BufShape::Iovec),
         nr::RECVMSG => (EventKind::Read, BufShape::Msghdr),
         nr::WRITE | nr::SENDTO => (EventKind::Write, BufShape::Plain),
@@ -31,7 +32,6 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> i32 {
         nr::SENDMSG => (EventKind::Write, BufShape::Msghdr),
         nr::ACCEPT | nr::ACCEPT4 => (EventKind::Accept, BufShape::Plain),
         nr::CONNECT => (EventKind::Connect, BufShape::Plain),
-        nr::SPLICE => (EventKind::Read, BufShape::Plain),
         nr::CLONE | nr::CLONE3 | nr::FORK | nr::VFORK => {
             // 0: this is the new task, returning from the call that made it; more: the parent,
             // with the new task's id.
@@ -128,7 +128,7 @@ pub(crate) fn peer_gone(ret: i64) -> bool {
 /// failure to an exchange there.
 #[inline(always)]
 pub(crate) fn emit_broken(kind: EventKind, tgid: u32, fd: i32, ret: i64) {
-    let Some(state) = CONNS.get_ptr_mut(&conn_key(tgid, fd)) else { return };
+    let Some(state) = CONNS.get_ptr_mut(conn_key(tgid, fd)) else { return };
     let seq = take_seq(state);
     emit_header_only(kind, fd, ret, seq);
 }
@@ -150,7 +150,7 @@ pub fn sys_enter(ctx: BtfTracePointContext) -> i32 {
     let fd = reg(ctx.arg(0), PT_REGS_DI) as i32;
     if let Some(staging) = stage(EventKind::Close, fd, 0) {
         let key = conn_key(tgid, fd);
-        staging.header.seq = match CONNS.get_ptr_mut(&key) {
+        staging.header.seq = match CONNS.get_ptr_mut(key) {
             Some(state) => {
                 // SAFETY: map value pointer, see `take_seq`.
                 let (flags, ssl) = unsafe { ((*state).flags, (*state).ssl) };
@@ -161,7 +161,7 @@ pub fn sys_enter(ctx: BtfTracePointContext) -> i32 {
             }
             None => 0,
         };
-        let _ = CONNS.remove(&key);
+        let _ = CONNS.remove(key);
         emit(staging, 0);
     }
     0

@@ -40,12 +40,12 @@ pub(crate) fn is_target(tgid: u32) -> bool {
         }
     }
     // SAFETY: read-only lookup of a plain value.
-    if let Some(verdict) = unsafe { TARGET_PIDS.get(&tgid) } {
+    if let Some(verdict) = unsafe { TARGET_PIDS.get(tgid) } {
         return *verdict != 0;
     }
     let Some(verdict) = comm_verdict() else { return false };
     // NOEXIST: never overwrite what the agent wrote meanwhile.
-    let _ = TARGET_PIDS.insert(&tgid, &u8::from(verdict), BPF_NOEXIST);
+    let _ = TARGET_PIDS.insert(tgid, u8::from(verdict), BPF_NOEXIST);
     verdict
 }
 

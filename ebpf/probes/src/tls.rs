@@ -102,7 +102,7 @@ pub(crate) fn bind(pid_tgid: u64, tgid: u32, fd: i32, state: *mut ConnState) -> 
         return false;
     }
     // SAFETY: read-only lookup of a plain value, copied out.
-    let Some(call) = (unsafe { SSL_CALLS.get(&pid_tgid) }).copied() else { return false };
+    let Some(call) = (unsafe { SSL_CALLS.get(pid_tgid) }).copied() else { return false };
     let key = SslKey { ssl: call.ssl, tgid, _pad: 0 };
     // An `SSL *` bound to another connection that is still open is not taken from it: a call
     // noted but never finished (its return probe missed) must not turn a cleartext socket the
@@ -116,7 +116,7 @@ pub(crate) fn bind(pid_tgid: u64, tgid: u32, fd: i32, state: *mut ConnState) -> 
     }
     // SAFETY: map value pointer, see `take_seq`.
     let opened_ns = unsafe { (*state).opened_ns };
-    if SSL_CONNS.insert(&key, &SslConn { opened_ns, fd, _pad: 0 }, 0).is_err() {
+    if SSL_CONNS.insert(&key, SslConn { opened_ns, fd, _pad: 0 }, 0).is_err() {
         return false;
     }
     // SAFETY: as above.
@@ -134,7 +134,7 @@ pub(crate) fn bind(pid_tgid: u64, tgid: u32, fd: i32, state: *mut ConnState) -> 
 #[inline(always)]
 fn is_open(tgid: u32, bound: SslConn) -> bool {
     // SAFETY: read-only lookup of a plain value.
-    unsafe { CONNS.get(&conn_key(tgid, bound.fd)) }.is_some_and(|state| state.opened_ns == bound.opened_ns)
+    unsafe { CONNS.get(conn_key(tgid, bound.fd)) }.is_some_and(|state| state.opened_ns == bound.opened_ns)
 }
 
 /// A TLS connection closed: its `SSL *` binding goes with it.
@@ -148,7 +148,7 @@ pub(crate) fn forget(tgid: u32, ssl: u64) {
 #[inline(always)]
 pub(crate) fn thread_exit(pid_tgid: u64) {
     if TLS_HOOKED.get(0).is_some_and(|hooked| *hooked != 0) {
-        let _ = SSL_CALLS.remove(&pid_tgid);
+        let _ = SSL_CALLS.remove(pid_tgid);
     }
 }
 
@@ -175,7 +175,7 @@ fn enter(ctx: &ProbeContext, call: u32) -> u32 {
     let fourth: u64 = core::hint::black_box(ctx.arg(3).unwrap_or(0));
     let fifth: u64 = core::hint::black_box(ctx.arg(4).unwrap_or(0));
     let out = if cookie & !TLS_COOKIE_ANY_PROCESS == 4 { fifth } else { fourth };
-    let _ = SSL_CALLS.insert(&pid_tgid, &SslCall { ssl, buf, out, call, _pad: 0 }, 0);
+    let _ = SSL_CALLS.insert(pid_tgid, SslCall { ssl, buf, out, call, _pad: 0 }, 0);
     0
 }
 
@@ -183,8 +183,8 @@ fn enter(ctx: &ProbeContext, call: u32) -> u32 {
 #[inline(always)]
 fn take_call(pid_tgid: u64, call: u32) -> Option<SslCall> {
     // SAFETY: read-only lookup of a plain value, copied out before the entry is removed.
-    let noted = (unsafe { SSL_CALLS.get(&pid_tgid) }).copied()?;
-    let _ = SSL_CALLS.remove(&pid_tgid);
+    let noted = (unsafe { SSL_CALLS.get(pid_tgid) }).copied()?;
+    let _ = SSL_CALLS.remove(pid_tgid);
     (noted.call == call).then_some(noted)
 }
 
@@ -238,7 +238,7 @@ fn report(pid_tgid: u64, noted: SslCall, call: u32, len: i64) {
         count_loss(Loss::TlsUnbound);
         return;
     };
-    let Some(state) = CONNS.get_ptr_mut(&conn_key(tgid, conn.fd)) else {
+    let Some(state) = CONNS.get_ptr_mut(conn_key(tgid, conn.fd)) else {
         count_loss(Loss::TlsUnbound);
         return;
     };
