@@ -220,12 +220,12 @@ fn run(
         sink = destination.describe(),
         "probes attached"
     );
-    match probes.tls_route() {
+    match probes.tls.route() {
         Ok(route) => tracing::info!(%route, "TLS probes attach through {route}"),
-        Err(why) if probes.captures_tls() => tracing::warn!("{why}"),
+        Err(why) if probes.tls.captures() => tracing::warn!("{why}"),
         Err(_) => {}
     }
-    let _ = metrics.tls_route.set(match probes.tls_route() {
+    let _ = metrics.tls_route.set(match probes.tls.route() {
         Ok(route) => format!("tls: {route}"),
         Err(why) => format!("tls: none: {why}"),
     });

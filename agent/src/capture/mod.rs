@@ -14,6 +14,7 @@ pub mod loader;
 pub mod opaque;
 pub mod pods;
 pub mod tls;
+pub mod tls_hooks;
 mod tls_route;
 pub mod uprobes;
 
@@ -220,8 +221,8 @@ pub fn run(
                 hand_out(&mut tracker, &mut staging, &mut builder, &mut names, &mut batcher, &queue, metrics);
             }
         }
-        probes.end_bridges_when_due();
-        for pid in probes.retry_pending_tls() {
+        probes.tls.end_bridges_when_due();
+        for pid in probes.tls.retry_pending() {
             hook_tls(&mut probes, pid, metrics);
         }
         poll = if events == 0 { (poll * 2).min(IDLE_POLL) } else { POLL };
@@ -271,7 +272,7 @@ impl Lifecycles {
                 // A pid reused at once is a new process: not the one that ended.
                 self.exited.remove(&pid);
                 self.ended.retain(|p| *p != pid);
-                if self.started.insert(pid, Instant::now()).is_some() && probes.tls_settled(pid) {
+                if self.started.insert(pid, Instant::now()).is_some() && probes.tls.settled(pid) {
                     // Reported by its parent and by itself: hooked on the first report.
                     return;
                 }
@@ -285,7 +286,7 @@ impl Lifecycles {
                 // A process with a reused pid may be reported by its exec alone (its parent is not
                 // traced): not the one that ended.
                 self.exited.remove(&pid);
-                match probes.expect_new_workers(pid) {
+                match probes.tls.expect_new_workers(pid) {
                     Some(Ok(links)) => tracing::debug!(pid, links, "traced process executed a program; TLS bridge up"),
                     Some(Err(error)) => {
                         tracing::warn!(pid, %error, "cannot bridge the TLS probes over this reload; the new workers' first connections may go untraced");
@@ -467,7 +468,7 @@ fn refresh_targets(
 
 /// Attaches the TLS probes to a newly traced process, when it maps a TLS library.
 fn hook_tls(probes: &mut Probes, pid: u32, metrics: &Metrics) {
-    if !probes.captures_tls() || probes.tls_settled(pid) {
+    if !probes.tls.captures() || probes.tls.settled(pid) {
         return;
     }
     // A process that ended meanwhile (a short-lived child reported at its fork) is no failure.
@@ -485,30 +486,32 @@ fn hook_tls(probes: &mut Probes, pid: u32, metrics: &Metrics) {
         }
     };
     let hooked = probes.hook_tls(pid, &objects.usable);
-    if !matches!(hooked, loader::TlsHook::Attached { .. } | loader::TlsHook::AlreadyHooked | loader::TlsHook::Pending)
-        && ended()
+    if !matches!(
+        hooked,
+        tls_hooks::TlsHook::Attached { .. } | tls_hooks::TlsHook::AlreadyHooked | tls_hooks::TlsHook::Pending
+    ) && ended()
     {
         tracing::debug!(pid, ?hooked, "process ended before its TLS probes were attached");
         return;
     }
     match hooked {
-        loader::TlsHook::Attached { object, call_sites } => {
+        tls_hooks::TlsHook::Attached { object, call_sites } => {
             tracing::info!(pid, object = %object.display(), call_sites, "TLS probes attached");
         }
-        loader::TlsHook::NoLibrary if !objects.unreachable.is_empty() => {
+        tls_hooks::TlsHook::NoLibrary if !objects.unreachable.is_empty() => {
             tracing::warn!(pid, libraries = ?objects.unreachable, "the process maps a TLS library the agent cannot open (deleted or replaced since it was mapped, or on a mount the agent does not see); its TLS connections are not traced");
             metrics::add(&metrics.tls_hook_failures, 1);
         }
-        loader::TlsHook::NoLibrary => tracing::debug!(pid, "no TLS library mapped"),
-        loader::TlsHook::AlreadyHooked => {}
-        loader::TlsHook::Pending => tracing::debug!(pid, "TLS library being read for its plan"),
-        loader::TlsHook::Failed { object, error } if probes.tls_route().is_err() => {
+        tls_hooks::TlsHook::NoLibrary => tracing::debug!(pid, "no TLS library mapped"),
+        tls_hooks::TlsHook::AlreadyHooked => {}
+        tls_hooks::TlsHook::Pending => tracing::debug!(pid, "TLS library being read for its plan"),
+        tls_hooks::TlsHook::Failed { object, error } if probes.tls.route().is_err() => {
             // The one message was logged at start (and is on /readyz); each process is counted.
             tracing::warn!(pid, object = %object.display(), "cannot attach the TLS probes: no route to the kernel on this node (see the message at start or /readyz); this process's TLS connections are not traced");
             tracing::debug!(pid, %error);
             metrics::add(&metrics.tls_hook_failures, 1);
         }
-        loader::TlsHook::Failed { object, error } => {
+        tls_hooks::TlsHook::Failed { object, error } => {
             tracing::warn!(pid, object = %object.display(), %error, "cannot attach the TLS probes; this process's TLS connections are not traced");
             metrics::add(&metrics.tls_hook_failures, 1);
         }
@@ -520,7 +523,7 @@ fn publish(probes: &Probes, tracker: &Tracker, metrics: &Metrics) {
     metrics::set(&metrics.events_lost_ring_full, losses[Loss::RingFull as usize]);
     metrics::set(&metrics.events_lost_read_failed, losses[Loss::ReadFailed as usize]);
     metrics::set(&metrics.events_lost_tls_unbound, losses[Loss::TlsUnbound as usize]);
-    metrics::set(&metrics.tls_processes, probes.tls_hooked_processes() as u64);
+    metrics::set(&metrics.tls_processes, probes.tls.hooked_processes() as u64);
     let (runs, ns) = probes.run_stats();
     metrics::set(&metrics.probe_runs, runs);
     metrics::set(&metrics.probe_run_time_ns, ns);
