@@ -37,6 +37,7 @@ use crate::metrics::{self, Metrics};
 
 mod config_files;
 mod runtime_api;
+mod runtime_tables;
 
 use config_files::load;
 pub use config_files::{
@@ -44,6 +45,7 @@ pub use config_files::{
     MAX_PROBLEMS_KEPT, config_paths,
 };
 pub use runtime_api::{RuntimeApiError, read_servers_state};
+use runtime_tables::{Runtime, RuntimeReads};
 
 /// Loads running at once.
 pub const MAX_LOADERS: usize = 2;
@@ -100,16 +102,8 @@ pub struct Names {
     read_errors: u64,
     loader: Loader,
     timeout: Duration,
-    /// Read the runtime API's server table (`TRACETAP_HAPROXY_RUNTIME_API`).
-    runtime_api: bool,
-    runtime_reader: RuntimeReader,
-    runtime_sender: Sender<RuntimeRead>,
-    runtime_results: Receiver<RuntimeRead>,
-    runtime_running: usize,
-    runtime_reads: u64,
-    runtime_errors: u64,
-    /// Reads answered by another process (after a reload): not failures.
-    runtime_superseded: u64,
+    /// The runtime API's server tables (`TRACETAP_HAPROXY_RUNTIME_API`).
+    runtime: RuntimeReads,
 }
 
 #[derive(Debug)]
@@ -118,73 +112,6 @@ enum State {
     Pending { id: u64, since: Instant },
     /// Loaded (`None`: nothing could be read), at `since`.
     Done { names: Option<Arc<ProxyNames>>, runtime: Runtime, since: Instant },
-}
-
-/// What the runtime API gave for one process.
-///
-/// A span reports the names that were true when its request was sent. A table read is true from
-/// the moment its read started (`current.0`, monotonic ns) until the next read: so a span waits
-/// for a read that started after its request ([`Names::settled_at`]). And the names at each
-/// address hold from the start of the first read that showed them
-/// (`ProxyNames::server_since`): a request sent before that (a slow one, handed out several reads
-/// later) gets no name at that address, since it may have gone to the names before the change.
-#[derive(Debug, Default)]
-#[expect(
-    clippy::struct_excessive_bools,
-    reason = "independent flags of one state machine (reading, superseded, wanted, failing); an enum would \
-              have to spell out their combinations"
-)]
-struct Runtime {
-    current: Option<(u64, Arc<ProxyNames>)>,
-    /// The configuration's names without any server, for spans whose server names cannot be
-    /// known (a failing socket after tables were read, a wait that ran out, shutdown).
-    no_servers: Option<Arc<ProxyNames>>,
-    /// After a reload the socket path leads to the new process: this one's table no longer
-    /// changes through the runtime API, and its last table stays.
-    superseded: bool,
-    reading: bool,
-    /// When the last read started.
-    started: Option<Instant>,
-    /// No read before this (after a failure).
-    not_before: Option<Instant>,
-    /// Spans wait for a read: read again soon.
-    wanted: bool,
-    /// The shortest time between reads for this process (see [`RUNTIME_GAP_PER_READ_TIME`]).
-    min_gap: Duration,
-    /// The failure was logged (once, until a read succeeds again).
-    failing: bool,
-}
-
-impl Runtime {
-    /// The runtime API names this process's servers: reading is on, its configuration declares a
-    /// stats socket, and no newer process took the socket over.
-    fn in_use(&self, runtime_api: bool, names: &ProxyNames) -> bool {
-        runtime_api && !names.stats_sockets.is_empty() && !self.superseded
-    }
-}
-
-#[derive(Debug)]
-struct RuntimeRead {
-    pid: u32,
-    started_ns: u64,
-    /// How long the read took (connect to parsed answer).
-    took: Duration,
-    result: Result<Tables, RuntimeApiError>,
-}
-
-/// What a successful read gives, built on the reading thread (not the capture thread): the
-/// names with the new table, each address's names dated against the names in use before.
-#[derive(Debug)]
-struct Tables {
-    current: Arc<ProxyNames>,
-}
-
-impl Tables {
-    fn build(config: &ProxyNames, previous: Option<&ProxyNames>, state: &ServersState, read_ns: u64) -> Self {
-        let mut current = config.with_runtime_servers(state);
-        current.set_server_since(previous.unwrap_or(config), read_ns);
-        Self { current: Arc::new(current) }
-    }
 }
 
 impl State {
@@ -223,12 +150,13 @@ impl Outcome {
 impl Names {
     #[must_use]
     pub fn new(proc_root: &Path, runtime_api: bool) -> Self {
-        Self { runtime_api, ..Self::with_loader(proc_root, load, LOAD_TIMEOUT) }
+        let mut names = Self::with_loader(proc_root, load, LOAD_TIMEOUT);
+        names.runtime.enabled = runtime_api;
+        names
     }
 
     fn with_loader(proc_root: &Path, loader: Loader, timeout: Duration) -> Self {
         let (sender, results) = mpsc::channel();
-        let (runtime_sender, runtime_results) = mpsc::channel();
         Self {
             proc_root: proc_root.to_owned(),
             by_pid: HashMap::new(),
@@ -240,14 +168,7 @@ impl Names {
             read_errors: 0,
             loader,
             timeout,
-            runtime_api: false,
-            runtime_reader: read_servers_state,
-            runtime_sender,
-            runtime_results,
-            runtime_running: 0,
-            runtime_reads: 0,
-            runtime_errors: 0,
-            runtime_superseded: 0,
+            runtime: RuntimeReads::new(read_servers_state),
         }
     }
 
@@ -277,7 +198,7 @@ impl Names {
     /// out, or the agent stops): without servers where the runtime API is in use, else as
     /// [`Names::of`].
     pub fn unsettled(&mut self, pid: u32) -> Option<Arc<ProxyNames>> {
-        let runtime_api = self.runtime_api;
+        let runtime_api = self.runtime.enabled;
         match self.by_pid.get_mut(&pid) {
             Some(State::Done { names: Some(names), runtime, .. }) if runtime.in_use(runtime_api, names) => {
                 Some(runtime.no_servers.get_or_insert_with(|| Arc::new(names.without_servers())).clone())
@@ -292,7 +213,7 @@ impl Names {
     /// say. Waiting asks for a read (at most every [`RUNTIME_MIN_GAP`], started by [`Names::tick`]).
     /// Never waits itself.
     pub fn settled_at(&mut self, pid: u32, sent_ns: u64) -> NamesAt {
-        let runtime_api = self.runtime_api;
+        let runtime_api = self.runtime.enabled;
         if let Some(State::Done { names: Some(names), runtime, .. }) = self.by_pid.get_mut(&pid)
             && runtime.in_use(runtime_api, names)
         {
@@ -313,13 +234,14 @@ impl Names {
     /// Changes each time a runtime API read comes in: waiting spans need a look only then.
     #[must_use]
     pub fn generation(&self) -> u64 {
-        self.runtime_reads + self.runtime_errors + self.runtime_superseded
+        self.runtime.generation()
     }
 
     /// Starts the runtime API reads that are due and takes in those that finished (see
     /// [`Names::settled_at`]). Call it often (every pass of the capture loop); it never blocks.
     pub fn tick(&mut self, now_ns: u64) {
-        self.read_runtime_tables(now_ns);
+        self.runtime.take_finished(&mut self.by_pid);
+        self.runtime.start_due(&mut self.by_pid, &self.proc_root, now_ns);
     }
 
     /// Housekeeping: asks for the names of new targets, collects finished loads, gives up on late
@@ -349,136 +271,11 @@ impl Names {
         self.by_pid.retain(|pid, s| targets.contains(pid) || now.duration_since(s.since()) < FORGET_AFTER);
         let by_pid = &self.by_pid;
         self.waiting.retain(|(pid, id)| matches!(by_pid.get(pid), Some(State::Pending { id: i, .. }) if i == id));
-        self.read_runtime_tables(now_ns);
+        self.runtime.take_finished(&mut self.by_pid);
+        self.runtime.start_due(&mut self.by_pid, &self.proc_root, now_ns);
         metrics::set(&metrics.config_read_errors, self.read_errors);
-        metrics::set(&metrics.runtime_api_reads, self.runtime_reads);
-        metrics::set(&metrics.runtime_api_errors, self.runtime_errors);
-    }
-
-    /// Starts the runtime API reads that are due: every [`RUNTIME_REFRESH`], sooner when an
-    /// unknown address asked for one, later after a failure; one per process at a time and at
-    /// most [`MAX_RUNTIME_READS`] in all.
-    fn read_runtime_tables(&mut self, now_ns: u64) {
-        self.poll_runtime();
-        if !self.runtime_api {
-            return;
-        }
-        let now = Instant::now();
-        let due: Vec<(u32, Arc<ProxyNames>, Option<Arc<ProxyNames>>)> = self
-            .by_pid
-            .iter()
-            .filter_map(|(pid, s)| match s {
-                State::Done { names: Some(names), runtime, .. }
-                    if !names.stats_sockets.is_empty()
-                        && !runtime.reading
-                        && !runtime.superseded
-                        && runtime.not_before.is_none_or(|t| now >= t)
-                        && runtime.started.is_none_or(|t| {
-                            let since = now.duration_since(t);
-                            since >= RUNTIME_REFRESH.max(runtime.min_gap)
-                                || (runtime.wanted && since >= RUNTIME_MIN_GAP.max(runtime.min_gap))
-                        }) =>
-                {
-                    Some((*pid, names.clone(), runtime.current.as_ref().map(|(_, c)| c.clone())))
-                }
-                _ => None,
-            })
-            .collect();
-        for (pid, config, previous) in due {
-            if self.runtime_running >= MAX_RUNTIME_READS {
-                break;
-            }
-            let (root, sender, reader) = (self.proc_root.clone(), self.runtime_sender.clone(), self.runtime_reader);
-            let spawned = std::thread::Builder::new().name("names-runtime".into()).spawn(move || {
-                // The first socket that answers; else the first one's failure. All within one
-                // timeout.
-                let began = Instant::now();
-                let mut first_error = None;
-                for path in &config.stats_sockets {
-                    let left = RUNTIME_TIMEOUT.saturating_sub(began.elapsed());
-                    if left.is_zero() {
-                        break;
-                    }
-                    match reader(&root, pid, path, config.chroot.as_deref(), left) {
-                        Ok(state) => {
-                            let took = began.elapsed();
-                            let tables = Tables::build(&config, previous.as_deref(), &state, now_ns);
-                            let _ = sender.send(RuntimeRead { pid, started_ns: now_ns, took, result: Ok(tables) });
-                            return;
-                        }
-                        Err(e) => {
-                            first_error.get_or_insert(e);
-                        }
-                    }
-                }
-                if let Some(e) = first_error {
-                    let _ = sender.send(RuntimeRead { pid, started_ns: now_ns, took: began.elapsed(), result: Err(e) });
-                }
-            });
-            if let Some(State::Done { runtime, .. }) = self.by_pid.get_mut(&pid) {
-                runtime.started = Some(now);
-                runtime.wanted = false;
-                match spawned {
-                    Ok(_) => {
-                        runtime.reading = true;
-                        self.runtime_running += 1;
-                    }
-                    Err(e) => {
-                        tracing::warn!(pid, error = %e, "cannot start a thread to read HAProxy's runtime API");
-                        runtime.not_before = Some(now + RUNTIME_RETRY);
-                    }
-                }
-            }
-        }
-    }
-
-    /// Takes in the runtime API reads that finished. Never blocks.
-    fn poll_runtime(&mut self) {
-        while let Ok(RuntimeRead { pid, started_ns, took, result }) = self.runtime_results.try_recv() {
-            self.runtime_running -= 1;
-            let Some(State::Done { names: Some(_), runtime, .. }) = self.by_pid.get_mut(&pid) else { continue };
-            runtime.reading = false;
-            match result {
-                Ok(Tables { current }) => {
-                    self.runtime_reads += 1;
-                    if runtime.failing {
-                        tracing::info!(pid, "HAProxy's runtime API answers again; server names follow it");
-                        runtime.failing = false;
-                    }
-                    runtime.current = Some((started_ns, current));
-                    runtime.min_gap = took.saturating_mul(RUNTIME_GAP_PER_READ_TIME).min(RUNTIME_MAX_GAP);
-                }
-                // The socket file went away after tables were read: a reload or an exit took it
-                // (the new process binds its own), as when another process answers.
-                Err(e @ RuntimeApiError::Open { .. }) if runtime.current.is_some() => {
-                    self.runtime_superseded += 1;
-                    tracing::debug!(pid, "{e}; keeping the last server table read for this process");
-                    runtime.superseded = true;
-                }
-                Err(e @ RuntimeApiError::OtherProcess { .. }) => {
-                    // A reload: the new process answers on the path now. This one's table stays
-                    // as last read (its servers change through the new process's socket).
-                    self.runtime_superseded += 1;
-                    tracing::debug!(pid, "{e}; keeping the last server table read for this process");
-                    runtime.superseded = true;
-                }
-                Err(e) => {
-                    self.runtime_errors += 1;
-                    if !runtime.failing {
-                        tracing::warn!(
-                            pid,
-                            reason = e.reason(),
-                            "cannot read the server table from HAProxy's runtime API: {e}"
-                        );
-                        runtime.failing = true;
-                    }
-                    // Until a read succeeds: no server names if tables were read (what changed
-                    // since cannot be known), else the configuration's (`settled_at`).
-                    runtime.not_before = Some(Instant::now() + RUNTIME_RETRY);
-                    runtime.started = None;
-                }
-            }
-        }
+        metrics::set(&metrics.runtime_api_reads, self.runtime.reads);
+        metrics::set(&metrics.runtime_api_errors, self.runtime.errors);
     }
 
     /// True when the names of at least one of `targets` are in, or known to be unavailable.
@@ -918,7 +715,11 @@ mod tests {
              backend be\n    server-template SRV_ 2 127.0.0.1:1 disabled\n",
         )
         .unwrap();
-        let mut names = Names { runtime_reader: scripted_runtime, ..Names::new(&proc.proc_root(), true) };
+        let mut names = {
+            let mut names = Names::new(&proc.proc_root(), true);
+            names.runtime.reader = scripted_runtime;
+            names
+        };
         let metrics = Metrics::default();
         let pids = BTreeSet::from([PID]);
         let app: std::net::SocketAddr = "127.0.0.1:9001".parse().unwrap();
@@ -949,7 +750,7 @@ mod tests {
             Some("SRV_1".into()),
             "the read started after the request; the address is new, so the request went there under this name"
         );
-        assert_eq!(names.runtime_reads, 1);
+        assert_eq!(names.runtime.reads, 1);
         // A request sent after that read waits for the next one, which sees the slot moved.
         assert!(matches!(names.settled_at(PID, 2_500), NamesAt::Wait));
         assert_eq!(
@@ -957,13 +758,13 @@ mod tests {
             Some("ambiguous".into()),
             "moved between the reads: either, so neither"
         );
-        assert_eq!(names.runtime_reads, 2, "read again after {RUNTIME_MIN_GAP:?}, not {RUNTIME_REFRESH:?}");
+        assert_eq!(names.runtime.reads, 2, "read again after {RUNTIME_MIN_GAP:?}, not {RUNTIME_REFRESH:?}");
         assert_eq!(server(&names.of(PID), 3_000), Some("SRV_2".into()), "after the move");
         assert_eq!(server(&names.of(PID), 1_500), Some("ambiguous".into()), "a slow request sent before it");
         // A refused read after tables were read: no server names (what changed since cannot be
         // known), at once, counted.
         assert_eq!(settled(&mut names, 3_500, 4_000), None);
-        assert_eq!(names.runtime_errors, 1);
+        assert_eq!(names.runtime.errors, 1);
         assert!(matches!(names.settled_at(PID, 5_000), NamesAt::Ready(_)), "no waiting for a refusing socket");
         names.refresh(&pids, &metrics, 4_000);
         assert_eq!(metrics.runtime_api_errors.load(std::sync::atomic::Ordering::Relaxed), 1);
