@@ -75,10 +75,11 @@ pub const FLOOR_PROGRAM: &str = "ssl_floor";
 /// The floor's program for the points of a plan that are return probes (`*_return`).
 pub const FLOOR_RETURN_PROGRAM: &str = "ssl_floor_return";
 
-/// The program the floor attaches in place of `program`: a return probe stays a return probe.
+/// The program the floor attaches in place of `program`: a return probe (a function's `ret`
+/// program) stays a return probe.
 #[must_use]
 pub fn floor_twin(program: &str) -> &'static str {
-    if program.ends_with("_return") { FLOOR_RETURN_PROGRAM } else { FLOOR_PROGRAM }
+    if FUNCTIONS.iter().any(|f| f.ret == program) { FLOOR_RETURN_PROGRAM } else { FLOOR_PROGRAM }
 }
 
 /// A function prologue the agent recognises: its bytes up to and including the internal call's
@@ -393,6 +394,18 @@ pub struct Objects {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_floor_puts_a_return_program_where_a_return_probe_was_and_an_entry_one_elsewhere() {
+        for f in &FUNCTIONS {
+            assert_eq!(floor_twin(f.ret), FLOOR_RETURN_PROGRAM, "{}", f.ret);
+            assert_eq!(floor_twin(f.entry), FLOOR_PROGRAM, "{}", f.entry);
+            for program in f.call_site.iter().flat_map(|(call, done)| [*call, *done]) {
+                assert_eq!(floor_twin(program), FLOOR_PROGRAM, "{program}");
+            }
+        }
+        assert!(PROGRAMS.contains(&FLOOR_PROGRAM) && PROGRAMS.contains(&FLOOR_RETURN_PROGRAM), "loaded at start");
+    }
 
     const MAPS: &str = "\
 55d0c0000000-55d0c0050000 r--p 00000000 fe:01 1311 /usr/sbin/haproxy

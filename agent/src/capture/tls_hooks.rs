@@ -254,8 +254,8 @@ impl TlsHooks {
         self.links.contains_key(&pid) || self.refused.contains(&pid)
     }
 
-    /// Whether the TLS probes are loaded (`TRACETAP_TLS_PROBES` is not `off`, and not in the
-    /// floor mode of `make bench`).
+    /// Whether the TLS probes are loaded (`TRACETAP_TLS_PROBES` is not `off`; in the floor mode
+    /// of `make bench` they are, with programs that return at once).
     #[must_use]
     pub fn captures(&self) -> bool {
         self.placement != TlsProbes::Off

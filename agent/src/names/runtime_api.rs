@@ -4,7 +4,7 @@
 //!   `HAProxy`. `show info` names the answering process: after a reload the path leads to the new
 //!   process, and the old one's table is not read from it ([`RuntimeApiError::OtherProcess`]).
 //! - The socket path is the process's, resolved inside its root (`/proc/PID/root`) the way its
-//!   configuration files are ([`super::open_in_root`]), so it works for `HAProxy` in containers;
+//!   configuration files are ([`crate::procfs::root::open_in_root`]), so it works for `HAProxy` in containers;
 //!   the connection goes through `/proc/self/fd/N` of that `O_PATH` descriptor, which also spares
 //!   the 108-byte limit of a socket path.
 //! - Connecting to a unix socket needs write permission on it. The agent's four capabilities do

@@ -23,7 +23,7 @@ use super::{
 ///
 /// A span reports the names that were true when its request was sent. A table read is true from
 /// the moment its read started (`current.0`, monotonic ns) until the next read: so a span waits
-/// for a read that started after its request ([`Names::settled_at`]). And the names at each
+/// for a read that started after its request ([`super::Names::settled_at`]). And the names at each
 /// address hold from the start of the first read that showed them
 /// (`ProxyNames::server_since`): a request sent before that (a slow one, handed out several reads
 /// later) gets no name at that address, since it may have gone to the names before the change.

@@ -5,9 +5,9 @@
 //! How a call flows:
 //! - `sys_exit` runs at the exit of every syscall of every process (`sys_enter` only reports
 //!   `close`, see there). It loads the syscall number from the saved user registers (`pt_regs`,
-//!   which still hold the arguments at exit; a plain load, see [`reg`]) and stops at once for
+//!   which still hold the arguments at exit; a plain load, see [`arch::reg`]) and stops at once for
 //!   syscalls it does not follow.
-//! - For the syscalls it follows it asks [`is_target`] (one hash lookup; a process seen for the
+//! - For the syscalls it follows it asks [`targets::is_target`] (one hash lookup; a process seen for the
 //!   first time under a command filter has its name compared once); non-targets stop there.
 //! - For a target it emits a record: an `EventHeader` followed by the first `CAPTURE_BYTES` bytes
 //!   the syscall moved (and the last few, when the window cut them).
@@ -21,7 +21,7 @@
 //! Invariants:
 //! - Nothing here blocks or writes to user memory: the probes only read.
 //! - Every record that cannot be delivered is counted in `LOSSES` (per CPU), by reason.
-//! - Payload lengths are clamped to `STAGING_BYTES` right before each copy (see [`bounded`]), so the
+//! - Payload lengths are clamped to `STAGING_BYTES` right before each copy (see [`ring::bounded`]), so the
 //!   verifier can prove every access stays inside the staging buffer; the logical bound
 //!   (`CAPTURE_BYTES`) is applied first.
 //! - Syscall numbers and `pt_regs` offsets are those of `x86_64`, all in `arch`.

@@ -32,7 +32,7 @@ pub(super) struct Hot {
     pub(super) randomness: Option<u64>,
     pub(super) spans: SpanBuf,
     /// A later fragment of a trace that went to the store moments before (into this partition):
-    /// it waits here to be decided with the stored part ([`Engine::decide_group`]), and is decided
+    /// it waits here to be decided with the stored part ([`super::Engine::decide_group`]), and is decided
     /// on its own only if that has not happened by the decision wait. It never spills.
     pub(super) joins: Option<Partition>,
     /// The journal segments its spans are in (`None`: not journaled).
@@ -80,7 +80,8 @@ pub(super) struct HotTraces {
     /// In arrival order, for spilling the oldest: `[0]` those whose root span has not arrived,
     /// `[1]` those whose has (a trace moves when its root arrives).
     order: [VecDeque<TraceId>; 2],
-    /// Due times (next decision or spill).
+    /// Due times (next decision or spill), apart from the stored traces' due times: the disk
+    /// bound's early decisions walk the store's traces only.
     deadlines: Wheel<TraceId>,
     /// The traces [`Wheel::take_due`] gives a tick (kept to reuse its allocation).
     due_scratch: Vec<TraceId>,

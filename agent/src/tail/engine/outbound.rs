@@ -8,7 +8,7 @@ use super::{Engine, Hot};
 use crate::tail::outgoing::{Delivery, Export};
 
 impl<S: TailStore> Engine<S> {
-    /// Adds stored spans (pid + `Span`) to the export batch (see [`Outgoing::queue_kept`]); a span
+    /// Adds stored spans (pid + `Span`) to the export batch (see [`crate::tail::outgoing::Outgoing::queue_kept`]); a span
     /// whose bytes do not parse is counted lost rather than exported.
     pub(super) fn queue_kept<'r>(&mut self, stored: impl Iterator<Item = &'r [u8]>, min_threshold: u64) {
         self.counts.spans_lost += self.outgoing.queue_kept(stored, min_threshold);

@@ -114,7 +114,7 @@ impl<S: TailStore> Engine<S> {
     }
 
     /// Decides the traces of one group from one read of the store: each is decided from its
-    /// stored spans and a part of it waiting in memory ([`Hot::joins`]), or follows the decision
+    /// stored spans and a part of it waiting in memory ([`super::hot::Hot::joins`]), or follows the decision
     /// of another part decided before. As in [`Engine::decide`], nothing in memory changes for a
     /// trace before its store call succeeded.
     pub(super) fn decide_group(&mut self, partition: Partition, seq: u64, now: u64) -> Result<(), StoreError> {
