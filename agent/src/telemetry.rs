@@ -33,7 +33,7 @@ use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider, Temporality};
 use crate::config_error::ConfigError;
 use crate::export::settings::{self, Compression, Endpoint, ExportSettings, Protocol, Signal};
 use crate::export::{RateLimitedLog, tls};
-use crate::metrics::{self, DESCRIPTORS, Metrics};
+use crate::metrics::{self, DESCRIPTORS, MetricKind, Metrics};
 
 /// `OTEL_METRICS_EXPORTER` and `OTEL_METRIC_EXPORT_INTERVAL`, with the OTLP settings of metrics.
 #[derive(Debug, Clone, PartialEq)]
@@ -183,7 +183,7 @@ fn register(provider: &SdkMeterProvider, metrics: &Arc<Metrics>) {
     for descriptor in DESCRIPTORS {
         let m = Arc::clone(metrics);
         let read = descriptor.read;
-        if descriptor.kind == "counter" {
+        if descriptor.kind == MetricKind::Counter {
             let name = descriptor.name.strip_suffix("_total").unwrap_or(descriptor.name);
             meter
                 .u64_observable_counter(name)
