@@ -79,6 +79,9 @@ lint: setup
 	# The probes are not a default member and build for BPF only: linted on that target (the
 	# workspace lints, ebpf/probes/Cargo.toml), with the nightly toolchain that builds them.
 	cd ebpf/probes && cargo +nightly clippy --release --target bpfel-unknown-none -Z build-std=core -p tracetap-ebpf -- -D warnings
+	# A doc link that points nowhere (an item moved or renamed) fails, as a broken build would.
+	RUSTDOCFLAGS="-D rustdoc::broken_intra_doc_links -A rustdoc::private_intra_doc_links" cargo doc --no-deps --document-private-items \
+		-p tracetap -p tracetap-proxy -p tracetap-storage -p tracetap-ebpf-common
 
 demo: setup
 	cargo build -p tracetap
