@@ -121,7 +121,7 @@ pub fn parse(text: &str) -> ProxyNames {
 /// Reads the files of one configuration in the order HAProxy loads them. The mode of the last
 /// `defaults` section carries over to the files after it, as in HAProxy (a `conf.d` whose
 /// `00-defaults.cfg` says `mode http`); a section ends with its file. The limits
-/// ([`MAX_NAMES_BYTES`], [`MAX_BINDS`]) are for all the files together.
+/// ([`super::MAX_NAMES_BYTES`], [`MAX_BINDS`]) are for all the files together.
 #[derive(Debug)]
 pub struct ConfigParser {
     names: ProxyNames,

@@ -38,147 +38,23 @@
 use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
-use std::net::SocketAddr;
 
 use crate::exchange::{ClientExchange, Outcome, ServerExchange, TlsInfo};
 use crate::framing::{Chunk, Framer};
 use crate::h2;
 use crate::head::RequestHead;
 use crate::proxy_protocol;
-use crate::rejected::Rejected;
 
+mod connection;
 mod http1;
 mod http2;
 mod linking;
+mod types;
 
-use http2::H2Connection;
+use connection::Connection;
+pub use types::{Limits, Op, OpaqueMark, SyscallEvent, TrackerStats};
 
 use linking::{BackRecord, Candidate, Evidence, LinkStrength, Relay};
-
-/// One syscall of a watched process, as the tracker needs it.
-#[derive(Clone, Copy, Debug)]
-pub struct SyscallEvent<'a> {
-    pub ts_ns: u64,
-    pub tgid: u32,
-    pub tid: u32,
-    pub fd: i32,
-    /// Position of this record among the records of its connection, from 1 at `accept`/`connect`;
-    /// 0 when the probes do not number the connection's records (opened before they were loaded).
-    pub seq: u32,
-    pub op: Op<'a>,
-}
-
-#[derive(Clone, Copy, Debug)]
-pub enum Op<'a> {
-    /// A connection was accepted on `fd`, from `peer`, on the listening address `local`.
-    Accept {
-        peer: Option<SocketAddr>,
-        local: Option<SocketAddr>,
-    },
-    /// `fd` is connecting to `server`.
-    Connect {
-        server: Option<SocketAddr>,
-    },
-    /// The process read these bytes; a chunk with `total == 0` is end of stream.
-    Read(Chunk<'a>),
-    /// A read or write failed because the peer was gone (reset, broken pipe, timed out): like an
-    /// end of stream, where the process saw it.
-    PeerGone,
-    /// The process wrote these bytes.
-    Write(Chunk<'a>),
-    Close,
-    /// Stop parsing this connection until it closes (it belongs to a `mode tcp` proxy).
-    Ignore,
-    /// The connection runs in TLS, with this protocol version as sent on the wire (`0x0303` for
-    /// TLS 1.2; 0 when unknown). It comes once, after the `accept`/`connect` and before any data:
-    /// from then on the connection's `Read`/`Write` chunks are the TLS plaintext.
-    Tls {
-        version: u16,
-    },
-}
-
-/// Counters of what the tracker could not turn into exchanges. Nothing is dropped silently.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct TrackerStats {
-    /// Heads or bodies that could not be parsed (framing lost on a direction).
-    pub parse_errors: u64,
-    /// Connections that turned out not to speak HTTP (tcp mode, TLS not decrypted, garbage).
-    pub opaque_connections: u64,
-    /// Descriptors never seen opened by `accept`/`connect` whose first bytes are not HTTP (HTTP/2
-    /// frames of a connection older than the probes among them, as its HPACK state is unknown): files
-    /// `HAProxy` reads (its configuration, certificates, shared libraries at start), its thread
-    /// wake-up pipes, sockets older than the probes. Ignored until closed.
-    pub unknown_descriptors: u64,
-    /// Responses seen with no request to pair with.
-    pub unpaired_responses: u64,
-    /// Backend requests that matched no frontend request (health checks, or a link we missed).
-    pub unlinked_backend_requests: u64,
-    /// Backend exchanges that ended after their frontend exchange was handed out.
-    pub late_backend_exchanges: u64,
-    /// Exchanges given up after the expiry timeout.
-    pub expired_exchanges: u64,
-    /// Request heads cut by the capture window (traced from their first lines).
-    pub truncated_heads: u64,
-    /// Connections on which a record was missing (a sequence gap): their open exchanges ended with
-    /// [`Outcome::CaptureGap`].
-    pub capture_gaps: u64,
-    /// Exchanges ended because of a capture gap.
-    pub gap_exchanges: u64,
-    /// Connections whose records stopped being numbered (the probes' table of connections was
-    /// full): gaps on them can no longer be seen.
-    pub unnumbered_connections: u64,
-    /// Backend exchanges moved to another frontend request when their response was relayed.
-    pub relinked_backend_exchanges: u64,
-    /// Backend exchanges not exported because records were lost (anywhere) while their link was
-    /// still open to doubt: linked with rivals or by headers before the loss, or linked at all
-    /// within [`QUARANTINE_NS`] after it.
-    pub quarantined_backend_exchanges: u64,
-    /// Frontend requests parsed.
-    pub frontend_requests: u64,
-    /// Backend requests parsed.
-    pub backend_requests: u64,
-    /// Connections that started with the HTTP/2 preface: cleartext (`proto h2`, h2c with prior
-    /// knowledge) or in TLS (ALPN h2).
-    pub h2_connections: u64,
-    /// HTTP/2 streams opened (request heads read or written); also counted in
-    /// `frontend_requests` or `backend_requests`.
-    pub h2_streams: u64,
-    /// `RST_STREAM` frames seen, either way (those that ended an open exchange ended it with
-    /// [`Outcome::StreamReset`]).
-    pub h2_resets: u64,
-    /// `GOAWAY` frames seen, either way.
-    pub h2_goaways: u64,
-    /// HTTP/2 connections whose HPACK state was lost (a header block the capture window cut, a
-    /// capture gap, frames that cannot be decoded): their open streams ended with
-    /// [`Outcome::CaptureGap`] and the connection became opaque, never decoded wrongly.
-    pub h2_desyncs: u64,
-}
-
-/// A connection whose bytes the tracker no longer reads: the probes need not copy them. It names
-/// the connection by its `accept`/`connect` record's time, so that a mark that arrives after the
-/// fd was reused matches nothing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct OpaqueMark {
-    pub tgid: u32,
-    pub fd: i32,
-    /// `ts_ns` of the connection's `accept`/`connect` record.
-    pub opened_ns: u64,
-}
-
-/// Bounds on how long the tracker keeps state.
-#[derive(Clone, Copy, Debug)]
-pub struct Limits {
-    /// An exchange with no activity for this long is expired.
-    pub exchange_timeout_ns: u64,
-    /// A finished frontend exchange waits at most this long for its open backend exchanges.
-    pub linger_ns: u64,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Self { exchange_timeout_ns: 300 * 1_000_000_000, linger_ns: 5 * 1_000_000_000 }
-    }
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Role {
@@ -199,89 +75,6 @@ enum OpaqueCause {
     FirstBytes,
     /// Anything else (`mode tcp`, bytes after TLS was declared, a bad PROXY header).
     Other,
-}
-
-#[derive(Debug)]
-struct Connection {
-    role: Role,
-    /// Frontend: the client. Backend: the server.
-    addr: Option<SocketAddr>,
-    /// Frontend: the address the client connected to (HAProxy's bind address).
-    local: Option<SocketAddr>,
-    /// Bytes the process read.
-    ingress: Framer,
-    /// Bytes the process wrote.
-    egress: Framer,
-    /// When the message being framed in each direction started (its first byte's read or write).
-    ingress_start: Option<u64>,
-    egress_start: Option<u64>,
-    /// Backend: when the `connect` that opened it ran, until its first request takes it (the
-    /// connect timer of `HAProxy`'s log, see [`crate::timers`]).
-    connect_ns: Option<u64>,
-    /// HTTP/1 backend: when its last exchange ended (the response read whole), the moment the
-    /// connection was free for the next request (see [`crate::timers`]).
-    free_since_ns: Option<u64>,
-    /// Frontend: a request whose framing or head failed, until `HAProxy`'s answer to it (the
-    /// SERVER span of a rejected request) or the next request.
-    rejected: Option<Rejected>,
-    /// Frontend: ids of requests read and not yet answered, oldest first.
-    fronts: VecDeque<u64>,
-    /// Backend: ids of requests written and not yet answered, oldest first.
-    backs: VecDeque<u64>,
-    /// Sequence number of the last record seen (0: the probes do not number this connection).
-    last_seq: u32,
-    /// `ts_ns` of the `accept`/`connect` record when the probes number the connection (their
-    /// name for it, see [`OpaqueMark`]); 0 otherwise.
-    opened_ns: u64,
-    /// A capture gap hit the connection and no request was framed since.
-    gapped: bool,
-    /// The first bytes of the request direction may be a PROXY protocol header (see
-    /// [`crate::proxy_protocol`]): set at `accept`/`connect`, cleared by the first bytes.
-    expect_proxy_header: bool,
-    /// Frontend: the client named by the PROXY header it started with.
-    proxy_client: Option<SocketAddr>,
-    /// A message head parsed on this connection: from then on, bad bytes are parse errors; before,
-    /// they mean the connection speaks something else (TLS, DNS, a `mode tcp` protocol).
-    spoke_http: bool,
-    /// The connection runs in TLS (its bytes are the plaintext).
-    tls: Option<TlsInfo>,
-    /// Why the connection is opaque (meaningful while its role is [`Role::Opaque`]).
-    opaque_cause: OpaqueCause,
-    /// First client bytes held back because they may start the HTTP/2 preface or an HTTP/1
-    /// request alike ("P", "PR"); they are `h2::PREFACE[..preface_held]`.
-    preface_held: u8,
-    /// The connection speaks HTTP/2 (boxed: most connections speak HTTP/1, and the HPACK
-    /// decoders are not small). `ingress`/`egress` then stay idle.
-    h2: Option<Box<H2Connection>>,
-}
-
-impl Connection {
-    fn new(role: Role, addr: Option<SocketAddr>) -> Self {
-        Self {
-            role,
-            addr,
-            local: None,
-            ingress: Framer::new(),
-            egress: Framer::new(),
-            ingress_start: None,
-            egress_start: None,
-            connect_ns: None,
-            free_since_ns: None,
-            rejected: None,
-            fronts: VecDeque::new(),
-            backs: VecDeque::new(),
-            last_seq: 0,
-            opened_ns: 0,
-            gapped: false,
-            expect_proxy_header: false,
-            proxy_client: None,
-            spoke_http: false,
-            tls: None,
-            opaque_cause: OpaqueCause::Other,
-            preface_held: 0,
-            h2: None,
-        }
-    }
 }
 
 /// A frontend request from its head until it is handed out.
@@ -959,37 +752,6 @@ impl Direction {
         match self {
             Self::Ingress => Self::Egress,
             Self::Egress => Self::Ingress,
-        }
-    }
-}
-
-impl Connection {
-    /// Takes a record's sequence number; true when records of this connection were lost before
-    /// it. A numbered connection whose records arrive unnumbered (the probes' table forgot it)
-    /// can no longer show gaps: counted once.
-    fn take_seq(&mut self, seq: u32, stats: &mut TrackerStats) -> bool {
-        if seq == 0 {
-            if self.last_seq != 0 {
-                self.last_seq = 0;
-                stats.unnumbered_connections += 1;
-            }
-            return false;
-        }
-        let gap = self.last_seq != 0 && seq != self.last_seq.wrapping_add(1);
-        self.last_seq = seq;
-        gap
-    }
-
-    /// True when a capture gap hit this connection and no request was read since: a response now
-    /// answers a request the gap swallowed.
-    fn egress_resynced_after_gap(&self) -> bool {
-        self.fronts.is_empty() && self.gapped
-    }
-
-    fn direction(&mut self, dir: Direction) -> (&mut Framer, &mut Option<u64>) {
-        match dir {
-            Direction::Ingress => (&mut self.ingress, &mut self.ingress_start),
-            Direction::Egress => (&mut self.egress, &mut self.egress_start),
         }
     }
 }
