@@ -1,0 +1,219 @@
+//! Tests of head parsing (HTTP/1 bytes and HTTP/2 fields) and of the header fingerprint.
+
+#[test]
+fn every_unstable_name_is_found_in_any_case_and_the_usual_others_are_not() {
+    for name in UNSTABLE_HEADERS {
+        assert!(is_unstable(name) && is_unstable(&name.to_ascii_uppercase()), "{name:?}");
+    }
+    for name in [&b"host"[..], b"user-agent", b"accept-encoding", b"content-length", b"x-request-id", b"", &[b'x'; 40]]
+    {
+        assert!(!is_unstable(name), "{name:?}");
+    }
+}
+
+proptest::proptest! {
+    /// The word-at-a-time tail read is the zero-padded little-endian word it replaced.
+    #[test]
+    fn hash_words_reads_the_tail_as_a_zero_padded_word(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40), fold: bool) {
+        let fold = if fold { 0x2020_2020_2020_2020 } else { 0 };
+        let reference = {
+            const K: u64 = 0x517c_c1b7_2722_0a95;
+            let step = |h: u64, w: u64| (h.rotate_left(5) ^ w).wrapping_mul(K);
+            let mut h = 7;
+            for c in bytes.chunks(8) {
+                let mut word = [0u8; 8];
+                word[..c.len()].copy_from_slice(c);
+                let present = u64::MAX >> (8 * (8 - c.len()));
+                h = step(h, u64::from_le_bytes(word) | (fold & present));
+            }
+            step(h, bytes.len() as u64)
+        };
+        proptest::prop_assert_eq!(hash_words(7, &bytes, fold), reference);
+    }
+}
+
+use super::*;
+
+#[test]
+fn request_fields() {
+    let head = parse_request(
+        b"POST /a/b?x=1 HTTP/1.1\r\nHost: example.com:8080\r\nUser-Agent: curl/8\r\n\
+          traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\n\
+          Authorization: secret\r\nContent-Length: 5\r\n\r\n",
+    )
+    .unwrap();
+    assert_eq!(head.method, "POST");
+    assert_eq!(head.path(), "/a/b");
+    assert_eq!(head.query(), Some("x=1"));
+    assert_eq!(head.host.as_deref(), Some("example.com:8080"));
+    assert_eq!(head.user_agent.as_deref(), Some("curl/8"));
+    assert!(matches!(head.traceparent, TraceparentField::One(ref v) if v.starts_with("00-0af7")));
+    assert_eq!(head.framing, BodyFraming::Length(5));
+    assert!(!head.closes);
+    assert!(!format!("{head:?}").contains("secret"), "sensitive headers must not be kept");
+}
+
+#[test]
+fn recycled_head_is_overwritten_completely() {
+    let mut head = parse_request(
+        b"POST /a HTTP/1.0\r\nHost: h\r\nUser-Agent: u\r\ntraceparent: t\r\ntracestate: a=1\r\ntracestate: b=2\r\nContent-Length: 3\r\n\r\n",
+    )
+    .unwrap();
+    assert_eq!(head.tracestate.as_deref(), Some("a=1,b=2"));
+    parse_request_into(b"GET /b HTTP/1.1\r\n\r\n", &mut head).unwrap();
+    assert_eq!(head, parse_request(b"GET /b HTTP/1.1\r\n\r\n").unwrap());
+}
+
+#[test]
+fn repeated_traceparent_is_marked() {
+    let head = parse_request(b"GET / HTTP/1.1\r\ntraceparent: a\r\nTraceparent: b\r\n\r\n").unwrap();
+    assert_eq!(head.traceparent, TraceparentField::Repeated);
+}
+
+#[test]
+fn http10_closes_by_default() {
+    assert!(parse_request(b"GET / HTTP/1.0\r\n\r\n").unwrap().closes);
+    assert!(!parse_request(b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n").unwrap().closes);
+}
+
+#[test]
+fn response_framing_rules() {
+    let r = parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n").unwrap();
+    assert_eq!(r.framing("GET"), BodyFraming::Length(3));
+    assert_eq!(r.framing("HEAD"), BodyFraming::Empty);
+    let r = parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n").unwrap();
+    assert_eq!(r.framing("GET"), BodyFraming::Empty, "an empty body ends the message at the head");
+    let r = parse_response(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n").unwrap();
+    assert_eq!(r.framing("GET"), BodyFraming::Chunked);
+    let r = parse_response(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n").unwrap();
+    assert_eq!(r.framing("GET"), BodyFraming::Tunnel);
+    let r = parse_response(b"HTTP/1.1 100 Continue\r\n\r\n").unwrap();
+    assert!(r.is_interim());
+    let r = parse_response(b"HTTP/1.0 200 OK\r\n\r\n").unwrap();
+    assert_eq!(r.framing("GET"), BodyFraming::UntilClose);
+    assert_eq!(parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 1, 2\r\n\r\n"), Err(HeadError::BadContentLength));
+}
+
+#[test]
+fn header_signature_survives_case_and_forwarding_headers() {
+    let front = parse_request(
+        b"GET /a HTTP/1.1\r\nHost: h\r\nUser-Agent: u\r\nAccept: */*\r\nX-Id: 7\r\nConnection: keep-alive\r\n\r\n",
+    )
+    .unwrap();
+    let back = parse_request(
+        b"GET /v2/a HTTP/1.1\r\nhost: h\r\nuser-agent: u\r\naccept: */*\r\nx-id: 7\r\nx-forwarded-for: 1.2.3.4\r\nx-added: 1\r\n\r\n",
+    )
+    .unwrap();
+    assert_eq!(
+        (front.header_sig & back.header_sig).count_ones(),
+        front.header_sig.count_ones(),
+        "every client line kept"
+    );
+    assert!(shares_headers(front.header_sig, back.header_sig));
+    // A client that sends only Host, and a proxy that rewrites Host and adds three headers.
+    let bare = parse_request(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+    assert!(!shares_headers(bare.header_sig, 0), "a bare request shares nothing with one with headers");
+    let added = parse_request(b"GET /x HTTP/1.1\r\nHost: a\r\nX-Request-ID: 1\r\nX-A: 1\r\n\r\n").unwrap();
+    assert!(shares_headers(bare.header_sig, added.header_sig));
+    let check = parse_request(b"OPTIONS / HTTP/1.0\r\n\r\n").unwrap();
+    assert_eq!(check.header_sig, 0);
+    assert!(shares_headers(0, 0), "two requests without headers are alike");
+}
+
+#[test]
+fn header_lines_that_differ_in_their_last_byte_get_different_bits() {
+    let sig =
+        |v: u16| parse_request(format!("GET / HTTP/1.1\r\nx-want-status: {v}\r\n\r\n").as_bytes()).unwrap().header_sig;
+    let distinct: std::collections::HashSet<u64> = (200..264).map(sig).collect();
+    // 64 values over 64 bits: a good hash leaves about 40 distinct; a blind one leaves 1.
+    assert!(distinct.len() > 30, "only {} distinct bits", distinct.len());
+}
+
+fn fields<'a>(list: &'a [(&'a str, &'a str)]) -> impl Iterator<Item = (&'a [u8], &'a [u8])> {
+    list.iter().map(|(n, v)| (n.as_bytes(), v.as_bytes()))
+}
+
+#[test]
+fn an_h2_request_signs_like_the_http1_request_haproxy_writes_for_it() {
+    let mut h2 = RequestHead::default();
+    request_from_fields(
+        fields(&[
+            (":method", "GET"),
+            (":scheme", "https"),
+            (":authority", "example.com"),
+            (":path", "/a?b=1"),
+            ("user-agent", "curl/8"),
+            ("cookie", "a=1"),
+            ("cookie", "b=2"),
+            ("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+            ("te", "trailers"),
+        ]),
+        &mut h2,
+    )
+    .unwrap();
+    let h1 = parse_request(
+        b"GET /a?b=1 HTTP/1.1\r\nuser-agent: curl/8\r\ncookie: a=1; b=2\r\n\
+          traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\nhost: example.com\r\n\
+          x-forwarded-for: 10.0.0.1\r\nconnection: close\r\n\r\n",
+    )
+    .unwrap();
+    assert_eq!(h2.header_sig, h1.header_sig);
+    assert_eq!((h2.method.as_str(), h2.target.as_str()), ("GET", "/a?b=1"));
+    assert_eq!(h2.host.as_deref(), Some("example.com"));
+    assert_eq!(h2.traceparent, h1.traceparent);
+    assert_eq!((h2.version, h1.version), (HttpVersion::Http2, HttpVersion::Http11));
+    assert_eq!(h2.version.as_str(), "2");
+    // CONNECT targets the authority; a missing :method or :path is no head.
+    let mut connect = RequestHead::default();
+    request_from_fields(fields(&[(":method", "CONNECT"), (":authority", "db:5432")]), &mut connect).unwrap();
+    assert_eq!((connect.target.as_str(), connect.wants_tunnel), ("db:5432", true));
+    assert!(request_from_fields(fields(&[(":path", "/")]), &mut RequestHead::default()).is_err());
+    assert!(request_from_fields(fields(&[(":method", "GET")]), &mut RequestHead::default()).is_err());
+}
+
+#[test]
+fn a_recycled_head_builds_an_h2_request_like_a_new_one() {
+    let mut head = parse_request(b"POST /x HTTP/1.0\r\nHost: h\r\ntracestate: a=1\r\nUser-Agent: u\r\n\r\n").unwrap();
+    let list = [(":method", "GET"), (":path", "/y")];
+    request_from_fields(fields(&list), &mut head).unwrap();
+    let mut fresh = RequestHead::default();
+    request_from_fields(fields(&list), &mut fresh).unwrap();
+    assert_eq!(head, fresh);
+}
+
+#[test]
+fn an_http1_response_relayed_to_an_h2_client_keeps_its_digest() {
+    let h1 = parse_response(
+        b"HTTP/1.1 200 OK\r\nDate: Mon, 1 Jan 2024 00:00:00 GMT\r\nContent-Type: text/plain\r\n\
+          Transfer-Encoding: chunked\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\nETag: \"a\"\r\n\r\n",
+    )
+    .unwrap();
+    let relayed = [
+        (":status", "200"),
+        ("date", "Mon, 1 Jan 2024 00:00:00 GMT"),
+        ("content-type", "text/plain"),
+        ("etag", "\"a\""),
+    ];
+    let h2 = response_from_fields(fields(&relayed)).unwrap();
+    assert_eq!(h2.status, 200);
+    assert_eq!(h2.header_digest, h1.header_digest);
+    assert_eq!(h2.header_sig, h1.header_sig);
+    assert_eq!(h2.version, HttpVersion::Http2);
+    // And back: an h2 response relayed to an HTTP/1 client, which gets a chunked body.
+    let back = parse_response(
+        b"HTTP/1.1 200 OK\r\ndate: Mon, 1 Jan 2024 00:00:00 GMT\r\ncontent-type: text/plain\r\n\
+          etag: \"a\"\r\ntransfer-encoding: chunked\r\n\r\n",
+    )
+    .unwrap();
+    assert_eq!(back.header_digest, h2.header_digest);
+    let other = response_from_fields(fields(&[(":status", "200"), ("etag", "\"b\"")])).unwrap();
+    assert_ne!(other.header_digest, h2.header_digest);
+    assert!(response_from_fields(fields(&[("etag", "x")])).is_err(), ":status is required");
+    assert!(response_from_fields(fields(&[(":status", "2000")])).is_err());
+}
+
+#[test]
+fn absolute_form_path() {
+    let head = parse_request(b"GET http://h/x/y?q HTTP/1.1\r\n\r\n").unwrap();
+    assert_eq!(head.path(), "/x/y");
+}
