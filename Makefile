@@ -5,7 +5,8 @@ SHELL := /bin/bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
 APT_PACKAGES := haproxy wrk curl openssl nghttp2-client pkg-config llvm-22-dev libpolly-22-dev libzstd-dev python3-venv debootstrap libseccomp-dev \
-	qemu-system-x86 cpio binutils
+	qemu-system-x86 cpio binutils \
+	gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-system-arm qemu-user-static
 # Minimal Debian trees (scripts/debootstrap_root.sh) for the tests that run things as containers:
 # Debian 13's HAProxy 3.0 for the tests that run a scenario against both versions, Debian 12's 2.6
 # as a pod's container, and the agent's image root (tests/src/haproxy.rs, tests/src/container.rs).
@@ -15,6 +16,14 @@ IMAGE_ROOT := $(CURDIR)/.tools/image
 # The kernel matrix (tests/tests/kernels.rs): Debian 12's and Debian 13's kernels, booted under qemu
 # with Debian 12's tree (HAProxy 2.6, h2load) as the guest's root, Debian 13's inside it.
 VM_ROOT := $(CURDIR)/.tools/vm-bookworm
+# The arm64 node of the kernel matrix: Debian 12's arm64 tree (HAProxy 2.6, h2load), debootstrapped
+# through qemu-user-static (about 10 to 20 minutes, once), and Debian 12's arm64 kernel.
+VM_ROOT_ARM64 := $(CURDIR)/.tools/vm-bookworm-arm64
+# The aarch64 build (`make cross-arm64`): the agent for arm64 nodes, with its probes built for
+# aarch64 by aya-build, cross-linked with Debian's gcc-aarch64-linux-gnu.
+ARM64 := aarch64-unknown-linux-gnu
+ARM64_ENV := CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
+	CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc AR_aarch64_unknown_linux_gnu=aarch64-linux-gnu-ar
 export DEBIAN_MIRROR ?= http://deb.debian.org/debian
 BPF_LINKER_VERSION := 0.13.0
 # Debian 12's kubectl (package kubernetes-client, kustomize 2.0.3), unpacked into the checkout:
@@ -26,7 +35,7 @@ TOOLS := $(CURDIR)/.tools/venv
 KUBERNETES_VALIDATE_VERSION := 1.37.0
 CHECKOV_VERSION := 3.3.30
 
-.PHONY: setup build test lint demo fuzz soak bench clean
+.PHONY: setup build test lint demo fuzz soak bench clean cross-arm64 cross-arm64-agent
 
 setup:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -49,6 +58,10 @@ setup:
 	@scripts/debootstrap_root.sh $(VM_ROOT) bookworm haproxy,nghttp2-client,openssl,iproute2
 	@scripts/vm_kernel.sh $(CURDIR)/.tools/kernel-bookworm bookworm
 	@scripts/vm_kernel.sh $(CURDIR)/.tools/kernel-trixie trixie
+	@rustup target list --installed | grep -qx $(ARM64) || rustup target add $(ARM64)
+	@[ -e $(VM_ROOT_ARM64)/.complete ] || scripts/binfmt_aarch64.sh
+	@scripts/debootstrap_root.sh $(VM_ROOT_ARM64) bookworm haproxy,nghttp2-client,openssl,iproute2 arm64
+	@scripts/vm_kernel.sh $(CURDIR)/.tools/kernel-bookworm-arm64 bookworm arm64
 	@if [ ! -x $(KUBECTL_DEBIAN) ]; then \
 		echo "unpacking Debian's kubernetes-client into .tools/kubernetes-client"; \
 		d=$$(mktemp -d) && chmod 755 $$d \
@@ -68,7 +81,7 @@ build: setup
 
 # The end-to-end tests run the agent binary, so it is built first, optimised as users run it
 # (a debug agent falls behind HAProxy under the load tests when the suite runs in parallel).
-test: setup
+test: setup cross-arm64
 	cargo build --release -p tracetap
 	TRACETAP_BIN=$(CURDIR)/target/release/tracetap cargo test -- --show-output
 	TOOLS=$(TOOLS)/bin KUBECTL=$(KUBECTL_DEBIAN) deploy/validate.sh
@@ -79,9 +92,25 @@ lint: setup
 	# The probes are not a default member and build for BPF only: linted on that target (the
 	# workspace lints, ebpf/probes/Cargo.toml), with the nightly toolchain that builds them.
 	cd ebpf/probes && cargo +nightly clippy --release --target bpfel-unknown-none -Z build-std=core -p tracetap-ebpf -- -D warnings
+	# ... and as built for arm64 nodes (`bpf_target_arch`, which aya-build sets from the agent's target).
+	cd ebpf/probes && RUSTFLAGS='--cfg bpf_target_arch="aarch64"' cargo +nightly clippy --release --target bpfel-unknown-none \
+		-Z build-std=core -p tracetap-ebpf -- -D warnings
 	# A doc link that points nowhere (an item moved or renamed) fails, as a broken build would.
 	RUSTDOCFLAGS="-D rustdoc::broken_intra_doc_links -A rustdoc::private_intra_doc_links" cargo doc --no-deps --document-private-items \
 		-p tracetap -p tracetap-proxy -p tracetap-storage -p tracetap-ebpf-common
+
+# The agent for arm64 nodes, alone (deploy/Dockerfile's arm64 build runs this).
+cross-arm64-agent:
+	@rustup target list --installed | grep -qx $(ARM64) || rustup target add $(ARM64)
+	$(ARM64_ENV) cargo build --release --locked -p tracetap --target $(ARM64)
+
+# The agent and the kernel matrix's guest half for its arm64 guest (tests/tests/kernels.rs), in
+# target/aarch64-unknown-linux-gnu/release. The guest half links libseccomp: the arm64 tree's own.
+cross-arm64: setup
+	mkdir -p target/arm64-libseccomp
+	ln -sfn $(VM_ROOT_ARM64)/usr/lib/aarch64-linux-gnu/libseccomp.so.2 target/arm64-libseccomp/libseccomp.so
+	$(ARM64_ENV) LIBSECCOMP_LIB_PATH=$(CURDIR)/target/arm64-libseccomp cargo build --release --locked \
+		--target $(ARM64) -p tracetap -p tracetap-tests --bin tracetap --bin kernel-guest
 
 demo: setup
 	cargo build -p tracetap

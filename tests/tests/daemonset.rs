@@ -433,6 +433,8 @@ fn the_container_test_matches_the_manifest_and_the_dockerfile() {
         "hostPID: true".to_owned(),
         "type: RuntimeDefault".to_owned(),
         format!("mountPath: {}", container::STATE_DIR),
+        // Scheduled on the architectures the image is built for, and only those.
+        "values: [\"amd64\", \"arm64\"]".to_owned(),
     ] {
         assert!(daemonset.contains(&needle), "daemonset.yaml has {needle}");
     }
@@ -448,7 +450,7 @@ fn the_container_test_matches_the_manifest_and_the_dockerfile() {
     assert!(base.contains(&format!("ENTRYPOINT [\"{}\"]", container::IMAGE_BINARY).as_str()), "{base:?}");
     let runtime = stage("runtime");
     assert_eq!(runtime[0], "FROM base AS runtime");
-    let copy = format!("COPY --from=prebuilt tracetap {}", container::IMAGE_BINARY);
+    let copy = format!("COPY --from=prebuilt ${{TARGETARCH}}/tracetap {}", container::IMAGE_BINARY);
     assert!(
         runtime.contains(&copy.as_str()),
         "the runtime stage puts the prebuilt binary where the test does: {runtime:?}"

@@ -7,10 +7,13 @@
 //! |---|---|---|
 //! | Debian 12's 6.1 | tracefs uprobe events | 2; at Debian's default 3, the one message instead |
 //! | Debian 13's 6.12 | uprobe-multi links | Debian's default 3 |
+//! | Debian 12's 6.1, `arm64` | tracefs uprobe events (entry and return probes) | as on `x86_64` |
 //!
-//! The guest's root is Debian 12's tree `make setup` makes (`.tools/vm-bookworm`: `HAProxy` 2.6,
-//! `h2load`), with Debian 13's (`.tools/trixie`, `HAProxy` 3.0) inside it, run the way the other
-//! tests run it: in its own mount and pid namespaces.
+//! The `x86_64` guests' root is Debian 12's tree `make setup` makes (`.tools/vm-bookworm`:
+//! `HAProxy` 2.6, `h2load`), with Debian 13's (`.tools/trixie`, `HAProxy` 3.0) inside it, run the
+//! way the other tests run it: in its own mount and pid namespaces. The `arm64` guest boots
+//! QEMU's `virt` board with Debian 12's `arm64` tree (`.tools/vm-bookworm-arm64`, `HAProxy` 2.6)
+//! and the agent and guest half cross-built for `aarch64` (`make cross-arm64`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -18,7 +21,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use tracetap_tests::haproxy::{self, Version};
-use tracetap_tests::vm::{self, Layer};
+use tracetap_tests::vm::{self, Layer, Machine};
 use tracetap_tests::{agent, require_root};
 
 /// Where `make setup` keeps the trees and kernels.
@@ -33,10 +36,35 @@ fn debian_12_kernel_6_1() {
     if !require_root() {
         return;
     }
-    let guest = Guest::boot("kernel-bookworm", "3,2");
+    let guest = Guest::boot(&Node::x86_64("kernel-bookworm"), "3,2");
     guest.assert_release("6.1.");
+    assert_debian_12_kernel(&guest, &haproxy::versions());
+}
+
+/// Debian 12's kernel on an `arm64` node: the same as on `x86_64`, with the agent and the probes
+/// built for `aarch64`, and the TLS probes at the functions' entries and returns (the call-site
+/// templates are `x86_64` code). `HAProxy` 2.6 only: there is no `arm64` Debian 13 tree.
+#[test]
+fn debian_12_kernel_6_1_arm64() {
+    if !require_root() {
+        return;
+    }
+    let guest = Guest::boot(&Node::aarch64("kernel-bookworm-arm64"), "3,2");
+    guest.assert_release("6.1.");
+    assert!(guest.fact("machine").starts_with("aarch64"), "an arm64 guest\n{guest}");
+    assert_debian_12_kernel(&guest, &[Version::Debian12]);
+    assert!(
+        guest.fact(&format!("placement {}", label(2, Version::Debian12))).contains("entry and return"),
+        "TLS probes at entries and returns on arm64\n{guest}"
+    );
+}
+
+/// What Debian 12's kernel gives under the `DaemonSet`'s capabilities: at `perf_event_paranoid`
+/// 3, no TLS route and the one message, cleartext traced; at 2, tracefs uprobe events and
+/// everything traced.
+fn assert_debian_12_kernel(guest: &Guest, versions: &[Version]) {
     guest.assert_paranoid_at_boot(3);
-    for version in haproxy::versions() {
+    for &version in versions {
         let refused = label(3, version);
         let route = guest.route(&refused);
         for part in ["tls: none: TLS connections cannot be traced", "kernel.perf_event_paranoid at 3"] {
@@ -60,7 +88,7 @@ fn debian_13_kernel_6_12() {
     if !require_root() {
         return;
     }
-    let guest = Guest::boot("kernel-trixie", "3");
+    let guest = Guest::boot(&Node::x86_64("kernel-trixie"), "3");
     guest.assert_release("6.12.");
     guest.assert_paranoid_at_boot(3);
     for version in haproxy::versions() {
@@ -83,22 +111,25 @@ struct Guest {
 }
 
 impl Guest {
-    /// Boots the kernel in `.tools/KERNEL_DIR` and runs the guest half with the given
-    /// `perf_event_paranoid` phases. The guests of this file boot one at a time: each takes both
-    /// CPUs, and its timings are not what is tested.
-    fn boot(kernel_dir: &str, paranoid: &str) -> Self {
+    /// Boots `node` and runs the guest half with the given `perf_event_paranoid` phases. The
+    /// guests of this file boot one at a time: each takes both CPUs, and its timings are not what
+    /// is tested.
+    fn boot(node: &Node, paranoid: &str) -> Self {
         static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
         let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let kernel_dir = node.kernel_dir;
         let kernel = tools().join(kernel_dir).join("vmlinuz");
         assert!(kernel.exists(), "{} is missing: run `make setup`", kernel.display());
         // Made for each boot and removed after it (half a gigabyte).
         let dir = tempfile::tempdir().expect("temporary directory");
-        let initramfs = initramfs(dir.path());
+        let initramfs = initramfs(dir.path(), node);
+        let versions = if node.with_trixie { "2.6,3.0" } else { "2.6" };
         let console = vm::boot(
+            node.machine,
             &kernel,
             &initramfs,
             "/tracetap/init",
-            &format!("TRACETAP_GUEST_PARANOID={paranoid}"),
+            &format!("TRACETAP_GUEST_PARANOID={paranoid} TRACETAP_GUEST_HAPROXY={versions}"),
             Duration::from_mins(25),
         );
         // "KEY: VALUE", the key being all before the first ": " (see kernel-guest.rs).
@@ -161,35 +192,87 @@ impl std::fmt::Display for Guest {
     }
 }
 
-/// The initramfs the guests boot, made in `dir`: Debian 12's tree as `/`, Debian 13's inside it
-/// as `/trixie`, and `/tracetap` (the agent, the guest half, and the init that runs it).
-fn initramfs(dir: &Path) -> PathBuf {
-    {
-        let payload = dir.join("tracetap");
-        std::fs::create_dir_all(&payload).expect("payload directory");
-        // Debug information is left out (the agent's is most of its size); its symbols stay, as
-        // its TLS self-test looks one up in its own file.
-        for (from, name) in
-            [(agent::binary(), "tracetap"), (PathBuf::from(env!("CARGO_BIN_EXE_kernel-guest")), "kernel-guest")]
-        {
-            let status = std::process::Command::new("objcopy")
-                .arg("--strip-debug")
-                .arg(&from)
-                .arg(payload.join(name))
-                .status()
-                .expect("run objcopy (binutils)");
-            assert!(status.success(), "objcopy {}", from.display());
+/// A node of the matrix: its machine and kernel, its root tree, and the agent and guest half
+/// built for its architecture.
+struct Node {
+    machine: Machine,
+    /// Under `.tools`: the kernel (`scripts/vm_kernel.sh`).
+    kernel_dir: &'static str,
+    /// Under `.tools`: the guest's root (`scripts/debootstrap_root.sh`).
+    root: &'static str,
+    /// Debian 13's tree goes in as `/trixie` (`HAProxy` 3.0): `x86_64` only.
+    with_trixie: bool,
+    agent: PathBuf,
+    guest: PathBuf,
+    /// Strips the binaries of this architecture.
+    objcopy: &'static str,
+}
+
+impl Node {
+    /// A PC booting `.tools/KERNEL_DIR`, with the binaries this test run uses.
+    fn x86_64(kernel_dir: &'static str) -> Self {
+        Self {
+            machine: Machine::X86_64,
+            kernel_dir,
+            root: "vm-bookworm",
+            with_trixie: true,
+            agent: agent::binary(),
+            guest: PathBuf::from(env!("CARGO_BIN_EXE_kernel-guest")),
+            objcopy: "objcopy",
         }
-        std::fs::write(payload.join("init"), INIT).expect("write init");
-        set_executable(&payload.join("init"));
-        let root = tools().join("vm-bookworm");
-        assert!(root.join("usr/bin/h2load").exists(), "{} is not made: run `make setup`", root.display());
+    }
+
+    /// An `arm64` node booting `.tools/KERNEL_DIR`, with the binaries `make cross-arm64` builds
+    /// (`TRACETAP_ARM64_BIN` and `TRACETAP_ARM64_GUEST` name others).
+    fn aarch64(kernel_dir: &'static str) -> Self {
+        let built = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/aarch64-unknown-linux-gnu/release");
+        let binary = |var: &str, name: &str| {
+            let path = std::env::var_os(var).map_or_else(|| built.join(name), PathBuf::from);
+            assert!(path.exists(), "{} is missing: run `make cross-arm64` (or set {var})", path.display());
+            path
+        };
+        Self {
+            machine: Machine::Aarch64,
+            kernel_dir,
+            root: "vm-bookworm-arm64",
+            with_trixie: false,
+            agent: binary("TRACETAP_ARM64_BIN", "tracetap"),
+            guest: binary("TRACETAP_ARM64_GUEST", "kernel-guest"),
+            objcopy: "aarch64-linux-gnu-objcopy",
+        }
+    }
+}
+
+/// The initramfs `node` boots, made in `dir`: its Debian 12 tree as `/`, Debian 13's inside it as
+/// `/trixie` where the node has it, and `/tracetap` (the agent, the guest half, and the init that
+/// runs it).
+fn initramfs(dir: &Path, node: &Node) -> PathBuf {
+    let payload = dir.join("tracetap");
+    std::fs::create_dir_all(&payload).expect("payload directory");
+    // Debug information is left out (the agent's is most of its size); its symbols stay, as its
+    // TLS self-test looks one up in its own file.
+    for (from, name) in [(&node.agent, "tracetap"), (&node.guest, "kernel-guest")] {
+        let status = std::process::Command::new(node.objcopy)
+            .arg("--strip-debug")
+            .arg(from)
+            .arg(payload.join(name))
+            .status()
+            .unwrap_or_else(|e| panic!("run {} (binutils; make setup): {e}", node.objcopy));
+        assert!(status.success(), "{} {}", node.objcopy, from.display());
+    }
+    std::fs::write(payload.join("init"), INIT).expect("write init");
+    set_executable(&payload.join("init"));
+    let root = tools().join(node.root);
+    assert!(root.join("usr/bin/h2load").exists(), "{} is not made: run `make setup`", root.display());
+    let out = dir.join("initramfs.cpio");
+    if node.with_trixie {
         let trixie = haproxy::trixie_root();
         assert_eq!(trixie.file_name().and_then(|n| n.to_str()), Some("trixie"), "INIT's TRACETAP_TRIXIE_ROOT");
-        let out = dir.join("initramfs.cpio");
         vm::initramfs(&out, &[Layer::Root(&root), Layer::Under(&trixie), Layer::Under(&payload)]);
-        out
+    } else {
+        vm::initramfs(&out, &[Layer::Root(&root), Layer::Under(&payload)]);
     }
+    out
 }
 
 fn set_executable(path: &Path) {

@@ -496,7 +496,10 @@ fn hook_tls(probes: &mut Probes, pid: u32, metrics: &Metrics) {
     }
     match hooked {
         tls_hooks::TlsHook::Attached { object, call_sites } => {
-            tracing::info!(pid, object = %object.display(), call_sites, "TLS probes attached");
+            // Functions whose call sites were not recognised (any other build, and every
+            // non-x86_64 library) are probed at their entries and returns, which costs more.
+            let placement = if call_sites == 0 { "entry and return" } else { "call sites" };
+            tracing::info!(pid, object = %object.display(), call_sites, placement, "TLS probes attached");
         }
         tls_hooks::TlsHook::NoLibrary if !objects.unreachable.is_empty() => {
             tracing::warn!(pid, libraries = ?objects.unreachable, "the process maps a TLS library the agent cannot open (deleted or replaced since it was mapped, or on a mount the agent does not see); its TLS connections are not traced");

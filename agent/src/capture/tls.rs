@@ -159,12 +159,15 @@ pub struct ProbePoint {
 
 /// The probe points of an ELF object (`data`), or `None` when it does not define both `SSL_read`
 /// and `SSL_write` (an import, a stripped library, not a TLS library). Call sites are used where
-/// recognised, unless `call_sites` is false. Each function's closing probe comes before its
-/// opening one, so that attaching in this order never leaves a call noted that nothing clears.
+/// recognised, unless `call_sites` is false; the templates are `x86_64` code, so an object of any
+/// other architecture (`aarch64`) gets entry and return probes. Each function's closing probe
+/// comes before its opening one, so that attaching in this order never leaves a call noted that
+/// nothing clears.
 #[must_use]
 pub fn attach_plan(data: &[u8], call_sites: bool) -> Option<Vec<ProbePoint>> {
     use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
     let file = object::File::parse(data).ok()?;
+    let call_sites = call_sites && file.architecture() == object::Architecture::X86_64;
     let offset_of = |name: &str| -> Option<u64> {
         let symbol =
             file.dynamic_symbols().chain(file.symbols()).find(|s| s.is_definition() && s.name() == Ok(name))?;
@@ -518,6 +521,41 @@ mod tests {
                 _ => data[at],
             };
             assert_eq!(data[at], expected, "{p:?}");
+        }
+    }
+
+    #[test]
+    fn an_arm64_libssl_gets_entry_and_return_probes() {
+        use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.tools/vm-bookworm-arm64");
+        let data = std::fs::read(root.join("usr/lib/aarch64-linux-gnu/libssl.so.3"))
+            .expect("Debian 12's arm64 tree (make setup)");
+        let plan = attach_plan(&data, true).expect("libssl defines SSL_read and SSL_write");
+        let programs: Vec<_> = plan.iter().map(|p| p.program).collect();
+        assert_eq!(
+            programs,
+            [
+                "ssl_read_return",
+                "ssl_read_entry",
+                "ssl_write_return",
+                "ssl_write_entry",
+                "ssl_handshake_return",
+                "ssl_handshake_entry"
+            ],
+            "the call-site templates are x86_64 code; closing probes first"
+        );
+        // Each function's start, found another way: its address through the loadable segment
+        // that holds it (the plan goes through the symbol's section).
+        let file = object::File::parse(&*data).unwrap();
+        let file_offset = |name: &str| {
+            let address = file.dynamic_symbols().find(|s| s.name() == Ok(name)).unwrap().address();
+            let segment =
+                file.segments().find(|seg| (seg.address()..seg.address() + seg.size()).contains(&address)).unwrap();
+            address - segment.address() + segment.file_range().0
+        };
+        for (pair, name) in plan.chunks(2).zip(["SSL_read", "SSL_write", "SSL_do_handshake"]) {
+            assert_eq!(pair[0].offset, file_offset(name), "{name}: {pair:?}");
+            assert_eq!(pair[1].offset, file_offset(name), "{name}: {pair:?}");
         }
     }
 

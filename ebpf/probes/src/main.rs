@@ -5,7 +5,7 @@
 //! How a call flows:
 //! - `sys_exit` runs at the exit of every syscall of every process (`sys_enter` only reports
 //!   `close`, see there). It loads the syscall number from the saved user registers (`pt_regs`,
-//!   which still hold the arguments at exit; a plain load, see [`arch::reg`]) and stops at once for
+//!   which still hold the arguments at exit; a plain load, see [`arch::syscall_nr`]) and stops at once for
 //!   syscalls it does not follow.
 //! - For the syscalls it follows it asks [`targets::is_target`] (one hash lookup; a process seen for the
 //!   first time under a command filter has its name compared once); non-targets stop there.
@@ -24,12 +24,13 @@
 //! - Payload lengths are clamped to `STAGING_BYTES` right before each copy (see [`ring::bounded`]), so the
 //!   verifier can prove every access stays inside the staging buffer; the logical bound
 //!   (`CAPTURE_BYTES`) is applied first.
-//! - Syscall numbers and `pt_regs` offsets are those of `x86_64`, all in `arch`.
+//! - Syscall numbers and `pt_regs` offsets are those of the architecture the agent is built for
+//!   (`x86_64` or `aarch64`, `bpf_target_arch`), all in `arch`.
 //!
 //! Modules, one job each: `syscalls` (the two syscall hooks), `process` (process start, exec and
 //! exit), `targets` (which processes are traced), `conns` (per connection state: numbering, opaque
 //! marks, TLS and HTTP/2 flags), `payload` (copying a call's bytes), `ring` (staging, the ring
-//! buffer, losses, wake-ups), `arch` (`x86_64`'s syscall numbers and registers), `tls` (the TLS
+//! buffer, losses, wake-ups), `arch` (each architecture's syscall numbers and registers), `tls` (the TLS
 //! library's uprobes). The globals the agent sets at load time stay here.
 #![no_std]
 #![no_main]

@@ -9,7 +9,7 @@ use aya_ebpf::{
 };
 use tracetap_ebpf_common::EventKind;
 
-use crate::arch::{PT_REGS_DI, nr, reg};
+use crate::arch::{Arg, arg, nr};
 use crate::ring::{emit, emit_at_once, send_at_once, stage};
 use crate::targets::{TARGET_PIDS, TARGET_SET, comm_verdict, is_target};
 use crate::tls;
@@ -77,10 +77,10 @@ pub(crate) fn process_forked(regs: u64, nr: u64, child: u32) {
         return;
     }
     let flags = match nr {
-        nr::CLONE => reg(regs, PT_REGS_DI),
+        nr::CLONE => arg(regs, Arg::First),
         // SAFETY: a helper read of user memory (`struct clone_args`, flags first), which faults
         // safely; an unreadable one is taken for a thread.
-        nr::CLONE3 => unsafe { bpf_probe_read_user(reg(regs, PT_REGS_DI) as *const u64) }.unwrap_or(CLONE_THREAD),
+        nr::CLONE3 => unsafe { bpf_probe_read_user(arg(regs, Arg::First) as *const u64) }.unwrap_or(CLONE_THREAD),
         _ => 0,
     };
     if flags & CLONE_THREAD != 0 {

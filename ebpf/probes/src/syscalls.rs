@@ -4,7 +4,7 @@
 use aya_ebpf::{helpers::bpf_get_current_pid_tgid, macros::btf_tracepoint, programs::BtfTracePointContext};
 use tracetap_ebpf_common::EventKind;
 
-use crate::arch::{PT_REGS_DI, PT_REGS_DX, PT_REGS_ORIG_AX, PT_REGS_R10, PT_REGS_SI, nr, reg};
+use crate::arch::{Arg, arg, is_fork, nr, syscall_nr};
 use crate::conns::{CONN_TLS, CONNS, DataPlan, conn_key, next_seq, open_conn, plan_data, take_seq};
 use crate::payload::{BufShape, emit_data, read_addr};
 use crate::process::{process_forked, process_started};
@@ -21,7 +21,7 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> i32 {
     // TP_PROTO(struct pt_regs *regs, long ret)
     let regs: u64 = ctx.arg(0);
     let ret: i64 = ctx.arg(1);
-    let nr = reg(regs, PT_REGS_ORIG_AX);
+    let nr = syscall_nr(regs);
     let (kind, shape) = match nr {
         // `splice` is taken apart below (a read and a write, no payload).
         nr::READ | nr::RECVFROM | nr::SPLICE => (EventKind::Read, BufShape::Plain),
@@ -32,7 +32,7 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> i32 {
         nr::SENDMSG => (EventKind::Write, BufShape::Msghdr),
         nr::ACCEPT | nr::ACCEPT4 => (EventKind::Accept, BufShape::Plain),
         nr::CONNECT => (EventKind::Connect, BufShape::Plain),
-        nr::CLONE | nr::CLONE3 | nr::FORK | nr::VFORK => {
+        nr if is_fork(nr) => {
             // 0: this is the new task, returning from the call that made it; more: the parent,
             // with the new task's id.
             if ret == 0 {
@@ -57,19 +57,19 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> i32 {
     }
     // A peek leaves the bytes in the socket: the real read that follows reports them.
     let recv_flags = match nr {
-        nr::RECVMSG => reg(regs, PT_REGS_DX),
-        nr::RECVFROM => reg(regs, PT_REGS_R10),
+        nr::RECVMSG => arg(regs, Arg::Third),
+        nr::RECVFROM => arg(regs, Arg::Fourth),
         _ => 0,
     };
     if recv_flags & MSG_PEEK != 0 {
         return 0;
     }
-    let fd = reg(regs, PT_REGS_DI) as i32;
+    let fd = arg(regs, Arg::First) as i32;
     if broken {
         emit_broken(kind, tgid, fd, ret);
         return 0;
     }
-    let (si, dx) = (reg(regs, PT_REGS_SI), reg(regs, PT_REGS_DX));
+    let (si, dx) = (arg(regs, Arg::Second), arg(regs, Arg::Third));
     match kind {
         EventKind::Accept => {
             // `fd` is the new connection; `ret` carries the listening fd for the bind address.
@@ -147,7 +147,7 @@ pub fn sys_enter(ctx: BtfTracePointContext) -> i32 {
     if !is_target(tgid) {
         return 0;
     }
-    let fd = reg(ctx.arg(0), PT_REGS_DI) as i32;
+    let fd = arg(ctx.arg(0), Arg::First) as i32;
     if let Some(staging) = stage(EventKind::Close, fd, 0) {
         let key = conn_key(tgid, fd);
         staging.header.seq = match CONNS.get_ptr_mut(key) {

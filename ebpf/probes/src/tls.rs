@@ -38,6 +38,7 @@ use aya_ebpf::{
 };
 use tracetap_ebpf_common::{EventKind, Loss, MAX_NUMBERED_CONNECTIONS, TLS_COOKIE_ANY_PROCESS};
 
+use crate::arch::call_result;
 use crate::conns::{
     CONN_DECIDED, CONN_TLS, CONN_TLS_ANNOUNCED, CONNS, ConnState, capture_window, conn_key, decide_h2,
     drop_opaque_mark, payload_unwanted_at, take_seq,
@@ -212,7 +213,7 @@ fn done(ctx: &ProbeContext, call: u32) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let Some(noted) = take_call(pid_tgid, call) else { return 0 };
     // SAFETY: `regs` is the probe's context, a `struct pt_regs` the verifier lets us read.
-    let result = unsafe { (*ctx.regs).rax } as i32;
+    let result = call_result(unsafe { &*ctx.regs }) as i32;
     if result <= 0 {
         return 0;
     }
