@@ -15,6 +15,7 @@ pub mod continuing;
 pub mod h2client;
 pub mod h2load;
 pub mod haproxy;
+pub mod kernel_matrix;
 pub mod kube_api;
 pub mod linking;
 pub mod otlp;

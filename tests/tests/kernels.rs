@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | Debian 12's 6.1 | tracefs uprobe events | 2; at Debian's default 3, the one message instead |
 //! | Debian 13's 6.12 | uprobe-multi links | Debian's default 3 |
-//! | Debian 12's 6.1, `arm64` | tracefs uprobe events (entry and return probes) | as on `x86_64` |
+//! | Debian 12's 6.1, `arm64` | tracefs uprobe events (entry and return probes); as root, perf uprobes | as on `x86_64` |
 //!
 //! The `x86_64` guests' root is Debian 12's tree `make setup` makes (`.tools/vm-bookworm`:
 //! `HAProxy` 2.6, `h2load`), with Debian 13's (`.tools/trixie`, `HAProxy` 3.0) inside it, run the
@@ -20,9 +20,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use tracetap_tests::agent::{self, Agent};
 use tracetap_tests::haproxy::{self, Version};
 use tracetap_tests::vm::{self, Layer, Machine};
-use tracetap_tests::{agent, require_root};
+use tracetap_tests::{kernel_matrix, require_root};
 
 /// Where `make setup` keeps the trees and kernels.
 fn tools() -> PathBuf {
@@ -43,7 +44,8 @@ fn debian_12_kernel_6_1() {
 
 /// Debian 12's kernel on an `arm64` node: the same as on `x86_64`, with the agent and the probes
 /// built for `aarch64`, and the TLS probes at the functions' entries and returns (the call-site
-/// templates are `x86_64` code). `HAProxy` 2.6 only: there is no `arm64` Debian 13 tree.
+/// templates are `x86_64` code); and as root too. Its spans have the names and attributes of the
+/// same run on this machine. `HAProxy` 2.6 only: there is no `arm64` Debian 13 tree.
 #[test]
 fn debian_12_kernel_6_1_arm64() {
     if !require_root() {
@@ -53,10 +55,24 @@ fn debian_12_kernel_6_1_arm64() {
     guest.assert_release("6.1.");
     assert!(guest.fact("machine").starts_with("aarch64"), "an arm64 guest\n{guest}");
     assert_debian_12_kernel(&guest, &[Version::Debian12]);
-    assert!(
-        guest.fact(&format!("placement {}", label(2, Version::Debian12))).contains("entry and return"),
-        "TLS probes at entries and returns on arm64\n{guest}"
-    );
+    // As root, the perf route (CAP_SYS_ADMIN), whatever perf_event_paranoid says.
+    let root = "root haproxy=2.6";
+    assert_eq!(guest.route(root), "tls: perf uprobes", "[{root}]\n{guest}");
+    guest.assert_traced(root, &["clear-h1", "clear-h2", "tls-h1", "tls-h2"]);
+    guest.assert_no_tls_loss(root);
+    // The same spans as on x86_64: the same run on this machine, its shapes compared.
+    let reference: BTreeMap<String, String> =
+        kernel_matrix::run("x86_64", Version::Debian12, Agent::start).into_iter().collect();
+    for run in [label(2, Version::Debian12).as_str(), root] {
+        assert!(
+            guest.fact(&format!("placement {run}")).contains("entry and return"),
+            "[{run}] TLS probes at entries and returns on arm64\n{guest}"
+        );
+        for what in ["clear-h1", "clear-h2", "tls-h1", "tls-h2"] {
+            let on_x86_64 = reference.get(&format!("shape x86_64 {what}")).expect("the reference run's shape");
+            assert_eq!(guest.fact(&format!("shape {run} {what}")), on_x86_64, "[{run}] {what}: names and attributes");
+        }
+    }
 }
 
 /// What Debian 12's kernel gives under the `DaemonSet`'s capabilities: at `perf_event_paranoid`
@@ -129,7 +145,10 @@ impl Guest {
             &kernel,
             &initramfs,
             "/tracetap/init",
-            &format!("TRACETAP_GUEST_PARANOID={paranoid} TRACETAP_GUEST_HAPROXY={versions}"),
+            &format!(
+                "TRACETAP_GUEST_PARANOID={paranoid} TRACETAP_GUEST_HAPROXY={versions} TRACETAP_GUEST_AS_ROOT={}",
+                u8::from(node.as_root)
+            ),
             Duration::from_mins(25),
         );
         // "KEY: VALUE", the key being all before the first ": " (see kernel-guest.rs).
@@ -202,6 +221,8 @@ struct Node {
     root: &'static str,
     /// Debian 13's tree goes in as `/trixie` (`HAProxy` 3.0): `x86_64` only.
     with_trixie: bool,
+    /// The guest also runs the agent as root (`root haproxy=V`), after the `DaemonSet`'s runs.
+    as_root: bool,
     agent: PathBuf,
     guest: PathBuf,
     /// Strips the binaries of this architecture.
@@ -216,6 +237,7 @@ impl Node {
             kernel_dir,
             root: "vm-bookworm",
             with_trixie: true,
+            as_root: false,
             agent: agent::binary(),
             guest: PathBuf::from(env!("CARGO_BIN_EXE_kernel-guest")),
             objcopy: "objcopy",
@@ -236,6 +258,7 @@ impl Node {
             kernel_dir,
             root: "vm-bookworm-arm64",
             with_trixie: false,
+            as_root: true,
             agent: binary("TRACETAP_ARM64_BIN", "tracetap"),
             guest: binary("TRACETAP_ARM64_GUEST", "kernel-guest"),
             objcopy: "aarch64-linux-gnu-objcopy",
