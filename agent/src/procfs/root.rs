@@ -1,29 +1,20 @@
-//! Paths inside another process's root (`/proc/PID/root`), resolved as `openat2(2)` with
-//! `RESOLVE_IN_ROOT` would resolve them: `..` stops at the root and symbolic links, absolute ones
-//! included, resolve inside it (never on the agent's own file system), at most [`MAX_SYMLINKS`]
-//! links and [`MAX_PATH_STEPS`] components per path. Every step is opened `O_PATH | O_NOFOLLOW`,
-//! which never blocks, not even on a FIFO, and reads nothing: what the caller then reads, it
-//! reopens through the descriptor ([`fd_path`]) after checking its kind on that descriptor.
-//!
-//! The walk is by hand, one `open` of `/proc/self/fd/N/NAME` per component, which any kernel
-//! and any seccomp profile the agent runs under allows; `openat2` would do it in one call (a
-//! possible next step, measured against these tests first).
+//! Paths inside another process's root (`/proc/PID/root`), resolved by `openat2(2)` with
+//! `RESOLVE_IN_ROOT` ([`open_in_root`]): `..` stops at the root and symbolic links, absolute ones
+//! included, resolve inside it (never on the agent's own file system). What is opened is opened
+//! `O_PATH`, which never blocks, not even on a FIFO, and reads nothing: what the caller then
+//! reads, it reopens through the descriptor ([`fd_path`]) after checking its kind on that
+//! descriptor. (`openat2` is Linux 5.6+, older than the agent's own floor, and in every seccomp
+//! profile that lets the agent load its probes.)
 //!
 //! A process that `chroot`ed itself after it started (HAProxy's `chroot` directive) has the paths
 //! it was given at start above its jail: [`start_root`] finds that root, and only where the
 //! process's own `chroot` directive names the jail it is in ([`is_jail_of`]).
 
-use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd as _;
 use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
-use std::path::{Component, Path, PathBuf};
-
-/// Path components walked to open one path, those of symbolic links included.
-pub const MAX_PATH_STEPS: usize = 128;
-/// Symbolic links followed to open one path (the kernel's own `MAXSYMLINKS`).
-pub const MAX_SYMLINKS: usize = 40;
+use std::path::{Path, PathBuf};
 
 /// `/proc/PID/root` (`O_PATH`).
 pub fn process_root(proc_root: &Path, pid: u32) -> io::Result<File> {
@@ -82,68 +73,31 @@ pub fn fd_path(file: &File) -> PathBuf {
     PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()))
 }
 
-enum Step {
-    Root,
-    Up,
-    Name(OsString),
-}
-
-fn push_steps(todo: &mut Vec<Step>, path: &Path) {
-    let steps: Vec<Step> = path
-        .components()
-        .filter_map(|c| match c {
-            Component::RootDir => Some(Step::Root),
-            Component::ParentDir => Some(Step::Up),
-            Component::Normal(name) => Some(Step::Name(name.to_owned())),
-            Component::CurDir | Component::Prefix(_) => None,
-        })
-        .collect();
-    todo.extend(steps.into_iter().rev());
-}
-
-/// Opens `path` (as the process sees it) with `root` as `/`, the way `openat2(2)` with
-/// `RESOLVE_IN_ROOT` would, using only `open` on `/proc/self/fd/N/NAME`: `..` stops at the root and
-/// symbolic links, absolute ones too, resolve inside it. Each step is opened `O_PATH |
-/// O_NOFOLLOW`: that never blocks (not on a FIFO either), never reads anything, and never follows a
-/// link behind the walk's back. Returns an `O_PATH` descriptor of something that is not a link.
+/// Opens `path` (as the process sees it) with `root` as `/`: `openat2(2)` with `RESOLVE_IN_ROOT`,
+/// so `..` stops at the root and symbolic links, absolute ones too, resolve inside it, in the
+/// kernel, with its own limit of links; magic links (`/proc/PID/fd/N` and the like, which could
+/// lead out of the root) are refused. Opened `O_PATH`: that never blocks (not on a FIFO either)
+/// and reads nothing. Returns an `O_PATH` descriptor of what the path names, its last link
+/// followed.
 pub fn open_in_root(root: &File, path: &Path) -> io::Result<File> {
-    // Directories walked below the root; the last one is where the walk is.
-    let mut dirs: Vec<File> = Vec::new();
-    let mut todo = Vec::new();
-    push_steps(&mut todo, path);
-    let (mut steps, mut links) = (0, 0);
-    while let Some(step) = todo.pop() {
-        let name = match step {
-            Step::Root => {
-                dirs.clear();
-                continue;
-            }
-            Step::Up => {
-                dirs.pop();
-                continue;
-            }
-            Step::Name(name) => name,
-        };
-        steps += 1;
-        if steps > MAX_PATH_STEPS {
-            return Err(io::Error::other(format!("more than {MAX_PATH_STEPS} path components to walk")));
-        }
-        let at = fd_path(dirs.last().unwrap_or(root)).join(&name);
-        let file = OpenOptions::new().read(true).custom_flags(libc::O_PATH | libc::O_NOFOLLOW).open(&at)?;
-        let meta = file.metadata()?;
-        if meta.file_type().is_symlink() {
-            links += 1;
-            if links > MAX_SYMLINKS {
-                return Err(io::Error::from_raw_os_error(libc::ELOOP));
-            }
-            push_steps(&mut todo, &std::fs::read_link(&at)?);
-        } else if meta.is_dir() {
-            dirs.push(file);
-        } else if todo.is_empty() {
-            return Ok(file);
-        } else {
-            return Err(io::Error::from_raw_os_error(libc::ENOTDIR));
+    use rustix::fs::{Mode, OFlags, ResolveFlags, openat2};
+    // The kernel says EAGAIN when a rename elsewhere raced the walk (it cannot then vouch for
+    // `..`); another try walks again.
+    for _ in 0..RACE_RETRIES {
+        match openat2(
+            root,
+            path,
+            OFlags::PATH | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS,
+        ) {
+            Ok(fd) => return Ok(File::from(fd)),
+            Err(rustix::io::Errno::AGAIN) => {}
+            Err(errno) => return Err(errno.into()),
         }
     }
-    dirs.pop().map_or_else(|| root.try_clone(), Ok)
+    Err(io::Error::from_raw_os_error(libc::EAGAIN))
 }
+
+/// Tries of [`open_in_root`] when renames keep racing it.
+const RACE_RETRIES: usize = 8;
