@@ -238,6 +238,30 @@ fn documented_defaults_are_the_parsed_defaults() {
     assert_eq!(c.attribute_value_length_limit, None);
 }
 
+/// Every default the help table (and so `--help` and docs/configuration.md) writes as a value is
+/// the parser's own: setting the variable to it changes nothing. Tail variables are compared with
+/// tail sampling on, where they are read. A default written as a description, `(unset)` and the
+/// like, is not a value.
+#[test]
+fn every_written_default_parses_to_what_unset_gives() {
+    let tail_on = ("TRACETAP_TAIL_ENABLED", "true");
+    let mut compared = 0;
+    for &(var, default, _) in VARIABLES {
+        if default.starts_with('(') {
+            continue;
+        }
+        let base: &[(&str, &str)] = if var == "TRACETAP_TAIL_ENABLED" { &[] } else { &[tail_on] };
+        let with_default: Vec<(&str, &str)> = base.iter().copied().chain([(var, default)]).collect();
+        assert_eq!(
+            parse(&with_default),
+            parse(base),
+            "{var}={default}, the written default, must parse as the variable unset does"
+        );
+        compared += 1;
+    }
+    assert!(compared >= 30, "the written defaults were compared: {compared}");
+}
+
 #[test]
 fn span_value_length_limit_wins_over_the_general_one() {
     assert_eq!(parse(&[]).unwrap().attribute_value_length_limit, None, "no limit by default");
