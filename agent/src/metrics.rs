@@ -2,7 +2,7 @@
 //! rendered as Prometheus text. Every way a request or span can be lost has a counter here.
 //!
 //! The text is written here, not by a crate, on purpose: `prometheus-client` writes label values
-//! as given, unescaped (prometheus/client_rust#151, open), and a tail policy's name comes from the
+//! as given, unescaped (`prometheus/client_rust#151`, open), and a tail policy's name comes from the
 //! operator's file; OpenTelemetry's Prometheus exporter is discontinued (its last release says
 //! so). The format is small: `# HELP`, `# TYPE`, then `name value` or `name{labels} value`, label
 //! values escaped by [`escape_label_value`] (tested with a line feed, a quote and a backslash).
