@@ -6,7 +6,7 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 
 APT_PACKAGES := haproxy wrk curl openssl nghttp2-client pkg-config llvm-22-dev libpolly-22-dev libzstd-dev python3-venv debootstrap libseccomp-dev \
 	qemu-system-x86 cpio binutils \
-	gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-system-arm qemu-user-static
+	gcc-aarch64-linux-gnu binutils-aarch64-linux-gnu libc6-dev-arm64-cross qemu-system-arm qemu-user-static
 # Minimal Debian trees (scripts/debootstrap_root.sh) for the tests that run things as containers:
 # Debian 13's HAProxy 3.0 for the tests that run a scenario against both versions, Debian 12's 2.6
 # as a pod's container, and the agent's image root (tests/src/haproxy.rs, tests/src/container.rs).
@@ -91,7 +91,8 @@ lint: setup
 	cargo clippy --all-targets -- -D warnings
 	# The probes are not a default member and build for BPF only: linted on that target (the
 	# workspace lints, ebpf/probes/Cargo.toml), with the nightly toolchain that builds them.
-	cd ebpf/probes && cargo +nightly clippy --release --target bpfel-unknown-none -Z build-std=core -p tracetap-ebpf -- -D warnings
+	cd ebpf/probes && RUSTFLAGS='--cfg bpf_target_arch="x86_64"' cargo +nightly clippy --release --target bpfel-unknown-none \
+		-Z build-std=core -p tracetap-ebpf -- -D warnings
 	# ... and as built for arm64 nodes (`bpf_target_arch`, which aya-build sets from the agent's target).
 	cd ebpf/probes && RUSTFLAGS='--cfg bpf_target_arch="aarch64"' cargo +nightly clippy --release --target bpfel-unknown-none \
 		-Z build-std=core -p tracetap-ebpf -- -D warnings

@@ -5,7 +5,8 @@
 //! A run: `HAProxy` with a TLS frontend and a cleartext one, the agent started by the caller's
 //! function (the `DaemonSet`'s four capabilities, or root) with `TRACETAP_TLS_ROUTE=auto`, then
 //! `h2load`'s identical requests over HTTP/1.1 and HTTP/2 to each frontend. It asserts nothing: it
-//! returns what it saw as facts, `(KEY, VALUE)`, `LABEL` being the caller's:
+//! hands what it sees, as it sees it, to the caller as facts, `(KEY, VALUE)`, `LABEL` being the
+//! caller's:
 //!
 //! ```text
 //! route LABEL: tls: ...                  (the agent's /readyz line for TLS)
@@ -18,7 +19,7 @@
 //! TLS requests are only sent when the agent names a route: with none, they would be answered and
 //! left untraced, which the route line has said already.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 
 use crate::agent::Agent;
@@ -30,17 +31,12 @@ use crate::{Stack, free_port, linking, tls};
 pub const LOADS: [(&str, &[&str], usize); 2] =
     [("h1", &["--h1", "-c", "4"], 100), ("h2", &["-c", "4", "-m", "10"], 200)];
 
-/// What a run saw, in the order it saw it.
-pub type Facts = Vec<(String, String)>;
-
-/// Makes one run (see the module notes) and returns its facts.
+/// Makes one run (see the module notes), handing each fact to `say` as soon as it is known (a
+/// run that panics half-way has said what it saw before).
 ///
 /// # Panics
 /// When `HAProxy`, the agent or `h2load` cannot be run, or a request is not answered.
-#[must_use]
-pub fn run(label: &str, version: Version, start: fn(&[(&str, String)]) -> Agent) -> Facts {
-    let mut facts = Facts::new();
-    let mut say = |key: String, value: String| facts.push((key, value));
+pub fn run(label: &str, version: Version, start: fn(&[(&str, String)]) -> Agent, say: &mut dyn FnMut(String, String)) {
     let clear_port = free_port();
     let config = move |port, backend: SocketAddr| {
         tls::frontend(version)(port, backend)
@@ -81,13 +77,30 @@ pub fn run(label: &str, version: Version, start: fn(&[(&str, String)]) -> Agent)
         let messages = log.lines().filter(|l| l.contains("TLS connections cannot be traced on this node")).count();
         say(format!("metric {label} refusal_messages"), messages.to_string());
     }
-    facts
 }
 
-/// What the spans of the requests to `path` are made of, whatever their values: the names and
-/// attribute keys of their SERVER spans, and those of the CLIENT spans under them, each a sorted
-/// union over the requests (`h2load`'s requests cycle through statuses, so error attributes are
-/// in it too). Two agents that trace alike give the same shape.
+/// Attributes whose values do not depend on the run: their values are part of a span's shape.
+/// Ports, times and ids do; so do status codes (the backend's `cycle` goes through its statuses
+/// from wherever it stands, and a SERVER span's status is checked against its CLIENT's by
+/// `linking::accuracy` instead) and HAProxy's termination state (timers decide it on a slow
+/// emulated machine).
+const STABLE_VALUES: [&str; 10] = [
+    "client.address",
+    "haproxy.backend",
+    "haproxy.frontend",
+    "haproxy.server",
+    "http.request.method",
+    "network.protocol.version",
+    "server.address",
+    "tls.protocol.name",
+    "tls.protocol.version",
+    "url.scheme",
+];
+
+/// What the spans of the requests to `path` are made of: the names, attribute keys and the
+/// values of [`STABLE_VALUES`] of their SERVER spans, and the same of the CLIENT spans under them,
+/// names and values with how many spans carry them. Two agents that trace the same requests alike
+/// give the same shape.
 #[must_use]
 pub fn span_shape(spans: &[Received], path: &str) -> String {
     let servers: Vec<&Received> =
@@ -96,13 +109,25 @@ pub fn span_shape(spans: &[Received], path: &str) -> String {
     let clients: Vec<&Received> =
         spans.iter().filter(|s| s.is_client() && ids.contains(&s.span.parent_span_id[..])).collect();
     let shape = |of: &[&Received]| {
-        let names: BTreeSet<&str> = of.iter().map(|s| s.span.name.as_str()).collect();
-        let keys: BTreeSet<&str> = of.iter().flat_map(|s| s.span.attributes.iter().map(|a| a.key.as_str())).collect();
-        format!(
-            "names={} keys={}",
-            names.into_iter().collect::<Vec<_>>().join("|"),
-            keys.into_iter().collect::<Vec<_>>().join(",")
-        )
+        // Names and stable values with how many spans carry them; other keys, whether any does
+        // (how many spans have `error.type` depends on where the statuses' cycle stood).
+        let mut counted: BTreeMap<String, usize> = BTreeMap::new();
+        let mut keys: BTreeSet<&str> = BTreeSet::new();
+        for span in of {
+            *counted.entry(format!("name={}", span.span.name)).or_default() += 1;
+            for attribute in &span.span.attributes {
+                let key = attribute.key.as_str();
+                if STABLE_VALUES.contains(&key) {
+                    let value = attribute.value.as_ref().and_then(|v| v.value.as_ref());
+                    let value = value.map_or_else(String::new, |v| format!("{v:?}"));
+                    *counted.entry(format!("{key}={value}")).or_default() += 1;
+                } else {
+                    keys.insert(key);
+                }
+            }
+        }
+        let counted = counted.iter().map(|(what, n)| format!("{what} x{n}"));
+        counted.chain(keys.iter().map(|k| (*k).to_owned())).collect::<Vec<_>>().join(", ")
     };
     format!("server[{}] client[{}]", shape(&servers), shape(&clients))
 }

@@ -61,8 +61,10 @@ fn debian_12_kernel_6_1_arm64() {
     guest.assert_traced(root, &["clear-h1", "clear-h2", "tls-h1", "tls-h2"]);
     guest.assert_no_tls_loss(root);
     // The same spans as on x86_64: the same run on this machine, its shapes compared.
-    let reference: BTreeMap<String, String> =
-        kernel_matrix::run("x86_64", Version::Debian12, Agent::start).into_iter().collect();
+    let mut reference = BTreeMap::new();
+    kernel_matrix::run("x86_64", Version::Debian12, Agent::start, &mut |key, value| {
+        reference.insert(key, value);
+    });
     for run in [label(2, Version::Debian12).as_str(), root] {
         assert!(
             guest.fact(&format!("placement {run}")).contains("entry and return"),
@@ -71,6 +73,7 @@ fn debian_12_kernel_6_1_arm64() {
         for what in ["clear-h1", "clear-h2", "tls-h1", "tls-h2"] {
             let on_x86_64 = reference.get(&format!("shape x86_64 {what}")).expect("the reference run's shape");
             assert_eq!(guest.fact(&format!("shape {run} {what}")), on_x86_64, "[{run}] {what}: names and attributes");
+            assert!(on_x86_64.contains("network.protocol.version=StringValue"), "values are compared: {on_x86_64}");
         }
     }
 }
@@ -249,8 +252,18 @@ impl Node {
     fn aarch64(kernel_dir: &'static str) -> Self {
         let built = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/aarch64-unknown-linux-gnu/release");
         let binary = |var: &str, name: &str| {
-            let path = std::env::var_os(var).map_or_else(|| built.join(name), PathBuf::from);
-            assert!(path.exists(), "{} is missing: run `make cross-arm64` (or set {var})", path.display());
+            if let Some(path) = std::env::var_os(var) {
+                return PathBuf::from(path);
+            }
+            let path = built.join(name);
+            let built_at = std::fs::metadata(&path).and_then(|m| m.modified());
+            let built_at = built_at
+                .unwrap_or_else(|_| panic!("{} is missing: run `make cross-arm64` (or set {var})", path.display()));
+            if let Some((source, changed)) = newest_dependency(&path)
+                && changed > built_at
+            {
+                panic!("{} is older than {source}: run `make cross-arm64` (make test does)", path.display());
+            }
             path
         };
         Self {
@@ -296,6 +309,28 @@ fn initramfs(dir: &Path, node: &Node) -> PathBuf {
         vm::initramfs(&out, &[Layer::Root(&root), Layer::Under(&payload)]);
     }
     out
+}
+
+/// The most recently changed of the files cargo built `binary` from (its `.d` file, which cargo
+/// writes beside it; a directory there, such as the probes' sources, stands for every file in
+/// it, as cargo's own check takes it), and when; `None` without that file.
+fn newest_dependency(binary: &Path) -> Option<(String, std::time::SystemTime)> {
+    fn newest_in(path: &Path) -> Option<(std::time::SystemTime, PathBuf)> {
+        let meta = std::fs::metadata(path).ok()?;
+        if !meta.is_dir() {
+            return Some((meta.modified().ok()?, path.to_path_buf()));
+        }
+        std::fs::read_dir(path).ok()?.flatten().filter_map(|entry| newest_in(&entry.path())).max()
+    }
+    let deps = std::fs::read_to_string(binary.with_extension("d")).ok()?;
+    let (_, files) = deps.split_once(": ")?;
+    // Paths are separated by spaces; a space inside one is escaped with a backslash.
+    let files = files.replace("\\ ", "\u{0}");
+    files
+        .split_whitespace()
+        .filter_map(|f| newest_in(Path::new(&f.replace('\u{0}', " "))))
+        .max()
+        .map(|(changed, file)| (file.display().to_string(), changed))
 }
 
 fn set_executable(path: &Path) {

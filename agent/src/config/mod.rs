@@ -274,7 +274,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     (
         "TRACETAP_TLS_PROBES",
         "auto",
-        "where the TLS library probes go: `auto` (on the internal call of `SSL_read`/`SSL_write` where the agent recognises the code, which costs a breakpoint and no single-step, else at function entry and return), `entry` (always entry and return) or `off` (TLS connections are not traced)",
+        "where the TLS library probes go: `auto` (on the internal call of `SSL_read`/`SSL_write` where the agent recognises the code (Debian's x86_64 OpenSSL 3 builds), which costs a breakpoint and no single-step, else at function entry and return, as on arm64), `entry` (always entry and return) or `off` (TLS connections are not traced)",
     ),
     (
         "TRACETAP_TLS_ROUTE",

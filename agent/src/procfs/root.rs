@@ -93,6 +93,15 @@ pub fn open_in_root(root: &File, path: &Path) -> io::Result<File> {
         ) {
             Ok(fd) => return Ok(File::from(fd)),
             Err(rustix::io::Errno::AGAIN) => {}
+            // Only a seccomp profile refuses `openat2` this way on the kernels the agent runs on.
+            Err(errno @ (rustix::io::Errno::PERM | rustix::io::Errno::NOSYS)) => {
+                return Err(io::Error::new(
+                    io::Error::from(errno).kind(),
+                    format!(
+                        "openat2 refused ({errno}): the agent's seccomp profile must allow openat2, as containerd's and Docker's defaults do"
+                    ),
+                ));
+            }
             Err(errno) => return Err(errno.into()),
         }
     }

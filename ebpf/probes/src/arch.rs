@@ -6,6 +6,12 @@
 //! probes' own target is `bpfel-unknown-none` on both): `x86_64`, or `aarch64`. Everything else
 //! refers to syscalls and arguments by their meaning ([`nr`], [`Arg`]).
 //!
+//! On `aarch64` a new task does not pass through `sys_exit` on its way out of `clone` (its first
+//! return to user space, `ret_from_fork`, skips the syscall exit work), so only the parent's side
+//! of a fork is seen there (`process::process_forked`): a child traced by pid alone
+//! (`TRACETAP_TARGET_PIDS`, a pod selector) is traced from the moment its parent's `clone`
+//! returns, not from its own first instruction; under the command-name filter nothing changes.
+//!
 //! Invariant: at `sys_exit` the arguments are still where the call found them, on both
 //! architectures. On `x86_64` the return value goes to `ax`, not an argument register. On
 //! `aarch64` it goes to `x0`, the first argument, so the first argument is read from `orig_x0`,
@@ -20,7 +26,13 @@ pub(crate) enum Arg {
     Fourth,
 }
 
-#[cfg(not(bpf_target_arch = "aarch64"))]
+#[cfg(not(any(bpf_target_arch = "x86_64", bpf_target_arch = "aarch64")))]
+compile_error!(
+    "the probes know the syscall ABI of x86_64 and aarch64 only: build them through the agent (aya-build sets \
+     bpf_target_arch from its target), or pass --cfg bpf_target_arch=\"x86_64\" or \"aarch64\""
+);
+
+#[cfg(bpf_target_arch = "x86_64")]
 mod abi {
     use aya_ebpf::bindings::pt_regs;
 

@@ -30,12 +30,13 @@ fn main() {
         std::fs::write("/proc/sys/kernel/perf_event_paranoid", paranoid).expect("set kernel.perf_event_paranoid");
         for version in versions() {
             let label = format!("paranoid={paranoid} haproxy={}", version.number());
-            report(kernel_matrix::run(&label, version, Agent::start_with_daemonset_capabilities));
+            kernel_matrix::run(&label, version, Agent::start_with_daemonset_capabilities, &mut |k, v| say(&k, &v));
         }
     }
     if std::env::var("TRACETAP_GUEST_AS_ROOT").as_deref() == Ok("1") {
         for version in versions() {
-            report(kernel_matrix::run(&format!("root haproxy={}", version.number()), version, Agent::start));
+            let label = format!("root haproxy={}", version.number());
+            kernel_matrix::run(&label, version, Agent::start, &mut |k, v| say(&k, &v));
         }
     }
     say("done", "");
@@ -49,12 +50,6 @@ fn versions() -> Vec<Version> {
             haproxy::versions().into_iter().filter(|v| names.split(',').any(|n| n == v.number())).collect()
         }
         _ => haproxy::versions().to_vec(),
-    }
-}
-
-fn report(facts: kernel_matrix::Facts) {
-    for (key, value) in facts {
-        say(&key, &value);
     }
 }
 
