@@ -12,6 +12,7 @@ pub mod decode;
 pub mod discovery;
 pub mod loader;
 pub mod opaque;
+mod per_process;
 pub mod pods;
 pub mod tls;
 pub mod tls_hooks;
@@ -40,6 +41,7 @@ use crate::spans::{Decision, SpanBuilder};
 use crate::tail::TailQueue;
 use awaiting::Staging;
 use loader::Probes;
+use per_process::PerProcess;
 use pods::Pods;
 use tracetap_proxy::Op;
 
@@ -97,14 +99,7 @@ impl Output {
     clippy::too_many_lines,
     reason = "the capture loop owns every per-event structure, so that no event takes a lock; split, its steps would pass a dozen of them around"
 )]
-pub fn run(
-    mut probes: Probes,
-    config: &Config,
-    metrics: &Metrics,
-    queue: Output,
-    mut pods: Pods,
-    stop: &Arc<AtomicBool>,
-) {
+pub fn run(mut probes: Probes, config: &Config, metrics: &Metrics, queue: Output, pods: Pods, stop: &Arc<AtomicBool>) {
     let mut tracker = Tracker::new(Limits {
         exchange_timeout_ns: config.exchange_idle_timeout.as_nanos() as u64,
         ..Limits::default()
@@ -113,10 +108,14 @@ pub fn run(
         .with_value_length_limit(config.attribute_value_length_limit)
         .with_rejected_limit(config.rejected_spans_per_second);
     let mut targets: BTreeSet<u32> = BTreeSet::new();
-    let mut batcher = Batcher::new(config.max_export_batch_size, queue.batch_delay(config), config.resource());
     let mut staging = Staging::default();
-    let mut listeners = ListenAddrs::new(Path::new("/proc"));
-    let mut names = Names::new(Path::new("/proc"), config.runtime_api);
+    let mut per_process = PerProcess {
+        opaque: opaque::OpaqueMarks::default(),
+        listeners: ListenAddrs::new(Path::new("/proc")),
+        names: Names::new(Path::new("/proc"), config.runtime_api),
+        batcher: Batcher::new(config.max_export_batch_size, queue.batch_delay(config), config.resource()),
+        pods,
+    };
     let mut last_housekeeping: Option<Instant> = None;
     // Walking /proc happens on the discovery thread; until its first result, nothing is selected.
     // A command filter also acts in the kernel, which traces a new HAProxy from its first
@@ -139,7 +138,6 @@ pub fn run(
     // The probes' count of records the ring had no room for, as the last record carried it.
     let mut loss_epoch: Option<u32> = None;
     let mut poll = POLL;
-    let mut opaque = opaque::OpaqueMarks::default();
     let mut payload_bytes = 0u64;
     let mut lifecycles = Lifecycles::default();
     while !stop.load(Relaxed) {
@@ -148,23 +146,22 @@ pub fn run(
                 candidates = latest;
             }
             lifecycles.expire(&candidates);
-            pods.keep_only(&candidates);
-            let selected: BTreeSet<u32> =
-                candidates.iter().copied().filter(|pid| pods.selected(*pid) && !lifecycles.exited(*pid)).collect();
+            per_process.pods.keep_only(&candidates);
+            let selected: BTreeSet<u32> = candidates
+                .iter()
+                .copied()
+                .filter(|pid| per_process.pods.selected(*pid) && !lifecycles.exited(*pid))
+                .collect();
             metrics::set(&metrics.k8s_targets_not_selected, (candidates.len() - selected.len()) as u64);
             let ended = lifecycles.take_ended();
             for pid in refresh_targets(&mut probes, selected, &mut targets, &mut tracker, metrics, ended) {
-                opaque.forget_process(&mut probes.opaque, pid);
-                listeners.forget_process(pid);
-                names.forget_process(pid);
-                batcher.forget_process(pid);
-                pods.forget(pid);
+                per_process.forget(&mut probes.opaque, pid);
             }
-            pods.refresh(&targets, &mut batcher);
-            names.refresh(&targets, metrics, loader::monotonic_ns());
+            per_process.pods.refresh(&targets, &mut per_process.batcher);
+            per_process.names.refresh(&targets, metrics, loader::monotonic_ns());
             // Ready once a target's configuration names are in (or known unreadable), so that the
             // connections made after /readyz are named and their mode known.
-            metrics.ready.store(probes.attached > 0 && names.any_settled(&targets), Relaxed);
+            metrics.ready.store(probes.attached > 0 && per_process.names.any_settled(&targets), Relaxed);
             tracker.expire(loader::monotonic_ns());
             lifecycles.unhook_strays(&mut probes, &targets);
             publish(&probes, &tracker, metrics);
@@ -197,28 +194,36 @@ pub fn run(
             match decode::event(&header, &record) {
                 Ok(mut ev) => {
                     if let Op::Accept { local, .. } = &mut ev.op {
-                        *local = listeners.local_addr(ev.tgid, header.ret as i32);
+                        *local = per_process.listeners.local_addr(ev.tgid, header.ret as i32);
                     }
                     // A close ends a connection's mark; so does a new connection on the same fd (the
                     // close record of the old one may have been lost, or the fd closed by exec).
                     // A TLS binding drops the connection's mark in the probes (see the tracker's `tls`).
                     if matches!(ev.op, Op::Close | Op::Accept { .. } | Op::Connect { .. } | Op::Tls { .. })
-                        && !opaque.is_empty()
+                        && !per_process.opaque.is_empty()
                     {
-                        opaque.closed(&mut probes.opaque, ev.tgid, ev.fd);
+                        per_process.opaque.closed(&mut probes.opaque, ev.tgid, ev.fd);
                     }
                     tracker.handle(&ev);
-                    if is_tcp_mode(&ev, &mut names) {
+                    if is_tcp_mode(&ev, &mut per_process.names) {
                         tracker.handle(&tracetap_proxy::SyscallEvent { op: Op::Ignore, ..ev });
                     }
                     for mark in tracker.take_opaque_marks() {
-                        opaque.mark(&mut probes.opaque, mark);
+                        per_process.opaque.mark(&mut probes.opaque, mark);
                     }
                 }
                 Err(_) => metrics::add(&metrics.events_malformed, 1),
             }
             if events.is_multiple_of(64) {
-                hand_out(&mut tracker, &mut staging, &mut builder, &mut names, &mut batcher, &queue, metrics);
+                hand_out(
+                    &mut tracker,
+                    &mut staging,
+                    &mut builder,
+                    &mut per_process.names,
+                    &mut per_process.batcher,
+                    &queue,
+                    metrics,
+                );
             }
         }
         probes.tls.end_bridges_when_due();
@@ -228,15 +233,23 @@ pub fn run(
         poll = if events == 0 { (poll * 2).min(IDLE_POLL) } else { POLL };
         metrics::add(&metrics.events_captured, events);
         metrics::add(&metrics.payload_bytes_captured, std::mem::take(&mut payload_bytes));
-        publish_marks(&opaque, metrics);
-        hand_out(&mut tracker, &mut staging, &mut builder, &mut names, &mut batcher, &queue, metrics);
+        publish_marks(&per_process.opaque, metrics);
+        hand_out(
+            &mut tracker,
+            &mut staging,
+            &mut builder,
+            &mut per_process.names,
+            &mut per_process.batcher,
+            &queue,
+            metrics,
+        );
         publish_tracker(&tracker, metrics);
     }
     // What waits for its names goes with the best table so far.
-    staging.release_all(&mut names, &mut |ex, decision, n| {
-        add_and_flush(ex, decision, n, &mut batcher, &mut builder, &mut tracker, &queue);
+    staging.release_all(&mut per_process.names, &mut |ex, decision, n| {
+        add_and_flush(ex, decision, n, &mut per_process.batcher, &mut builder, &mut tracker, &queue);
     });
-    flush(&mut batcher, &mut builder, &mut tracker, &queue);
+    flush(&mut per_process.batcher, &mut builder, &mut tracker, &queue);
     publish(&probes, &tracker, metrics);
     if tracker.open_exchanges() > 0 {
         tracing::info!(open = tracker.open_exchanges(), "exchanges still open at shutdown are not exported");
