@@ -215,15 +215,7 @@ pub fn run(mut probes: Probes, config: &Config, metrics: &Metrics, queue: Output
                 Err(_) => metrics::add(&metrics.events_malformed, 1),
             }
             if events.is_multiple_of(64) {
-                hand_out(
-                    &mut tracker,
-                    &mut staging,
-                    &mut builder,
-                    &mut per_process.names,
-                    &mut per_process.batcher,
-                    &queue,
-                    metrics,
-                );
+                hand_out(&mut tracker, &mut staging, &mut builder, &mut per_process, &queue, metrics);
             }
         }
         probes.tls.end_bridges_when_due();
@@ -234,15 +226,7 @@ pub fn run(mut probes: Probes, config: &Config, metrics: &Metrics, queue: Output
         metrics::add(&metrics.events_captured, events);
         metrics::add(&metrics.payload_bytes_captured, std::mem::take(&mut payload_bytes));
         publish_marks(&per_process.opaque, metrics);
-        hand_out(
-            &mut tracker,
-            &mut staging,
-            &mut builder,
-            &mut per_process.names,
-            &mut per_process.batcher,
-            &queue,
-            metrics,
-        );
+        hand_out(&mut tracker, &mut staging, &mut builder, &mut per_process, &queue, metrics);
         publish_tracker(&tracker, metrics);
     }
     // What waits for its names goes with the best table so far.
@@ -354,11 +338,11 @@ fn hand_out(
     tracker: &mut Tracker,
     staging: &mut Staging,
     builder: &mut SpanBuilder,
-    names: &mut Names,
-    batcher: &mut Batcher,
+    per_process: &mut PerProcess,
     queue: &Output,
     metrics: &Metrics,
 ) {
+    let PerProcess { names, batcher, .. } = per_process;
     names.tick(loader::monotonic_ns());
     let add = |ex, decision, n, batcher: &mut Batcher, builder: &mut SpanBuilder, tracker: &mut Tracker| {
         let spans = add_and_flush(ex, decision, n, batcher, builder, tracker, queue);

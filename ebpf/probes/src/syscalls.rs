@@ -69,19 +69,20 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> i32 {
         emit_broken(kind, tgid, fd, ret);
         return 0;
     }
-    let (si, dx) = (arg(regs, Arg::Second), arg(regs, Arg::Third));
+    // The address or buffer, and the length or (splice) the fd written to.
+    let (second, third) = (arg(regs, Arg::Second), arg(regs, Arg::Third));
     match kind {
         EventKind::Accept => {
             // `fd` is the new connection; `ret` carries the listening fd for the bind address.
             let Some(staging) = stage(EventKind::Accept, ret as i32, i64::from(fd)) else { return 0 };
             staging.header.seq = open_conn(tgid, ret as i32, staging.header.ts_ns);
-            read_addr(staging, si);
+            read_addr(staging, second);
             emit(staging, 0);
         }
         EventKind::Connect => {
             let Some(staging) = stage(EventKind::Connect, fd, 0) else { return 0 };
             staging.header.seq = open_conn(tgid, fd, staging.header.ts_ns);
-            read_addr(staging, si);
+            read_addr(staging, second);
             emit(staging, 0);
         }
         EventKind::Close
@@ -94,7 +95,7 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> i32 {
             // `option splice-*`); the process read them from one fd and wrote them to the other
             // without seeing them.
             if ret > 0 {
-                for (kind, fd) in [(EventKind::Read, fd), (EventKind::Write, dx as i32)] {
+                for (kind, fd) in [(EventKind::Read, fd), (EventKind::Write, third as i32)] {
                     if let Some(staging) = stage(kind, fd, ret) {
                         staging.header.seq = next_seq(tgid, fd);
                         emit(staging, 0);
@@ -106,11 +107,11 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> i32 {
             if ret == 0 && kind == EventKind::Write {
                 return 0;
             }
-            let plain_buf = if shape == BufShape::Plain { Some(si) } else { None };
+            let plain_buf = if shape == BufShape::Plain { Some(second) } else { None };
             match plan_data(pid_tgid, tgid, fd, plain_buf, ret) {
                 DataPlan::Skip => {}
                 DataPlan::HeaderOnly { seq } => emit_header_only(kind, fd, ret, seq),
-                DataPlan::Copy { seq, window } => emit_data(kind, fd, ret, seq, shape, si, dx, window),
+                DataPlan::Copy { seq, window } => emit_data(kind, fd, ret, seq, shape, second, third, window),
             }
         }
     }
