@@ -12,7 +12,6 @@ pub mod haproxy_config;
 pub mod haproxy_runtime;
 pub mod haproxy_words;
 pub mod head;
-pub mod hosts;
 pub mod proxy_protocol;
 pub mod rejected;
 pub mod termination;

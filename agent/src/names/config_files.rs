@@ -162,7 +162,7 @@ fn read_hosts(root: &File) -> HashMap<String, std::net::IpAddr> {
         file.take(MAX_HOSTS_BYTES).read_to_end(&mut text)
     });
     match read {
-        Ok(_) => tracetap_proxy::hosts::parse_hosts(&String::from_utf8_lossy(&text)),
+        Ok(_) => super::hosts::parse_hosts(&String::from_utf8_lossy(&text)),
         Err(_) => HashMap::new(),
     }
 }

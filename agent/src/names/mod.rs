@@ -36,6 +36,7 @@ use tracetap_proxy::haproxy_runtime::ServersState;
 use crate::metrics::{self, Metrics};
 
 mod config_files;
+mod hosts;
 mod runtime_api;
 mod runtime_tables;
 

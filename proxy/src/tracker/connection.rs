@@ -1,7 +1,7 @@
 //! One connection as the tracker follows it: its role, its two directions' framers and when
 //! their messages started, the requests waiting for their answers, its sequence numbers, TLS,
 //! PROXY protocol and HTTP/2 state. What the tracker does with it is in the parent module and in
-//! `http1`, `http2` and `linking`.
+//! `http1` and `http2`; the exchanges themselves are the `linker`'s.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;

@@ -9,7 +9,6 @@ use crate::framing::{BodyFraming, Cursor, FramingError, Step};
 use crate::head::{self, ResponseHead};
 use crate::rejected::{Rejected, is_rejection_status};
 
-use super::linking::Relay;
 use super::{
     Chunk, Connection, Ctx, Direction, Kind, MAX_UNANSWERED_RECORDS, OpaqueCause, Role, Tracker, classify, mark_opaque,
 };
@@ -77,7 +76,7 @@ impl Tracker {
                 Step::Head => {
                     found_message = true;
                     let started = start.take().unwrap_or(ctx.ts);
-                    let mut request = self.head_pool.pop().unwrap_or_default();
+                    let mut request = self.linker.spare_head();
                     if head::parse_request_into(framer.head_bytes(), &mut request).is_ok() {
                         request.truncated = framer.head_truncated();
                         self.stats.truncated_heads += u64::from(request.truncated);
@@ -91,7 +90,7 @@ impl Tracker {
                         let rejected = (role == Role::Frontend).then(|| Rejected::failed(framer.head_bytes(), started));
                         // Give up on this direction until the next request line.
                         framer.abandon();
-                        self.head_pool.push(request);
+                        self.linker.return_head(request);
                         if let Some(rejected) = rejected {
                             self.conns.get_mut(&ctx.key).expect("present").rejected = Some(rejected);
                         }
@@ -119,7 +118,7 @@ impl Tracker {
                 *start = Some(ctx.ts);
                 // The server answered something, parsable or not.
                 if role == Role::Backend
-                    && let Some(back) = oldest_back.and_then(|id| self.backs.get_mut(&id))
+                    && let Some(back) = oldest_back.and_then(|id| self.linker.back_mut(id))
                 {
                     back.exchange.response_start_ns.get_or_insert(ctx.ts);
                 }
@@ -192,81 +191,40 @@ impl Tracker {
                     (is_rejection_status(response.status) && !pending.is_empty())
                         .then(|| Rejected::pending(pending, started))
                 });
-                let id = self.insert_front(ctx, None, started);
-                if let (Some(rejected), Some(front)) = (rejected, self.fronts.get_mut(&id)) {
+                let id = self.linker.insert_front(ctx, None, started, self.front_conn(ctx.key));
+                if let (Some(rejected), Some(front)) = (rejected, self.linker.front_mut(id)) {
                     front.exchange.rejected = Some(rejected);
                 }
                 self.conns.get_mut(&ctx.key).expect("present").fronts.push_back(id);
                 id
             };
-            self.front_response_head(id, ctx, response)
+            self.linker.front_response_head(id, ctx, response)
         } else {
             let Some(back_id) = conn.backs.front().copied() else {
                 self.stats.unpaired_responses += 1;
                 return response.framing("GET");
             };
-            self.back_response_head(back_id, ctx, response, started)
+            self.linker.back_response_head(back_id, ctx, response, started)
         }
-    }
-
-    /// Records the response head of frontend exchange `id`, written to the client on `ctx`: the
-    /// relay of a backend response (see [`Tracker::claim_relay`]). Returns how its body is framed.
-    pub(super) fn front_response_head(&mut self, id: u64, ctx: Ctx, response: ResponseHead) -> BodyFraming {
-        let Some(front) = self.fronts.get_mut(&id) else { return BodyFraming::Empty };
-        front.last_activity_ns = ctx.ts;
-        if response.is_interim() {
-            return BodyFraming::Empty;
-        }
-        front.responding = true;
-        front.exchange.response = Some(response);
-        let method = front.exchange.request.as_ref().map_or("GET", |r| r.method.as_str());
-        let framing = response.framing(method);
-        self.drop_candidate(id);
-        self.claim_relay(id, ctx, response);
-        framing
-    }
-
-    /// Records the response head of backend exchange `back_id`, read from the server on `ctx`
-    /// (its first byte read at `started`): from now on a frontend response on the same thread may
-    /// claim it. Returns how its body is framed.
-    pub(super) fn back_response_head(
-        &mut self,
-        back_id: u64,
-        ctx: Ctx,
-        response: ResponseHead,
-        started: u64,
-    ) -> BodyFraming {
-        let Some(back) = self.backs.get_mut(&back_id) else { return response.framing("GET") };
-        if response.is_interim() {
-            return BodyFraming::Empty;
-        }
-        back.exchange.response = Some(response);
-        back.exchange.response_start_ns = Some(started);
-        back.exchange.response_head_ns = Some(ctx.ts);
-        if back.evidence.claimable() && back.relay == Relay::Awaiting {
-            back.relay = Relay::Pending { tid: ctx.tid, read_ns: ctx.ts };
-            self.relays.push_back(back_id);
-        }
-        response.framing(&back.exchange.request.method)
     }
 
     fn response_done(&mut self, ctx: Ctx, role: Role, outcome: Outcome) {
         let conn = self.conns.get_mut(&ctx.key).expect("present");
         if role == Role::Frontend {
             let Some(id) = conn.fronts.front().copied() else { return };
-            if self.fronts.get(&id).is_some_and(|f| !f.responding) {
+            if self.linker.front(id).is_some_and(|f| !f.responding) {
                 return; // an interim response ended, the final one is still to come
             }
             conn.fronts.pop_front();
-            self.finish_front(id, ctx.ts, outcome);
+            self.linker.finish_front(id, ctx.ts, outcome);
         } else {
             let Some(id) = conn.backs.front().copied() else { return };
-            if self.backs.get(&id).is_some_and(|b| b.exchange.response.is_none()) {
+            if self.linker.back(id).is_some_and(|b| b.exchange.response.is_none()) {
                 return;
             }
             conn.backs.pop_front();
             conn.free_since_ns = Some(ctx.ts);
-            self.end_backend(id, ctx.ts, outcome);
+            self.linker.end_backend(id, ctx.ts, outcome);
         }
     }
 }

@@ -108,7 +108,7 @@ impl Tracker {
         let mut events = std::mem::take(&mut self.h2_events);
         let Some(h2) = self.conns.get_mut(&ctx.key).and_then(|c| c.h2.as_mut()) else { return false };
         let decoder = if requests { &mut h2.requests } else { &mut h2.responses };
-        let result = decoder.feed(chunk, &mut events, &mut self.head_pool);
+        let result = decoder.feed(chunk, &mut events, self.linker.head_pool());
         let found = !events.is_empty();
         for event in events.drain(..) {
             self.h2_event(ctx, role, requests, event);
@@ -130,7 +130,7 @@ impl Tracker {
                 if open {
                     // A second request head on an open stream: malformed.
                     self.stats.parse_errors += 1;
-                    self.head_pool.push(head);
+                    self.linker.return_head(head);
                     return;
                 }
                 let id = match role {
@@ -149,8 +149,8 @@ impl Tracker {
                     return;
                 };
                 let framing = match role {
-                    Role::Frontend => self.front_response_head(id, ctx, head),
-                    _ => self.back_response_head(id, ctx, head, ctx.ts),
+                    Role::Frontend => self.linker.front_response_head(id, ctx, head),
+                    _ => self.linker.back_response_head(id, ctx, head, ctx.ts),
                 };
                 if framing == BodyFraming::Tunnel {
                     // CONNECT: the stream now carries a tunnel; the exchange ends at its head as on
@@ -189,7 +189,7 @@ impl Tracker {
             }
             // The end of the client's side of a stream: the request is complete, nothing waits on
             // it. (Heads of the other kind cannot come: each decoder reports only its sender's.)
-            Event::Request { head, .. } => self.head_pool.push(head),
+            Event::Request { head, .. } => self.linker.return_head(head),
             Event::Response { .. } | Event::Trailers { .. } | Event::StreamEnd { .. } => {}
         }
     }
@@ -205,9 +205,9 @@ impl Tracker {
             ids.remove(pos);
         }
         if role == Role::Frontend {
-            self.finish_front(id, ctx.ts, outcome);
+            self.linker.finish_front(id, ctx.ts, outcome);
         } else {
-            self.end_backend(id, ctx.ts, outcome);
+            self.linker.end_backend(id, ctx.ts, outcome);
         }
     }
 

@@ -130,3 +130,11 @@ impl Default for Limits {
         Self { exchange_timeout_ns: 300 * 1_000_000_000, linger_ns: 5 * 1_000_000_000 }
     }
 }
+
+/// Where and when a record happened: its connection, thread and time.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Ctx {
+    pub(super) key: (u32, i32),
+    pub(super) tid: u32,
+    pub(super) ts: u64,
+}

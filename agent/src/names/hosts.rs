@@ -8,11 +8,11 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 
 /// Most names kept (the file is read within a byte cap too).
-pub const MAX_HOST_NAMES: usize = 65_536;
+pub(crate) const MAX_HOST_NAMES: usize = 65_536;
 
 /// Hostname (lower case) to address.
 #[must_use]
-pub fn parse_hosts(text: &str) -> HashMap<String, IpAddr> {
+pub(crate) fn parse_hosts(text: &str) -> HashMap<String, IpAddr> {
     let mut out = HashMap::new();
     for line in text.lines() {
         let line = line.split('#').next().unwrap_or("");

@@ -380,144 +380,6 @@ impl Framer {
         self.truncated
     }
 
-    fn step_body(&mut self, body: BodyState, cursor: &mut Cursor<'_>) -> Step {
-        match body {
-            BodyState::Length(left) => {
-                let n = left.min(cursor.remaining());
-                cursor.skip(n);
-                if n == left {
-                    self.state = State::Head;
-                    Step::MessageEnd
-                } else {
-                    self.state = State::Body(BodyState::Length(left - n));
-                    Step::NeedMore
-                }
-            }
-            BodyState::UntilClose => {
-                cursor.skip_all();
-                Step::NeedMore
-            }
-            BodyState::ChunkedLost => self.step_chunked_lost(cursor),
-            BodyState::Chunked(part) => self.step_chunked(part, cursor),
-        }
-    }
-
-    /// Looks for the end of a chunked body whose framing was lost (see the module notes).
-    fn step_chunked_lost(&mut self, cursor: &mut Cursor<'_>) -> Step {
-        let chunk = cursor.chunk;
-        let known = cursor.known();
-        let fully_known = chunk.total == chunk.known.len() as u64;
-        let done = |framer: &mut Self| {
-            framer.state = State::Head;
-            framer.recent_len = 0;
-            Step::MessageEnd
-        };
-        // Split between the end of the previous call and the start of this one.
-        let n = usize::from(self.recent_len);
-        let mut joined = [0u8; 2 * LOST_MARKER.len()];
-        joined[..n].copy_from_slice(&self.recent[..n]);
-        let m = known.len().min(LOST_MARKER.len());
-        joined[n..n + m].copy_from_slice(&known[..m]);
-        if let Some(at) = find(&joined[..n + m], LOST_MARKER)
-            && at + LOST_MARKER.len() > n
-        {
-            cursor.skip((at + LOST_MARKER.len() - n) as u64);
-            return done(self);
-        }
-        if let Some(at) = find(known, LOST_MARKER) {
-            // Inside the known bytes: what follows is the next message (pipelined).
-            cursor.skip((at + LOST_MARKER.len()) as u64);
-            return done(self);
-        }
-        if !fully_known && chunk.tail.ends_with(LAST_CHUNK) {
-            cursor.skip_all();
-            return done(self);
-        }
-        let end: &[u8] = if fully_known { known } else { chunk.tail };
-        let keep = end.len().min(LOST_MARKER.len());
-        if fully_known && known.len() < LOST_MARKER.len() {
-            // A short call: append to what we had.
-            let mut merged = [0u8; 2 * LOST_MARKER.len()];
-            merged[..n].copy_from_slice(&self.recent[..n]);
-            merged[n..n + known.len()].copy_from_slice(known);
-            let total = n + known.len();
-            let from = total.saturating_sub(LOST_MARKER.len());
-            let len = total - from;
-            self.recent[..len].copy_from_slice(&merged[from..total]);
-            self.recent_len = len as u8;
-        } else {
-            self.recent[..keep].copy_from_slice(&end[end.len() - keep..]);
-            self.recent_len = keep as u8;
-        }
-        cursor.skip_all();
-        Step::NeedMore
-    }
-
-    fn step_chunked(&mut self, mut part: ChunkPart, cursor: &mut Cursor<'_>) -> Step {
-        loop {
-            if cursor.is_empty() {
-                self.state = State::Body(BodyState::Chunked(part));
-                return Step::NeedMore;
-            }
-            let known = cursor.known();
-            if known.is_empty() && !matches!(part, ChunkPart::Data(_)) {
-                // Framing bytes were not captured: fall back to watching for the last chunk.
-                self.buf.clear();
-                self.recent_len = 0;
-                self.state = State::Body(BodyState::ChunkedLost);
-                return self.step_body(BodyState::ChunkedLost, cursor);
-            }
-            part = match part {
-                ChunkPart::Data(left) => {
-                    let n = left.min(cursor.remaining());
-                    cursor.skip(n);
-                    if n == left { ChunkPart::DataCrlf(0) } else { ChunkPart::Data(left - n) }
-                }
-                ChunkPart::DataCrlf(seen) => {
-                    let want: &[u8] = if seen == 0 { b"\r\n" } else { b"\n" };
-                    let n = want.len().min(known.len());
-                    if known[..n] != want[..n] {
-                        return self.fail(FramingError::BadChunk, cursor);
-                    }
-                    cursor.skip(n as u64);
-                    if seen as usize + n == 2 { ChunkPart::SizeLine } else { ChunkPart::DataCrlf(1) }
-                }
-                ChunkPart::SizeLine | ChunkPart::Trailers => {
-                    let Some(line_end) = memchr::memchr(b'\n', known) else {
-                        if self.buf.len() + known.len() > MAX_CHUNK_LINE {
-                            return self.fail(FramingError::BadChunk, cursor);
-                        }
-                        self.buf.extend_from_slice(known);
-                        cursor.skip(known.len() as u64);
-                        continue;
-                    };
-                    self.buf.extend_from_slice(&known[..line_end]);
-                    cursor.skip(line_end as u64 + 1);
-                    let line = self.buf.strip_suffix(b"\r").unwrap_or(&self.buf);
-                    // `None`: the message ended; `Some(None)`: a bad size line.
-                    let next = if part == ChunkPart::Trailers {
-                        (!line.is_empty()).then_some(Some(ChunkPart::Trailers))
-                    } else {
-                        Some(match parse_chunk_size(line) {
-                            Some(0) => Some(ChunkPart::Trailers),
-                            Some(size) => Some(ChunkPart::Data(size)),
-                            None => None,
-                        })
-                    };
-                    // Cleared, not replaced: the buffer keeps its capacity for the next line.
-                    self.buf.clear();
-                    match next {
-                        None => {
-                            self.state = State::Head;
-                            return Step::MessageEnd;
-                        }
-                        Some(None) => return self.fail(FramingError::BadChunk, cursor),
-                        Some(Some(next)) => next,
-                    }
-                }
-            };
-        }
-    }
 }
 
 /// Offset just past `\r\n\r\n` (or a bare `\n\n`), if the head ends in `buf`.
@@ -546,24 +408,7 @@ fn looks_like_start_line(buf: &[u8]) -> bool {
     token.iter().all(u8::is_ascii_graphic)
 }
 
-fn parse_chunk_size(line: &[u8]) -> Option<u64> {
-    let digits_end = line.iter().position(|b| !b.is_ascii_hexdigit()).unwrap_or(line.len());
-    let digits = &line[..digits_end];
-    if digits.is_empty() || digits.len() > 15 {
-        return None;
-    }
-    let rest = &line[digits_end..];
-    if !(rest.is_empty() || rest[0] == b';' || rest[0] == b' ' || rest[0] == b'\t') {
-        return None;
-    }
-    let text = std::str::from_utf8(digits).ok()?;
-    u64::from_str_radix(text, 16).ok()
-}
-
-/// Offset of the first occurrence of `needle` in `haystack`.
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
-}
+mod body;
 
 #[cfg(test)]
 mod tests {
@@ -728,12 +573,4 @@ mod tests {
         assert!(f.finish());
     }
 
-    #[test]
-    fn chunk_size_rejects_garbage() {
-        assert_eq!(parse_chunk_size(b"1a"), Some(26));
-        assert_eq!(parse_chunk_size(b"1a;x=y"), Some(26));
-        assert_eq!(parse_chunk_size(b""), None);
-        assert_eq!(parse_chunk_size(b"zz"), None);
-        assert_eq!(parse_chunk_size(b"ffffffffffffffff"), None);
-    }
 }
