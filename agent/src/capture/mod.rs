@@ -9,6 +9,7 @@
 
 mod awaiting;
 pub mod decode;
+mod detach;
 pub mod discovery;
 pub mod loader;
 pub mod opaque;

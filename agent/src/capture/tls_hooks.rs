@@ -16,6 +16,7 @@ use aya::programs::{ProgramError, UProbe};
 use aya::{Btf, Ebpf};
 use tracetap_ebpf_common::TLS_COOKIE_ANY_PROCESS;
 
+use super::detach::{Detachable, Detacher};
 use super::loader::{LoadError, PROBES, program_of};
 use super::uprobes::{self, AttachWarmer, MultiPrograms, Route, TracefsEvent};
 use crate::config::{TlsProbes, TlsRoute as TlsRouteChoice};
@@ -44,6 +45,8 @@ pub struct TlsHooks {
     placement: TlsProbes,
     /// `TRACETAP_PROBE_MODE=floor`: every TLS probe point gets a program that returns at once.
     floor: bool,
+    /// Where links go when their process does (detaching waits for the kernel, see there).
+    detacher: Detacher,
 }
 
 /// The route the TLS probes take, with what it needs.
@@ -77,8 +80,8 @@ struct Bridge {
 /// One attached TLS probe; the last two detach when dropped.
 enum TlsLink {
     Perf(&'static str, UProbeLinkId),
-    Multi(#[expect(dead_code, reason = "held for its drop, which detaches")] std::os::fd::OwnedFd),
-    Tracefs(#[expect(dead_code, reason = "held for its drop, which detaches")] TracefsEvent),
+    Multi(std::os::fd::OwnedFd),
+    Tracefs(TracefsEvent),
 }
 
 /// What [`TlsHooks::hook`] found in a process.
@@ -120,6 +123,7 @@ impl TlsHooks {
             hooked,
             placement,
             floor,
+            detacher: Detacher::start(),
         }
     }
 
@@ -184,7 +188,7 @@ impl TlsHooks {
             match self.attach_point(ebpf, pid, object, point) {
                 Ok(link) => links.push(link),
                 Err(e) => {
-                    detach(ebpf, links);
+                    self.detacher.detach(detachable(ebpf, links));
                     return Err(e);
                 }
             }
@@ -235,7 +239,7 @@ impl TlsHooks {
         self.refused.remove(&pid);
         self.pending.remove(&pid);
         if let Some(links) = self.links.remove(&pid) {
-            detach(ebpf, links);
+            self.detacher.detach(detachable(ebpf, links));
         }
     }
 
@@ -315,8 +319,9 @@ impl TlsHooks {
                 return true;
             }
             // Opening probes first: a call is never noted with nothing left to clear it.
-            while bridge.links.pop().is_some() {}
-            tracing::debug!("TLS bridge links dropped");
+            let links = bridge.links.drain(..).rev().map(|fd| Box::new(fd) as Detachable).collect();
+            self.detacher.detach(links);
+            tracing::debug!("TLS bridge links let go");
             false
         });
     }
@@ -354,16 +359,25 @@ fn uprobe<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe, ProgramE
     program.try_into()
 }
 
-/// Detaches `links`, last first: attached closing probes first, they go opening probes first,
-/// so that no call is noted with nothing left to clear it.
-fn detach(ebpf: &mut Ebpf, links: Vec<TlsLink>) {
+/// `links` as owned values that detach when dropped, in the order to drop them: last first
+/// (attached closing probes first, they go opening probes first, so that no call is noted with
+/// nothing left to clear it).
+fn detachable(ebpf: &mut Ebpf, links: Vec<TlsLink>) -> Vec<Detachable> {
+    let mut out: Vec<Detachable> = Vec::with_capacity(links.len());
     for link in links.into_iter().rev() {
-        if let TlsLink::Perf(name, link) = link
-            && let Ok(program) = uprobe(ebpf, name)
-        {
-            let _ = program.detach(link);
+        match link {
+            TlsLink::Perf(name, id) => {
+                if let Ok(program) = uprobe(ebpf, name)
+                    && let Ok(owned) = program.take_link(id)
+                {
+                    out.push(Box::new(owned));
+                }
+            }
+            TlsLink::Multi(fd) => out.push(Box::new(fd)),
+            TlsLink::Tracefs(event) => out.push(Box::new(event)),
         }
     }
+    out
 }
 
 /// The program attached at `point`: its own, or in the floor mode its twin that returns at once.
