@@ -63,7 +63,8 @@ fn bursts(start: fn(&[(&str, String)]) -> Agent) {
                 s.spawn(move || {
                     for n in 0..CONNECTIONS {
                         // Bodies of 1 to 5 KB and small ones, alternately.
-                        let path = if n % 2 == 0 { format!("/big/{}", 1000 + 97 * n) } else { format!("/b/{p}/{c}/{n}") };
+                        let path =
+                            if n % 2 == 0 { format!("/big/{}", 1000 + 97 * n) } else { format!("/b/{p}/{c}/{n}") };
                         let mut conn = Conn::connect(front).expect("connect");
                         assert_eq!(conn.get(&path, &[]).expect("response").status, 200, "{path}");
                     }

@@ -379,7 +379,6 @@ impl Framer {
     pub fn head_truncated(&self) -> bool {
         self.truncated
     }
-
 }
 
 /// Offset just past `\r\n\r\n` (or a bare `\n\n`), if the head ends in `buf`.
@@ -572,5 +571,4 @@ mod tests {
         assert_eq!(steps, vec![Step::Head]);
         assert!(f.finish());
     }
-
 }

@@ -13,154 +13,192 @@ use super::{
     Chunk, Connection, Ctx, Direction, Kind, MAX_UNANSWERED_RECORDS, OpaqueCause, Role, Tracker, classify, mark_opaque,
 };
 
+/// What the framing loop does after a step: go on with the call's bytes, or stop there.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Flow {
+    Continue,
+    Stop,
+}
+
 impl Tracker {
-    /// Frames requests flowing in `dir` on the connection; true when a head or a message end was
-    /// found (which marks the exchange active), false for bytes inside a message.
-    pub(super) fn requests(&mut self, ctx: Ctx, chunk: Chunk<'_>, dir: Direction) -> bool {
+    /// Frames the messages of `kind` flowing in `dir` on the connection (requests a client sends
+    /// or `HAProxy` forwards, responses a server sends or `HAProxy` relays); true when a head or a
+    /// message end was found (which marks the exchange active), false for bytes inside a message.
+    /// One loop for both kinds; what a head, an error or a message end means is per kind.
+    pub(super) fn frame(&mut self, ctx: Ctx, chunk: Chunk<'_>, dir: Direction, kind: Kind) -> bool {
+        if self.begin_call(ctx, chunk, dir, kind) == Flow::Stop {
+            return false;
+        }
         let mut cursor = Cursor::new(chunk);
         let mut found_message = false;
-        let mut first_step = true;
         loop {
             let Some(conn) = self.conns.get_mut(&ctx.key) else { return found_message };
-            if std::mem::take(&mut first_step) {
-                conn.resync_at_message_start(dir, chunk, Kind::Request);
-                if conn.unanswered_garbage() {
-                    // Not a client HAProxy answers (a `mode tcp` stream the names did not show,
-                    // a one-way protocol): opaque after all, so its bytes stop being copied.
-                    conn.role = Role::Opaque;
-                    conn.opaque_cause = OpaqueCause::Other;
-                    conn.rejected = None;
-                    self.stats.opaque_connections += 1;
-                    mark_opaque(&mut self.opaque_marks, ctx.key, conn.opened_ns);
-                    return found_message;
-                }
-            }
             let role = conn.role;
-            let in_tls = conn.tls.is_some();
             let (framer, start) = conn.direction(dir);
             if framer.is_idle() && start.is_none() && !cursor.is_empty() {
                 *start = Some(ctx.ts);
+                if kind == Kind::Response {
+                    self.response_started(ctx, role);
+                }
             }
-            match framer.step(&mut cursor) {
-                Step::NeedMore => return found_message,
-                Step::MessageEnd => found_message = true,
-                Step::Error(error) => {
-                    let started = start.take().unwrap_or(ctx.ts);
-                    // A client's request HAProxy will reject (its answer makes the span), unless
-                    // the bytes are a TLS handshake the TLS probes have not claimed yet. A head
-                    // the window cut or too long for the tracker is incomplete as far as it knows.
-                    let failed = framer.failed_bytes();
-                    let rejected = (role == Role::Frontend
-                        && !failed.is_empty()
-                        && (in_tls || !starts_like_tls(failed)))
-                    .then(|| match error {
-                        FramingError::HeadTruncated | FramingError::HeadTooLarge => Rejected::pending(failed, started),
-                        FramingError::BadHead => Rejected::not_http(failed, started),
-                        FramingError::BadChunk => Rejected::failed(failed, started),
-                    });
-                    let rejected_here = rejected.is_some();
-                    if rejected_here {
-                        conn.rejected = rejected;
-                    }
-                    if conn.spoke_http || rejected_here {
-                        self.stats.parse_errors += 1;
-                    } else {
-                        conn.role = Role::Opaque;
-                        conn.opaque_cause =
-                            if conn.tls.is_none() { OpaqueCause::FirstBytes } else { OpaqueCause::Other };
-                        self.stats.opaque_connections += 1;
-                        mark_opaque(&mut self.opaque_marks, ctx.key, conn.opened_ns);
-                        return found_message;
-                    }
-                }
-                Step::Head => {
+            let conn = self.conns.get_mut(&ctx.key).expect("present");
+            let flow = match (conn.direction(dir).0.step(&mut cursor), kind) {
+                (Step::NeedMore, _) => Flow::Stop,
+                (Step::MessageEnd, Kind::Request) => {
                     found_message = true;
-                    let started = start.take().unwrap_or(ctx.ts);
-                    let mut request = self.linker.spare_head();
-                    if head::parse_request_into(framer.head_bytes(), &mut request).is_ok() {
-                        request.truncated = framer.head_truncated();
-                        self.stats.truncated_heads += u64::from(request.truncated);
-                        framer.set_body(request.framing);
-                        match role {
-                            Role::Frontend => self.new_front(ctx, request, started),
-                            _ => self.new_backend(ctx, request, started),
-                        };
-                    } else {
-                        self.stats.parse_errors += 1;
-                        let rejected = (role == Role::Frontend).then(|| Rejected::failed(framer.head_bytes(), started));
-                        // Give up on this direction until the next request line.
-                        framer.abandon();
-                        self.linker.return_head(request);
-                        if let Some(rejected) = rejected {
-                            self.conns.get_mut(&ctx.key).expect("present").rejected = Some(rejected);
-                        }
-                    }
+                    Flow::Continue
                 }
+                (Step::MessageEnd, Kind::Response) => {
+                    found_message = true;
+                    self.response_done(ctx, role, Outcome::Complete);
+                    Flow::Continue
+                }
+                (Step::Head, Kind::Request) => {
+                    found_message = true;
+                    self.request_head(ctx, dir, role);
+                    Flow::Continue
+                }
+                (Step::Head, Kind::Response) => {
+                    found_message = true;
+                    self.response_head_framed(ctx, dir, role);
+                    Flow::Continue
+                }
+                (Step::Error(error), Kind::Request) => self.request_error(ctx, dir, role, error),
+                (Step::Error(_), Kind::Response) => self.response_error(ctx),
+            };
+            if flow == Flow::Stop {
+                return found_message;
             }
         }
     }
 
-    /// Frames responses flowing in `dir` on the connection; see [`Tracker::requests`].
-    pub(super) fn responses(&mut self, ctx: Ctx, chunk: Chunk<'_>, dir: Direction) -> bool {
-        let mut cursor = Cursor::new(chunk);
-        let mut found_message = false;
-        let mut first_step = true;
-        loop {
-            let Some(conn) = self.conns.get_mut(&ctx.key) else { return found_message };
-            if std::mem::take(&mut first_step) {
-                conn.resync_at_message_start(dir, chunk, Kind::Response);
+    /// Before the first step over a call: a direction that lost its framing starts over at a
+    /// message start; a client that keeps sending what is not HTTP turns the connection opaque.
+    fn begin_call(&mut self, ctx: Ctx, chunk: Chunk<'_>, dir: Direction, kind: Kind) -> Flow {
+        let Some(conn) = self.conns.get_mut(&ctx.key) else { return Flow::Stop };
+        conn.resync_at_message_start(dir, chunk, kind);
+        if kind == Kind::Request && conn.unanswered_garbage() {
+            // Not a client HAProxy answers (a `mode tcp` stream the names did not show, a one-way
+            // protocol): opaque after all, so its bytes stop being copied.
+            conn.role = Role::Opaque;
+            conn.opaque_cause = OpaqueCause::Other;
+            conn.rejected = None;
+            self.stats.opaque_connections += 1;
+            mark_opaque(&mut self.opaque_marks, ctx.key, conn.opened_ns);
+            return Flow::Stop;
+        }
+        Flow::Continue
+    }
+
+    /// A request head was framed: parsed, and a frontend or backend exchange opened with it.
+    fn request_head(&mut self, ctx: Ctx, dir: Direction, role: Role) {
+        let mut request = self.linker.spare_head();
+        let conn = self.conns.get_mut(&ctx.key).expect("present");
+        let (framer, start) = conn.direction(dir);
+        let started = start.take().unwrap_or(ctx.ts);
+        if head::parse_request_into(framer.head_bytes(), &mut request).is_ok() {
+            request.truncated = framer.head_truncated();
+            self.stats.truncated_heads += u64::from(request.truncated);
+            framer.set_body(request.framing);
+            match role {
+                Role::Frontend => self.new_front(ctx, request, started),
+                _ => self.new_backend(ctx, request, started),
+            };
+        } else {
+            self.stats.parse_errors += 1;
+            let rejected = (role == Role::Frontend).then(|| Rejected::failed(framer.head_bytes(), started));
+            // Give up on this direction until the next request line.
+            framer.abandon();
+            if let Some(rejected) = rejected {
+                conn.rejected = Some(rejected);
             }
-            let role = conn.role;
-            let spoke_http = conn.spoke_http;
-            let oldest_back = conn.backs.front().copied();
-            let (framer, start) = conn.direction(dir);
-            if framer.is_idle() && start.is_none() && !cursor.is_empty() {
-                *start = Some(ctx.ts);
-                // The server answered something, parsable or not.
-                if role == Role::Backend
-                    && let Some(back) = oldest_back.and_then(|id| self.linker.back_mut(id))
-                {
-                    back.exchange.response_start_ns.get_or_insert(ctx.ts);
-                }
-            }
-            match framer.step(&mut cursor) {
-                Step::NeedMore => return found_message,
-                Step::Error(_) if !spoke_http => {
-                    let conn = self.conns.get_mut(&ctx.key).expect("present");
-                    conn.role = Role::Opaque;
-                    conn.opaque_cause = if conn.tls.is_none() { OpaqueCause::FirstBytes } else { OpaqueCause::Other };
-                    self.stats.opaque_connections += 1;
-                    mark_opaque(&mut self.opaque_marks, ctx.key, conn.opened_ns);
-                    return found_message;
-                }
-                Step::Error(_) => self.stats.parse_errors += 1,
-                Step::MessageEnd => {
-                    found_message = true;
-                    self.response_done(ctx, role, Outcome::Complete);
-                }
-                Step::Head => {
-                    found_message = true;
-                    let started = start.take().unwrap_or(ctx.ts);
-                    let Ok(response) = head::parse_response(framer.head_bytes()) else {
-                        self.stats.parse_errors += 1;
-                        framer.abandon();
-                        continue;
-                    };
-                    let framing = self.response_head(ctx, role, response, started);
-                    let conn = self.conns.get_mut(&ctx.key).expect("present");
-                    conn.spoke_http = true;
-                    let (framer, _) = conn.direction(dir);
-                    framer.set_body(framing);
-                    if framing == BodyFraming::Tunnel {
-                        // Both directions now carry opaque bytes.
-                        conn.direction(dir.reverse()).0.enter_tunnel();
-                        mark_opaque(&mut self.opaque_marks, ctx.key, conn.opened_ns);
-                        self.response_done(ctx, role, Outcome::Upgraded);
-                    } else if framing == BodyFraming::Empty && !response.is_interim() {
-                        self.response_done(ctx, role, Outcome::Complete);
-                    }
-                }
-            }
+            self.linker.return_head(request);
+        }
+    }
+
+    /// Requests that do not frame: what a client sent is kept for `HAProxy`'s answer to it (the
+    /// span of a rejected request); bytes on a connection that never spoke HTTP make it opaque.
+    fn request_error(&mut self, ctx: Ctx, dir: Direction, role: Role, error: FramingError) -> Flow {
+        let conn = self.conns.get_mut(&ctx.key).expect("present");
+        let in_tls = conn.tls.is_some();
+        let (framer, start) = conn.direction(dir);
+        let started = start.take().unwrap_or(ctx.ts);
+        // A client's request HAProxy will reject (its answer makes the span), unless the bytes are
+        // a TLS handshake the TLS probes have not claimed yet. A head the window cut or too long
+        // for the tracker is incomplete as far as it knows.
+        let failed = framer.failed_bytes();
+        let rejected = (role == Role::Frontend && !failed.is_empty() && (in_tls || !starts_like_tls(failed))).then(
+            || match error {
+                FramingError::HeadTruncated | FramingError::HeadTooLarge => Rejected::pending(failed, started),
+                FramingError::BadHead => Rejected::not_http(failed, started),
+                FramingError::BadChunk => Rejected::failed(failed, started),
+            },
+        );
+        let rejected_here = rejected.is_some();
+        if rejected_here {
+            conn.rejected = rejected;
+        }
+        if conn.spoke_http || rejected_here {
+            self.stats.parse_errors += 1;
+            return Flow::Continue;
+        }
+        self.turn_opaque(ctx.key);
+        Flow::Stop
+    }
+
+    /// Responses that do not frame: a parse error on a connection that spoke HTTP, else the
+    /// connection speaks something else and turns opaque.
+    fn response_error(&mut self, ctx: Ctx) -> Flow {
+        if self.conns.get(&ctx.key).is_some_and(|c| c.spoke_http) {
+            self.stats.parse_errors += 1;
+            return Flow::Continue;
+        }
+        self.turn_opaque(ctx.key);
+        Flow::Stop
+    }
+
+    /// The connection `key` does not speak HTTP after all: opaque from now on.
+    fn turn_opaque(&mut self, key: (u32, i32)) {
+        let Some(conn) = self.conns.get_mut(&key) else { return };
+        conn.role = Role::Opaque;
+        conn.opaque_cause = if conn.tls.is_none() { OpaqueCause::FirstBytes } else { OpaqueCause::Other };
+        self.stats.opaque_connections += 1;
+        mark_opaque(&mut self.opaque_marks, key, conn.opened_ns);
+    }
+
+    /// The first byte of a response: on a backend, the server answered something, parsable or not.
+    fn response_started(&mut self, ctx: Ctx, role: Role) {
+        if role != Role::Backend {
+            return;
+        }
+        let oldest = self.conns.get(&ctx.key).and_then(|c| c.backs.front().copied());
+        if let Some(back) = oldest.and_then(|id| self.linker.back_mut(id)) {
+            back.exchange.response_start_ns.get_or_insert(ctx.ts);
+        }
+    }
+
+    /// A response head was framed: parsed and recorded on its exchange, its body framed as it
+    /// says; an upgrade turns both directions into a tunnel.
+    fn response_head_framed(&mut self, ctx: Ctx, dir: Direction, role: Role) {
+        let conn = self.conns.get_mut(&ctx.key).expect("present");
+        let (framer, start) = conn.direction(dir);
+        let started = start.take().unwrap_or(ctx.ts);
+        let Ok(response) = head::parse_response(framer.head_bytes()) else {
+            self.stats.parse_errors += 1;
+            framer.abandon();
+            return;
+        };
+        let framing = self.response_head(ctx, role, response, started);
+        let conn = self.conns.get_mut(&ctx.key).expect("present");
+        conn.spoke_http = true;
+        conn.direction(dir).0.set_body(framing);
+        if framing == BodyFraming::Tunnel {
+            // Both directions now carry opaque bytes.
+            conn.direction(dir.reverse()).0.enter_tunnel();
+            mark_opaque(&mut self.opaque_marks, ctx.key, conn.opened_ns);
+            self.response_done(ctx, role, Outcome::Upgraded);
+        } else if framing == BodyFraming::Empty && !response.is_interim() {
+            self.response_done(ctx, role, Outcome::Complete);
         }
     }
 

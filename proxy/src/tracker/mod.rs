@@ -308,15 +308,17 @@ impl Tracker {
     }
 
     /// Hands one call's bytes to the parser of their connection and direction; true when they held
-    /// a head or a message end (see [`Tracker::requests`]).
+    /// a head or a message end (see [`Tracker::frame`]).
     fn dispatch(&mut self, ctx: Ctx, role: Role, chunk: Chunk<'_>, dir: Direction) -> bool {
         if self.conns.get(&ctx.key).is_some_and(|c| c.h2.is_some()) {
             return self.h2_data(ctx, role, chunk, dir);
         }
         match (role, dir) {
-            (Role::Frontend, Direction::Ingress) | (Role::Backend, Direction::Egress) => self.requests(ctx, chunk, dir),
+            (Role::Frontend, Direction::Ingress) | (Role::Backend, Direction::Egress) => {
+                self.frame(ctx, chunk, dir, Kind::Request)
+            }
             (Role::Frontend, Direction::Egress) | (Role::Backend, Direction::Ingress) => {
-                self.responses(ctx, chunk, dir)
+                self.frame(ctx, chunk, dir, Kind::Response)
             }
             (Role::Unknown | Role::Opaque, _) => true,
         }

@@ -212,6 +212,7 @@ pub(super) struct Linker {
     clients_pool: Vec<Vec<ClientExchange>>,
 }
 
+/// What the tracker reads and touches of the records, and the pool of spare heads.
 impl Linker {
     /// Adds the linker's counters to the tracker's.
     pub(super) fn add_stats(&self, stats: &mut TrackerStats) {
@@ -280,8 +281,10 @@ impl Linker {
     pub(super) fn head_pool(&mut self) -> &mut Vec<RequestHead> {
         &mut self.head_pool
     }
+}
 
-    /// Takes back a handed-out exchange so its buffers serve the next requests.
+/// Records: opened, ended, expired and handed out.
+impl Linker {
     /// Takes back a handed-out exchange so its buffers serve the next requests.
     pub(super) fn recycle(&mut self, mut ex: ServerExchange) {
         for client in ex.clients.drain(..) {
