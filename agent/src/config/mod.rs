@@ -120,7 +120,10 @@ pub struct Config {
     pub rejected_spans_per_second: u32,
 }
 
-/// Every variable the agent reads, with its default and meaning. The table in docs/configuration.md is this list.
+/// Every variable the agent reads, with its default and meaning. The table in docs/configuration.md is this list,
+/// and `tracetap --help` prints it. The parser of this module reads its defaults from here (`Source::or_default`):
+/// a default written as a value is written once; one written as a description (`(unset)` and the like) is the
+/// parser's to handle.
 pub const VARIABLES: &[(&str, &str, &str)] = &[
     (
         "OTEL_EXPORTER_OTLP_ENDPOINT",
@@ -368,6 +371,18 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ),
 ];
 
+/// The default [`VARIABLES`] writes for `var`, as a value the parser reads.
+///
+/// # Panics
+/// When `var` is not in the table, or its default is a description (`(unset)` and the like): a
+/// defect of this module, which its tests find (they read every variable with its default).
+fn written_default(var: &str) -> &'static str {
+    let (_, default, _) =
+        VARIABLES.iter().find(|(v, _, _)| *v == var).unwrap_or_else(|| panic!("{var} is not in VARIABLES"));
+    assert!(!default.starts_with('('), "{var}'s default in VARIABLES is a description, not a value: {default}");
+    default
+}
+
 fn err(var: &'static str, value: &str, expected: impl Into<String>) -> ConfigError {
     ConfigError::new(var, value, expected)
 }
@@ -382,11 +397,15 @@ impl<F: Fn(&str) -> Option<String>> Source<F> {
         (self.get)(var).filter(|v| !v.trim().is_empty())
     }
 
-    fn parse<T: std::str::FromStr>(&self, var: &'static str, default: T, expected: &str) -> Result<T, ConfigError> {
-        match self.get(var) {
-            None => Ok(default),
-            Some(v) => v.trim().parse().map_err(|_| err(var, &v, expected)),
-        }
+    /// The variable's value, else its default as [`VARIABLES`] writes it: a default is written
+    /// once, in the table `--help` and docs/configuration.md show.
+    fn or_default(&self, var: &'static str) -> String {
+        self.get(var).unwrap_or_else(|| written_default(var).to_owned())
+    }
+
+    fn parse<T: std::str::FromStr>(&self, var: &'static str, expected: &str) -> Result<T, ConfigError> {
+        let v = self.or_default(var);
+        v.trim().parse().map_err(|_| err(var, &v, expected))
     }
 
     /// A value that has no default: `None` when unset.
@@ -394,17 +413,17 @@ impl<F: Fn(&str) -> Option<String>> Source<F> {
         self.get(var).map(|v| v.trim().parse().map_err(|_| err(var, &v, expected))).transpose()
     }
 
-    fn millis(&self, var: &'static str, default_ms: u64) -> Result<Duration, ConfigError> {
-        self.parse(var, default_ms, "a whole number of milliseconds").map(Duration::from_millis)
+    fn millis(&self, var: &'static str) -> Result<Duration, ConfigError> {
+        self.parse(var, "a whole number of milliseconds").map(Duration::from_millis)
     }
 
-    fn flag(&self, var: &'static str, default: bool) -> Result<bool, ConfigError> {
-        parse_flag(var, self.get(var).as_deref(), default)
+    fn flag(&self, var: &'static str) -> Result<bool, ConfigError> {
+        parse_flag(var, Some(&self.or_default(var)), false)
     }
 
     /// A positive duration with a unit: `500ms`, `2s`, `1m`.
-    fn duration(&self, var: &'static str, default: Duration) -> Result<Duration, ConfigError> {
-        let Some(v) = self.get(var) else { return Ok(default) };
+    fn duration(&self, var: &'static str) -> Result<Duration, ConfigError> {
+        let v = self.or_default(var);
         let text = v.trim();
         let expected = "a positive duration with a unit, such as 500ms, 2s or 1m";
         let (number, scale_ms) = if let Some(n) = text.strip_suffix("ms") {
@@ -434,7 +453,7 @@ fn parse_value_length_limit(src: &Source<impl Fn(&str) -> Option<String>>) -> Re
 /// The tracker counts time in `u64` nanoseconds: a longer timeout (over 584 years) would wrap.
 fn parse_exchange_idle_timeout(src: &Source<impl Fn(&str) -> Option<String>>) -> Result<Duration, ConfigError> {
     let var = "TRACETAP_EXCHANGE_IDLE_TIMEOUT";
-    let timeout = src.duration(var, Duration::from_mins(5))?;
+    let timeout = src.duration(var)?;
     if u64::try_from(timeout.as_nanos()).is_err() {
         return Err(err(
             var,
@@ -458,10 +477,10 @@ const ENV_POLICY_VARS: [&str; 4] =
 
 /// The tail sampling settings (only read when `TRACETAP_TAIL_ENABLED=true`).
 fn parse_tail(src: &Source<impl Fn(&str) -> Option<String>>) -> Result<TailConfig, ConfigError> {
-    let state_dir = src.get("TRACETAP_STATE_DIR").map_or_else(|| "/var/lib/tracetap".into(), |d| d.trim().into());
+    let state_dir = src.or_default("TRACETAP_STATE_DIR").trim().into();
     // 5 times the longest gap measured between two fragments of one trace (docs/PERFORMANCE.md).
-    let grace = src.duration("TRACETAP_TAIL_GRACE", Duration::from_millis(500))?;
-    let decision_wait = src.duration("TRACETAP_TAIL_DECISION_WAIT", Duration::from_secs(30))?;
+    let grace = src.duration("TRACETAP_TAIL_GRACE")?;
+    let decision_wait = src.duration("TRACETAP_TAIL_DECISION_WAIT")?;
     if decision_wait < grace {
         return Err(err(
             "TRACETAP_TAIL_DECISION_WAIT",
@@ -469,23 +488,20 @@ fn parse_tail(src: &Source<impl Fn(&str) -> Option<String>>) -> Result<TailConfi
             format!("at least TRACETAP_TAIL_GRACE ({grace:?})"),
         ));
     }
-    let max_disk_bytes: u64 = src.parse("TRACETAP_TAIL_MAX_DISK_BYTES", 1 << 30, "a whole number of bytes")?;
+    let max_disk_bytes: u64 = src.parse("TRACETAP_TAIL_MAX_DISK_BYTES", "a whole number of bytes")?;
     if max_disk_bytes < 1 << 20 {
         return Err(err("TRACETAP_TAIL_MAX_DISK_BYTES", &max_disk_bytes.to_string(), "at least 1048576 bytes"));
     }
-    let spill_after = src.duration("TRACETAP_TAIL_SPILL_AFTER", Duration::from_secs(5))?;
-    let max_memory_bytes: u64 = src.parse(
-        "TRACETAP_TAIL_MAX_MEMORY_BYTES",
-        64 << 20,
-        "a whole number of bytes (0: every trace waits in the store)",
-    )?;
-    let journal = match src.get("TRACETAP_TAIL_JOURNAL").as_deref().map(str::trim) {
-        None | Some("sync") => Some(Sync::Data),
-        Some("nosync") => Some(Sync::None),
-        Some("off") => None,
-        Some(other) => return Err(err("TRACETAP_TAIL_JOURNAL", other, "`sync`, `nosync` or `off`")),
+    let spill_after = src.duration("TRACETAP_TAIL_SPILL_AFTER")?;
+    let max_memory_bytes: u64 =
+        src.parse("TRACETAP_TAIL_MAX_MEMORY_BYTES", "a whole number of bytes (0: every trace waits in the store)")?;
+    let journal = match src.or_default("TRACETAP_TAIL_JOURNAL").trim() {
+        "sync" => Some(Sync::Data),
+        "nosync" => Some(Sync::None),
+        "off" => None,
+        other => return Err(err("TRACETAP_TAIL_JOURNAL", other, "`sync`, `nosync` or `off`")),
     };
-    let decision_cache: usize = src.parse("TRACETAP_TAIL_DECISION_CACHE", 100_000, "a positive whole number")?;
+    let decision_cache: usize = src.parse("TRACETAP_TAIL_DECISION_CACHE", "a positive whole number")?;
     if decision_cache == 0 {
         return Err(err("TRACETAP_TAIL_DECISION_CACHE", "0", "a positive whole number"));
     }
@@ -517,22 +533,20 @@ fn parse_tail(src: &Source<impl Fn(&str) -> Option<String>>) -> Result<TailConfi
 fn env_policies(src: &Source<impl Fn(&str) -> Option<String>>) -> Result<Vec<NamedPolicy>, ConfigError> {
     let mut policies = Vec::new();
     let mut add = |name: &str, policy| policies.push(NamedPolicy { name: name.to_owned(), policy });
-    if src.flag("TRACETAP_TAIL_KEEP_ERRORS", true)? {
+    if src.flag("TRACETAP_TAIL_KEEP_ERRORS")? {
         add("keep_errors", Policy::StatusCode { codes: vec![StatusCode::Error] });
     }
-    if src.get("TRACETAP_TAIL_LATENCY_MS").is_some() {
-        let threshold_ms = src.parse("TRACETAP_TAIL_LATENCY_MS", 0u64, "a whole number of milliseconds")?;
+    if let Some(threshold_ms) = src.optional("TRACETAP_TAIL_LATENCY_MS", "a whole number of milliseconds")? {
         add("latency", Policy::Latency { threshold_ms, upper_threshold_ms: None });
     }
-    let ratio: f64 = src.parse("TRACETAP_TAIL_RATIO", 0.0, "a ratio from 0.0 to 1.0")?;
+    let ratio: f64 = src.parse("TRACETAP_TAIL_RATIO", "a ratio from 0.0 to 1.0")?;
     if !(0.0..=1.0).contains(&ratio) {
         return Err(err("TRACETAP_TAIL_RATIO", &ratio.to_string(), "a ratio from 0.0 to 1.0"));
     }
     if ratio > 0.0 {
         add("probabilistic", Policy::Probabilistic { threshold: threshold_for(ratio) });
     }
-    if src.get("TRACETAP_TAIL_MAX_SPANS_PER_SEC").is_some() {
-        let rate: u64 = src.parse("TRACETAP_TAIL_MAX_SPANS_PER_SEC", 0, "a positive whole number")?;
+    if let Some(rate) = src.optional::<u64>("TRACETAP_TAIL_MAX_SPANS_PER_SEC", "a positive whole number")? {
         if rate == 0 {
             return Err(err("TRACETAP_TAIL_MAX_SPANS_PER_SEC", "0", "a positive whole number"));
         }
@@ -572,7 +586,7 @@ impl Config {
 
         let export = settings::parse(Signal::Traces, &|var| (src.get)(var));
         let telemetry = telemetry::parse(&|var| (src.get)(var));
-        let service_name = src.get("OTEL_SERVICE_NAME").map_or_else(|| "haproxy".to_owned(), |v| v.trim().to_owned());
+        let service_name = src.or_default("OTEL_SERVICE_NAME").trim().to_owned();
         let resource_attributes = match src.get("OTEL_RESOURCE_ATTRIBUTES") {
             Some(v) => settings::parse_pairs("OTEL_RESOURCE_ATTRIBUTES", &v),
             None => Ok(Vec::new()),
@@ -582,32 +596,25 @@ impl Config {
             src.get("OTEL_TRACES_SAMPLER_ARG").as_deref(),
         );
 
-        let schedule_delay = src.millis("OTEL_BSP_SCHEDULE_DELAY", 5_000);
+        let schedule_delay = src.millis("OTEL_BSP_SCHEDULE_DELAY");
         let (max_queue_size, max_export_batch_size) = parse_batch_sizes(&src);
 
-        let admin_addr = src.parse(
-            "TRACETAP_ADMIN_ADDR",
-            SocketAddr::from(([127, 0, 0, 1], 9464)),
-            "an address like 127.0.0.1:9464",
-        );
+        let admin_addr: Result<SocketAddr, _> = src.parse("TRACETAP_ADMIN_ADDR", "an address like 127.0.0.1:9464");
         let capture_bytes = parse_capture_bytes(&src);
         let targets = parse_targets(&src);
         let ring_bytes = parse_ring_bytes(&src);
-        let probe_stats = src.flag("TRACETAP_PROBE_STATS", false);
+        let probe_stats = src.flag("TRACETAP_PROBE_STATS");
         let probe_mode = parse_probe_mode(&src);
         let tls_probes = parse_tls_probes(&src);
         let tls_route = parse_tls_route(&src);
-        let log_filter = src.get("TRACETAP_LOG").unwrap_or_else(|| "info".to_owned());
-        let tail = src.flag("TRACETAP_TAIL_ENABLED", false).and_then(|on| on.then(|| parse_tail(&src)).transpose());
+        let log_filter = src.or_default("TRACETAP_LOG");
+        let tail = src.flag("TRACETAP_TAIL_ENABLED").and_then(|on| on.then(|| parse_tail(&src)).transpose());
         let pod_selector = parse_pod_selector(&src);
         let attribute_value_length_limit = parse_value_length_limit(&src);
         let exchange_idle_timeout = parse_exchange_idle_timeout(&src);
-        let runtime_api = src.flag("TRACETAP_HAPROXY_RUNTIME_API", true);
-        let rejected_spans_per_second: Result<u32, _> = src.parse(
-            "TRACETAP_REJECTED_SPANS_PER_SECOND",
-            crate::spans::DEFAULT_REJECTED_SPANS_PER_SECOND,
-            "a whole number of spans a second",
-        );
+        let runtime_api = src.flag("TRACETAP_HAPROXY_RUNTIME_API");
+        let rejected_spans_per_second: Result<u32, _> =
+            src.parse("TRACETAP_REJECTED_SPANS_PER_SECOND", "a whole number of spans a second");
 
         let errors: Vec<ConfigError> = [
             export.as_ref().err(),
@@ -676,9 +683,9 @@ fn parse_batch_sizes(
 ) -> (Result<usize, ConfigError>, Result<usize, ConfigError>) {
     let positive = "a positive whole number";
     let max_queue_size: Result<usize, _> = src
-        .parse("OTEL_BSP_MAX_QUEUE_SIZE", 2048, positive)
+        .parse("OTEL_BSP_MAX_QUEUE_SIZE", positive)
         .and_then(|n| if n == 0 { Err(err("OTEL_BSP_MAX_QUEUE_SIZE", "0", positive)) } else { Ok(n) });
-    let max_export_batch_size = src.parse("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512, positive).and_then(|n| {
+    let max_export_batch_size = src.parse("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", positive).and_then(|n: usize| {
         let queue = max_queue_size.as_ref().copied().unwrap_or(usize::MAX);
         if n == 0 || n > queue {
             let bound = max_queue_size.as_ref().map_or_else(|_| String::new(), |q| format!(" ({q})"));
@@ -695,7 +702,7 @@ fn parse_batch_sizes(
 }
 
 fn parse_capture_bytes(src: &Source<impl Fn(&str) -> Option<String>>) -> Result<u32, ConfigError> {
-    let capture_bytes: u32 = src.parse("TRACETAP_CAPTURE_BYTES", 4096, "a whole number of bytes")?;
+    let capture_bytes: u32 = src.parse("TRACETAP_CAPTURE_BYTES", "a whole number of bytes")?;
     if !(MIN_CAPTURE_BYTES..=MAX_CAPTURE_BYTES).contains(&capture_bytes) {
         return Err(err(
             "TRACETAP_CAPTURE_BYTES",
@@ -708,7 +715,7 @@ fn parse_capture_bytes(src: &Source<impl Fn(&str) -> Option<String>>) -> Result<
 
 fn parse_ring_bytes(src: &Source<impl Fn(&str) -> Option<String>>) -> Result<u32, ConfigError> {
     let expected = "a power of two of at least 65536 bytes";
-    let ring_bytes: u32 = src.parse("TRACETAP_RING_BYTES", 8 * 1024 * 1024, expected)?;
+    let ring_bytes: u32 = src.parse("TRACETAP_RING_BYTES", expected)?;
     if !ring_bytes.is_power_of_two() || ring_bytes < 65536 {
         return Err(err("TRACETAP_RING_BYTES", &ring_bytes.to_string(), expected));
     }
@@ -716,47 +723,41 @@ fn parse_ring_bytes(src: &Source<impl Fn(&str) -> Option<String>>) -> Result<u32
 }
 
 fn parse_probe_mode(src: &Source<impl Fn(&str) -> Option<String>>) -> Result<ProbeMode, ConfigError> {
-    match src.get("TRACETAP_PROBE_MODE").as_deref().map(str::trim) {
-        None | Some("capture") => Ok(ProbeMode::Capture),
-        Some("floor") => Ok(ProbeMode::Floor),
-        Some(v) => Err(err("TRACETAP_PROBE_MODE", v, "capture or floor")),
+    match src.or_default("TRACETAP_PROBE_MODE").trim() {
+        "capture" => Ok(ProbeMode::Capture),
+        "floor" => Ok(ProbeMode::Floor),
+        v => Err(err("TRACETAP_PROBE_MODE", v, "capture or floor")),
     }
 }
 
 fn parse_tls_probes(src: &Source<impl Fn(&str) -> Option<String>>) -> Result<TlsProbes, ConfigError> {
-    match src.get("TRACETAP_TLS_PROBES").as_deref().map(str::trim) {
-        None | Some("auto") => Ok(TlsProbes::Auto),
-        Some("entry") => Ok(TlsProbes::Entry),
-        Some("off") => Ok(TlsProbes::Off),
-        Some(v) => Err(err("TRACETAP_TLS_PROBES", v, "auto, entry or off")),
+    match src.or_default("TRACETAP_TLS_PROBES").trim() {
+        "auto" => Ok(TlsProbes::Auto),
+        "entry" => Ok(TlsProbes::Entry),
+        "off" => Ok(TlsProbes::Off),
+        v => Err(err("TRACETAP_TLS_PROBES", v, "auto, entry or off")),
     }
 }
 
 fn parse_tls_route(src: &Source<impl Fn(&str) -> Option<String>>) -> Result<TlsRoute, ConfigError> {
-    match src.get("TRACETAP_TLS_ROUTE").as_deref().map(str::trim) {
-        None | Some("auto") => Ok(TlsRoute::Auto),
-        Some("uprobe_multi") => Ok(TlsRoute::UprobeMulti),
-        Some("perf") => Ok(TlsRoute::Perf),
-        Some("tracefs") => Ok(TlsRoute::Tracefs),
-        Some(v) => Err(err("TRACETAP_TLS_ROUTE", v, "auto, uprobe_multi, perf or tracefs")),
+    match src.or_default("TRACETAP_TLS_ROUTE").trim() {
+        "auto" => Ok(TlsRoute::Auto),
+        "uprobe_multi" => Ok(TlsRoute::UprobeMulti),
+        "perf" => Ok(TlsRoute::Perf),
+        "tracefs" => Ok(TlsRoute::Tracefs),
+        v => Err(err("TRACETAP_TLS_ROUTE", v, "auto, uprobe_multi, perf or tracefs")),
     }
 }
 
 fn parse_targets(src: &Source<impl Fn(&str) -> Option<String>>) -> Result<Targets, ConfigError> {
-    match (src.get("TRACETAP_TARGET_PIDS"), src.get("TRACETAP_TARGET_COMM")) {
-        (Some(pids), _) => Ok(Targets::Pids(parse_pids(&pids)?)),
-        (None, comm) => {
-            let comm = comm.map_or_else(|| "haproxy".to_owned(), |c| c.trim().to_owned());
-            if comm.len() >= COMM_BYTES || comm.contains('\0') {
-                return Err(err(
-                    "TRACETAP_TARGET_COMM",
-                    &comm,
-                    "a command name of 1 to 15 bytes (as in /proc/PID/comm)",
-                ));
-            }
-            Ok(Targets::Comm(comm))
-        }
+    if let Some(pids) = src.get("TRACETAP_TARGET_PIDS") {
+        return Ok(Targets::Pids(parse_pids(&pids)?));
     }
+    let comm = src.or_default("TRACETAP_TARGET_COMM").trim().to_owned();
+    if comm.len() >= COMM_BYTES || comm.contains('\0') {
+        return Err(err("TRACETAP_TARGET_COMM", &comm, "a command name of 1 to 15 bytes (as in /proc/PID/comm)"));
+    }
+    Ok(Targets::Comm(comm))
 }
 
 fn parse_pids(text: &str) -> Result<Vec<u32>, ConfigError> {

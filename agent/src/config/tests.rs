@@ -231,6 +231,8 @@ fn documented_defaults_are_the_parsed_defaults() {
     assert_eq!(doc("TRACETAP_ADMIN_ADDR"), c.admin_addr.to_string());
     assert_eq!(doc("TRACETAP_CAPTURE_BYTES"), c.capture_bytes.to_string());
     assert_eq!(doc("TRACETAP_REJECTED_SPANS_PER_SECOND"), c.rejected_spans_per_second.to_string());
+    // The span builder's own default (a builder made without a configuration) is the table's.
+    assert_eq!(doc("TRACETAP_REJECTED_SPANS_PER_SECOND"), crate::spans::DEFAULT_REJECTED_SPANS_PER_SECOND.to_string());
     assert_eq!(doc("TRACETAP_RING_BYTES"), c.ring_bytes.to_string());
     assert_eq!(doc("OTEL_SERVICE_NAME"), c.service_name);
     assert_eq!(doc("TRACETAP_EXCHANGE_IDLE_TIMEOUT"), format!("{}s", c.exchange_idle_timeout.as_secs()));
@@ -261,6 +263,20 @@ fn every_written_default_parses_to_what_unset_gives() {
         compared += 1;
     }
     assert!(compared >= 34, "every written default was compared: {compared}");
+}
+
+/// The parser reads a default from the table; a default the table writes as a description is no
+/// value to read, and a variable missing from the table has none: both are defects found here.
+#[test]
+#[should_panic(expected = "a description, not a value")]
+fn a_default_written_as_a_description_is_not_read_as_a_value() {
+    let _ = super::written_default("TRACETAP_TAIL_LATENCY_MS");
+}
+
+#[test]
+#[should_panic(expected = "is not in VARIABLES")]
+fn a_variable_missing_from_the_table_has_no_default() {
+    let _ = super::written_default("TRACETAP_NOT_A_VARIABLE");
 }
 
 #[test]
