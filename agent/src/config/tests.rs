@@ -270,13 +270,13 @@ fn every_written_default_parses_to_what_unset_gives() {
 #[test]
 #[should_panic(expected = "a description, not a value")]
 fn a_default_written_as_a_description_is_not_read_as_a_value() {
-    let _ = super::written_default("TRACETAP_TAIL_LATENCY_MS");
+    let _ = written_default("TRACETAP_TAIL_LATENCY_MS");
 }
 
 #[test]
 #[should_panic(expected = "is not in VARIABLES")]
 fn a_variable_missing_from_the_table_has_no_default() {
-    let _ = super::written_default("TRACETAP_NOT_A_VARIABLE");
+    let _ = written_default("TRACETAP_NOT_A_VARIABLE");
 }
 
 #[test]
