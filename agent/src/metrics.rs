@@ -152,6 +152,7 @@ metrics! {
     events_lost_read_failed: Counter, "tracetap_events_lost_read_failed_total", "Payload or address copies from user memory that failed";
     events_lost_tls_unbound: Counter, "tracetap_events_lost_tls_unbound_total", "TLS plaintext the probes could not tie to a connection they numbered (opened before the agent started, or closed since); not traced";
     tls_processes: Gauge, "tracetap_tls_processes", "Traced processes with the TLS library probes attached";
+    tls_links_detaching: Gauge, "tracetap_tls_links_detaching", "TLS probe links of ended or untraced processes waiting to be detached (each waits for the kernel's grace periods, on a thread of its own)";
     tls_hook_failures: Counter, "tracetap_tls_hook_failures_total", "Traced processes mapping a TLS library to which the TLS probes could not be attached (their TLS traffic is not traced; the log says why)";
     h2_connections: Counter, "tracetap_h2_connections_total", "Connections that began with the HTTP/2 preface (cleartext or in TLS), decoded per stream";
     h2_streams: Counter, "tracetap_h2_streams_total", "HTTP/2 request heads seen (each also counts as a frontend or backend request)";

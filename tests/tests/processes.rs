@@ -275,14 +275,20 @@ fn an_ended_process_leaves_no_connection_or_probe_behind() {
     assert!(agent.metric("tracetap_connections") >= 20, "the idle connections are tracked");
     assert_eq!(agent.metric("tracetap_tls_processes"), 1, "the TLS probes are attached");
     drop(haproxy);
+    // Its TLS probes are let go at once and detached off the capture thread (`tls-detach`): gone
+    // when no link waits any more.
     let freed = wait_for(Duration::from_secs(10), || {
-        (agent.metric("tracetap_connections") == 0 && agent.metric("tracetap_tls_processes") == 0).then_some(())
+        (agent.metric("tracetap_connections") == 0
+            && agent.metric("tracetap_tls_processes") == 0
+            && agent.metric("tracetap_tls_links_detaching") == 0)
+            .then_some(())
     });
     assert!(
         freed.is_some(),
-        "connections {}, TLS processes {} after HAProxy ended\n{}",
+        "connections {}, TLS processes {}, links waiting to be detached {} after HAProxy ended\n{}",
         agent.metric("tracetap_connections"),
         agent.metric("tracetap_tls_processes"),
+        agent.metric("tracetap_tls_links_detaching"),
         agent.log()
     );
     drop(conns);

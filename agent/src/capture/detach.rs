@@ -10,9 +10,13 @@
 //!
 //! Until it is dropped, a link of an ended process matches nothing (its process is gone). A link
 //! of a process that is no longer traced may still report a few of its calls; the tracker keeps
-//! nothing for a process it does not trace.
+//! nothing for a process it does not trace. How many links wait is `tracetap_tls_links_detaching`.
+//! Dropping the `Detacher` (the agent's shutdown) waits for the links still queued, so that no
+//! tracefs event is left behind.
 
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, mpsc};
+use std::thread::JoinHandle;
 
 /// Anything that detaches a probe when dropped: a perf or uprobe-multi link, a tracefs event.
 pub(super) type Detachable = Box<dyn Send>;
@@ -21,25 +25,37 @@ pub(super) type Detachable = Box<dyn Send>;
 pub(super) struct Detacher {
     /// `None` when the thread could not be started: links are then dropped where they are let go.
     tx: Option<mpsc::Sender<Vec<Detachable>>>,
+    thread: Option<JoinHandle<()>>,
+    /// Links handed over and not dropped yet.
+    waiting: Arc<AtomicUsize>,
 }
 
 impl Detacher {
     /// Starts the thread (`tls-detach`); it ends when the `Detacher` is dropped.
     pub(super) fn start() -> Self {
         let (tx, rx) = mpsc::channel::<Vec<Detachable>>();
+        let waiting = Arc::new(AtomicUsize::new(0));
+        let dropped = Arc::clone(&waiting);
         let spawned = std::thread::Builder::new().name("tls-detach".into()).spawn(move || {
-            // A `Vec` drops its elements first to last.
             for links in rx {
-                drop(links);
+                for link in links {
+                    drop(link);
+                    dropped.fetch_sub(1, Ordering::Relaxed);
+                }
             }
         });
         match spawned {
-            Ok(_) => Self { tx: Some(tx) },
+            Ok(thread) => Self { tx: Some(tx), thread: Some(thread), waiting },
             Err(e) => {
                 tracing::warn!(error = %e, "cannot start the thread that detaches TLS probes; they are detached on the capture thread");
-                Self { tx: None }
+                Self { tx: None, thread: None, waiting }
             }
         }
+    }
+
+    /// Links handed over and not detached yet.
+    pub(super) fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
     }
 
     /// Detaches `links`, first to last, off the calling thread.
@@ -47,10 +63,25 @@ impl Detacher {
         if links.is_empty() {
             return;
         }
-        if let Some(tx) = &self.tx
-            && let Err(mpsc::SendError(links)) = tx.send(links)
-        {
+        let count = links.len();
+        self.waiting.fetch_add(count, Ordering::Relaxed);
+        let unsent = match &self.tx {
+            Some(tx) => tx.send(links).err().map(|mpsc::SendError(links)| links),
+            None => Some(links),
+        };
+        if let Some(links) = unsent {
             drop(links);
+            self.waiting.fetch_sub(count, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for Detacher {
+    /// Waits for the links still queued (the agent's shutdown).
+    fn drop(&mut self) {
+        drop(self.tx.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
         }
     }
 }
@@ -94,14 +125,10 @@ mod tests {
             Box::new(Noted("opening", dropped.clone())),
             Box::new(Noted("closing", dropped.clone())),
         ]);
+        assert_eq!(detacher.waiting(), 3, "handed over, not dropped yet");
         tx.send(()).unwrap();
+        // Dropping the detacher waits for what it still holds.
         drop(detacher);
-        for _ in 0..1000 {
-            if dropped.lock().unwrap().len() == 2 {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
         assert_eq!(*dropped.lock().unwrap(), ["opening", "closing"]);
         assert_ne!(threads.lock().unwrap().first(), Some(&caller), "dropped on the detaching thread");
     }

@@ -525,6 +525,7 @@ fn publish(probes: &Probes, tracker: &Tracker, metrics: &Metrics) {
     metrics::set(&metrics.events_lost_read_failed, losses[Loss::ReadFailed as usize]);
     metrics::set(&metrics.events_lost_tls_unbound, losses[Loss::TlsUnbound as usize]);
     metrics::set(&metrics.tls_processes, probes.tls.hooked_processes() as u64);
+    metrics::set(&metrics.tls_links_detaching, probes.tls.links_detaching() as u64);
     let (runs, ns) = probes.run_stats();
     metrics::set(&metrics.probe_runs, runs);
     metrics::set(&metrics.probe_run_time_ns, ns);

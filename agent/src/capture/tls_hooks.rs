@@ -338,6 +338,12 @@ impl TlsHooks {
         self.links.len()
     }
 
+    /// TLS probe links let go and not detached yet (see [`super::detach`]).
+    #[must_use]
+    pub fn links_detaching(&self) -> usize {
+        self.detacher.waiting()
+    }
+
     /// A traced process started: the bridges and the warmer end [`uprobes::SETTLE`] from now.
     pub fn new_process_started(&mut self) {
         let soon = std::time::Instant::now() + uprobes::SETTLE;

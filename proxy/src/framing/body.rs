@@ -145,12 +145,18 @@ impl Framer {
     }
 }
 
+/// Most hex digits of a chunk size read (a chunk of up to 2^60 bytes).
+const MAX_CHUNK_SIZE_DIGITS: usize = 15;
+
 /// The size a chunk-size line announces, read by `httparse`. `line` holds the line up to its
 /// `\n` (a `\r` before it or not: a bare line feed ends a line here as elsewhere in the framer);
-/// it is completed with the CRLF `httparse` wants. A line that does not start with a hex digit is
-/// bad: `httparse` would read an empty one as the last chunk.
+/// it is completed with the CRLF `httparse` wants. Refused before `httparse` reads it: a line that
+/// does not start with a hex digit (`httparse` would read an empty one as the last chunk), and a
+/// size of more than 15 hex digits (`httparse` takes 16, a chunk of up to 2^64 bytes that would
+/// hold the framer until the connection closes; no sender writes one).
 fn parse_chunk_size(line: &mut Vec<u8>) -> Option<u64> {
-    if !line.first().is_some_and(u8::is_ascii_hexdigit) {
+    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    if digits == 0 || digits > MAX_CHUNK_SIZE_DIGITS {
         return None;
     }
     if !line.ends_with(b"\r") {
@@ -181,6 +187,8 @@ mod tests {
         assert_eq!(size(b"zz"), None);
         assert_eq!(size(b"1a zz"), None);
         assert_eq!(size(b"1\r2"), None);
+        assert_eq!(size(b"fffffffffffffff"), Some(0x0fff_ffff_ffff_ffff), "15 digits");
+        assert_eq!(size(b"ffffffffffffffff"), None, "16 digits: no sender writes such a chunk");
         assert_eq!(size(b"fffffffffffffffff"), None, "17 digits overflow");
     }
 }
