@@ -69,7 +69,6 @@ pub fn run(label: &str, version: Version, start: fn(&[(&str, String)]) -> Agent,
     }
     let log = stack.agent.log();
     if let Some(line) = log.lines().find(|l| l.contains("TLS probes attached")) {
-        let line = without_colours(line);
         let placement = line.split_once("placement=").map_or("(none)", |(_, p)| p);
         say(format!("placement {label}"), placement.to_owned());
     }
@@ -130,17 +129,4 @@ pub fn span_shape(spans: &[Received], path: &str) -> String {
         counted.chain(keys.iter().map(|k| (*k).to_owned())).collect::<Vec<_>>().join(", ")
     };
     format!("server[{}] client[{}]", shape(&servers), shape(&clients))
-}
-
-/// `line` without its terminal colour sequences (`ESC [ ... m`), which the agent's log has around
-/// field names.
-fn without_colours(line: &str) -> String {
-    let mut out = String::with_capacity(line.len());
-    let mut rest = line;
-    while let Some((before, after)) = rest.split_once('\u{1b}') {
-        out.push_str(before);
-        rest = after.split_once('m').map_or("", |(_, tail)| tail);
-    }
-    out.push_str(rest);
-    out
 }

@@ -477,11 +477,7 @@ fn exported_twice(spans: &[Received]) -> BTreeSet<String> {
 fn resent_at_start(agent: &Agent) -> u64 {
     let line = wait_for(Duration::from_secs(30), || {
         let log = agent.log();
-        let line = log.lines().find(|l| l.contains("tail store open"))?.to_owned();
-        // Without the colours' escape sequences.
-        let plain: String =
-            line.split('\u{1b}').map(|part| part.split_once('m').map_or(part, |(_, rest)| rest)).collect();
-        Some(plain)
+        log.lines().find(|l| l.contains("tail store open")).map(str::to_owned)
     });
     let line = line.unwrap_or_else(|| panic!("the tail store never opened; log:\n{}", agent.log()));
     let value = line.split_whitespace().find_map(|w| w.strip_prefix("resent=")).expect("resent= in the line");

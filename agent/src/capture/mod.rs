@@ -505,7 +505,9 @@ fn hook_tls(probes: &mut Probes, pid: u32, metrics: &Metrics) {
         }
         tls_hooks::TlsHook::NoLibrary => tracing::debug!(pid, "no TLS library mapped"),
         tls_hooks::TlsHook::AlreadyHooked => {}
-        tls_hooks::TlsHook::Pending => tracing::debug!(pid, "TLS library being read for its plan"),
+        tls_hooks::TlsHook::Pending => {
+            tracing::debug!(pid, "TLS probes wait: the library is being read for its plan, or the old links detached");
+        }
         tls_hooks::TlsHook::Failed { object, error } if probes.tls.route().is_err() => {
             // The one message was logged at start (and is on /readyz); each process is counted.
             tracing::warn!(pid, object = %object.display(), "cannot attach the TLS probes: no route to the kernel on this node (see the message at start or /readyz); this process's TLS connections are not traced");

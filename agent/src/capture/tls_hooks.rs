@@ -31,6 +31,9 @@ pub struct TlsHooks {
     bridges: Vec<Bridge>,
     /// Processes waiting for the plan of one of their files (see [`super::tls::PlanCache`]).
     pending: HashSet<u32>,
+    /// Processes waiting for their old links to be detached before they are hooked again (see
+    /// [`Detacher::detaching`]).
+    after_detach: HashSet<u32>,
     /// Processes whose TLS probes could not be attached (counted once each).
     refused: HashSet<u32>,
     /// Attach plans by file, so that a new worker of a known `HAProxy` is hooked without reading
@@ -96,8 +99,9 @@ pub enum TlsHook {
     NoLibrary,
     /// The process has its TLS probes already (hooked when it started).
     AlreadyHooked,
-    /// A file of the process is being read for its plan, off the capture thread: asked again
-    /// when [`TlsHooks::retry_pending`] lists it.
+    /// A file of the process is being read for its plan, off the capture thread, or the links
+    /// it had before it was let go are still being detached: asked again when
+    /// [`TlsHooks::retry_pending`] lists it.
     Pending,
     /// The process maps a TLS library but attaching failed.
     Failed { object: PathBuf, error: String },
@@ -117,6 +121,7 @@ impl TlsHooks {
             objects: HashMap::new(),
             bridges: Vec::new(),
             pending: HashSet::new(),
+            after_detach: HashSet::new(),
             refused: HashSet::new(),
             plans: super::tls::PlanCache::new(placement == TlsProbes::Auto),
             route,
@@ -136,6 +141,12 @@ impl TlsHooks {
         }
         if self.links.contains_key(&pid) {
             return TlsHook::AlreadyHooked;
+        }
+        if self.detacher.detaching(pid) {
+            // Let go a moment ago and traced again: a second set of probes would report its
+            // plaintext twice. Asked again when [`TlsHooks::retry_pending`] lists it.
+            self.after_detach.insert(pid);
+            return TlsHook::Pending;
         }
         let mut unreadable = None;
         for object in objects {
@@ -188,7 +199,7 @@ impl TlsHooks {
             match self.attach_point(ebpf, pid, object, point) {
                 Ok(link) => links.push(link),
                 Err(e) => {
-                    self.detacher.detach(detachable(ebpf, links));
+                    self.detacher.detach(Some(pid), detachable(ebpf, links));
                     return Err(e);
                 }
             }
@@ -238,17 +249,28 @@ impl TlsHooks {
         self.objects.remove(&pid);
         self.refused.remove(&pid);
         self.pending.remove(&pid);
+        self.after_detach.remove(&pid);
         if let Some(links) = self.links.remove(&pid) {
-            self.detacher.detach(detachable(ebpf, links));
+            self.detacher.detach(Some(pid), detachable(ebpf, links));
         }
     }
 
-    /// The processes to hook again: some plan was made since they were left pending.
+    /// The processes to hook again: some plan was made since they were left pending, or their
+    /// old links are detached now.
     pub fn retry_pending(&mut self) -> Vec<u32> {
-        if self.pending.is_empty() || !self.plans.take_made() {
-            return Vec::new();
+        let mut due = Vec::new();
+        if !self.pending.is_empty() && self.plans.take_made() {
+            due.extend(self.pending.drain());
         }
-        self.pending.drain().collect()
+        if !self.after_detach.is_empty() {
+            let detacher = &self.detacher;
+            let ready: Vec<u32> = self.after_detach.iter().copied().filter(|p| !detacher.detaching(*p)).collect();
+            for pid in &ready {
+                self.after_detach.remove(pid);
+            }
+            due.extend(ready);
+        }
+        due
     }
 
     /// Whether process `pid` had its TLS probes attached, or refused (each process is tried and
@@ -320,7 +342,7 @@ impl TlsHooks {
             }
             // Opening probes first: a call is never noted with nothing left to clear it.
             let links = bridge.links.drain(..).rev().map(|fd| Box::new(fd) as Detachable).collect();
-            self.detacher.detach(links);
+            self.detacher.detach(None, links);
             tracing::debug!("TLS bridge links let go");
             false
         });
