@@ -262,14 +262,14 @@ impl TlsHooks {
         if !self.pending.is_empty() && self.plans.take_made() {
             due.extend(self.pending.drain());
         }
-        if !self.after_detach.is_empty() {
-            let detacher = &self.detacher;
-            let ready: Vec<u32> = self.after_detach.iter().copied().filter(|p| !detacher.detaching(*p)).collect();
-            for pid in &ready {
-                self.after_detach.remove(pid);
+        let detacher = &self.detacher;
+        self.after_detach.retain(|pid| {
+            let waits = detacher.detaching(*pid);
+            if !waits {
+                due.push(*pid);
             }
-            due.extend(ready);
-        }
+            waits
+        });
         due
     }
 

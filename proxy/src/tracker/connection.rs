@@ -67,6 +67,11 @@ pub(super) struct Connection {
 }
 
 impl Connection {
+    /// What a frontend exchange records of this connection.
+    pub(super) fn front_conn(&self) -> super::linker::FrontConn {
+        super::linker::FrontConn { peer: self.addr, local: self.local, client: self.proxy_client, tls: self.tls }
+    }
+
     pub(super) fn new(role: Role, addr: Option<SocketAddr>) -> Self {
         Self {
             role,

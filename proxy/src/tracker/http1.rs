@@ -35,14 +35,16 @@ impl Tracker {
             let Some(conn) = self.conns.get_mut(&ctx.key) else { return found_message };
             let role = conn.role;
             let (framer, start) = conn.direction(dir);
-            if framer.is_idle() && start.is_none() && !cursor.is_empty() {
+            let first_byte = framer.is_idle() && start.is_none() && !cursor.is_empty();
+            if first_byte {
                 *start = Some(ctx.ts);
-                if kind == Kind::Response {
-                    self.response_started(ctx, role);
-                }
             }
-            let conn = self.conns.get_mut(&ctx.key).expect("present");
-            let flow = match (conn.direction(dir).0.step(&mut cursor), kind) {
+            let step = framer.step(&mut cursor);
+            // (After the step, which touches only the framer: one connection lookup per step.)
+            if first_byte && kind == Kind::Response {
+                self.response_started(ctx, role);
+            }
+            let flow = match (step, kind) {
                 (Step::NeedMore, _) => Flow::Stop,
                 (Step::MessageEnd, Kind::Request) => {
                     found_message = true;
@@ -229,11 +231,11 @@ impl Tracker {
                     (is_rejection_status(response.status) && !pending.is_empty())
                         .then(|| Rejected::pending(pending, started))
                 });
-                let id = self.linker.insert_front(ctx, None, started, self.front_conn(ctx.key));
+                let id = self.linker.insert_front(ctx, None, started, conn.front_conn());
                 if let (Some(rejected), Some(front)) = (rejected, self.linker.front_mut(id)) {
                     front.exchange.rejected = Some(rejected);
                 }
-                self.conns.get_mut(&ctx.key).expect("present").fronts.push_back(id);
+                conn.fronts.push_back(id);
                 id
             };
             self.linker.front_response_head(id, ctx, response)

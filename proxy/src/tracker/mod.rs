@@ -52,7 +52,7 @@ mod types;
 
 use connection::Connection;
 pub use linker::QUARANTINE_NS;
-use linker::{BackConn, FrontConn, Linker};
+use linker::{BackConn, Linker};
 use types::Ctx;
 pub use types::{Limits, Op, OpaqueMark, SyscallEvent, TrackerStats};
 
@@ -337,20 +337,10 @@ impl Tracker {
         }
     }
 
-    /// What a frontend exchange records of the connection `key`.
-    fn front_conn(&self, key: (u32, i32)) -> FrontConn {
-        self.conns.get(&key).map_or_else(FrontConn::default, |c| FrontConn {
-            peer: c.addr,
-            local: c.local,
-            client: c.proxy_client,
-            tls: c.tls,
-        })
-    }
-
     /// A request read on a frontend; returns its exchange id.
     fn new_front(&mut self, ctx: Ctx, request: RequestHead, started: u64) -> u64 {
-        let id = self.linker.new_front(ctx, request, started, self.front_conn(ctx.key));
         let conn = self.conns.get_mut(&ctx.key).expect("present");
+        let id = self.linker.new_front(ctx, request, started, conn.front_conn());
         conn.fronts.push_back(id);
         conn.gapped = false;
         conn.spoke_http = true;
@@ -371,7 +361,7 @@ impl Tracker {
         };
         conn.spoke_http = true;
         let id = self.linker.new_backend(ctx, request, started, origin);
-        self.conns.get_mut(&ctx.key).expect("present").backs.push_back(id);
+        conn.backs.push_back(id);
         id
     }
 }
