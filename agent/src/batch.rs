@@ -105,7 +105,7 @@ impl Batcher {
             }
             groups.push((run[0].exchange.tgid, views.into_bump_slice()));
         }
-        let body = Bytes::copy_from_slice(self.encoder.encode(groups.iter().copied()));
+        let body = Bytes::from(self.encoder.encode_owned(groups.iter().copied()));
         drop(groups);
         let batch = EncodedBatch::new(body, self.spans as u64, self.pending.len() as u64);
         for pending in self.pending.drain(..) {

@@ -12,7 +12,7 @@
 
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use opentelemetry_proto::tonic::trace::v1::{Span, Status, span, status};
-use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint, key_len};
+use prost::encoding::{WireType, encode_varint, encoded_len_varint, key_len};
 
 /// An attribute value.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -143,13 +143,31 @@ const STATUS_ERROR: u64 = 2;
 const SCOPE_NAME: &str = "tracetap";
 const SCOPE_VERSION: &str = env!("CARGO_PKG_VERSION");
 
+/// prost's `encode_varint`, with the one-byte case pushed straight onto the buffer: field keys,
+/// most lengths and small integers, nearly every varint a span holds. prost's loop goes through
+/// `BufMut` a byte at a time and is not inlined; this is a tenth of the encoding's time.
+#[inline]
+fn put_varint(buf: &mut Vec<u8>, value: u64) {
+    if value < 0x80 {
+        buf.push(value as u8);
+    } else {
+        encode_varint(value, buf);
+    }
+}
+
+/// prost's `encode_key`, through [`put_varint`].
+#[inline]
+fn put_key(buf: &mut Vec<u8>, field: u32, wire_type: WireType) {
+    put_varint(buf, (u64::from(field) << 3) | wire_type as u64);
+}
+
 fn len_delimited_len(field: u32, len: usize) -> usize {
     key_len(field) + encoded_len_varint(len as u64) + len
 }
 
 fn write_len_delimited(buf: &mut Vec<u8>, field: u32, len: usize) {
-    encode_key(field, WireType::LengthDelimited, buf);
-    encode_varint(len as u64, buf);
+    put_key(buf, field, WireType::LengthDelimited);
+    put_varint(buf, len as u64);
 }
 
 fn bytes_len(field: u32, bytes: &[u8]) -> usize {
@@ -180,15 +198,15 @@ fn write_any_value(buf: &mut Vec<u8>, value: Value<'_>) {
             buf.extend_from_slice(s.as_bytes());
         }
         Value::Int(i) => {
-            encode_key(field::ANY_INT, WireType::Varint, buf);
-            encode_varint(i as u64, buf);
+            put_key(buf, field::ANY_INT, WireType::Varint);
+            put_varint(buf, i as u64);
         }
         Value::Bool(b) => {
-            encode_key(field::ANY_BOOL, WireType::Varint, buf);
-            encode_varint(u64::from(b), buf);
+            put_key(buf, field::ANY_BOOL, WireType::Varint);
+            put_varint(buf, u64::from(b));
         }
         Value::Double(d) => {
-            encode_key(field::ANY_DOUBLE, WireType::SixtyFourBit, buf);
+            put_key(buf, field::ANY_DOUBLE, WireType::SixtyFourBit);
             buf.extend_from_slice(&d.to_le_bytes());
         }
     }
@@ -213,7 +231,7 @@ fn event_len(event: &EventView<'_>) -> usize {
 fn write_event(buf: &mut Vec<u8>, event: &EventView<'_>) {
     write_len_delimited(buf, field::SPAN_EVENTS, event_len(event));
     if event.time_unix_ns != 0 {
-        encode_key(field::EVENT_TIME, WireType::SixtyFourBit, buf);
+        put_key(buf, field::EVENT_TIME, WireType::SixtyFourBit);
         buf.extend_from_slice(&event.time_unix_ns.to_le_bytes());
     }
     write_bytes(buf, field::EVENT_NAME, event.name.as_bytes());
@@ -250,15 +268,15 @@ fn write_span(buf: &mut Vec<u8>, span: &SpanView<'_>, len: usize) {
     write_bytes(buf, field::SPAN_PARENT_SPAN_ID, parent);
     write_bytes(buf, field::SPAN_NAME, span.name.as_bytes());
     if span.kind != 0 {
-        encode_key(field::SPAN_KIND, WireType::Varint, buf);
-        encode_varint(span.kind as u64, buf);
+        put_key(buf, field::SPAN_KIND, WireType::Varint);
+        put_varint(buf, span.kind as u64);
     }
     if span.start_unix_ns != 0 {
-        encode_key(field::SPAN_START, WireType::SixtyFourBit, buf);
+        put_key(buf, field::SPAN_START, WireType::SixtyFourBit);
         buf.extend_from_slice(&span.start_unix_ns.to_le_bytes());
     }
     if span.end_unix_ns != 0 {
-        encode_key(field::SPAN_END, WireType::SixtyFourBit, buf);
+        put_key(buf, field::SPAN_END, WireType::SixtyFourBit);
         buf.extend_from_slice(&span.end_unix_ns.to_le_bytes());
     }
     for attr in span.attributes {
@@ -269,11 +287,11 @@ fn write_span(buf: &mut Vec<u8>, span: &SpanView<'_>, len: usize) {
     }
     write_len_delimited(buf, field::SPAN_STATUS, status_len(span.error));
     if span.error {
-        encode_key(field::STATUS_CODE, WireType::Varint, buf);
-        encode_varint(STATUS_ERROR, buf);
+        put_key(buf, field::STATUS_CODE, WireType::Varint);
+        put_varint(buf, STATUS_ERROR);
     }
     if span.flags != 0 {
-        encode_key(field::SPAN_FLAGS, WireType::ThirtyTwoBit, buf);
+        put_key(buf, field::SPAN_FLAGS, WireType::ThirtyTwoBit);
         buf.extend_from_slice(&span.flags.to_le_bytes());
     }
 }
@@ -353,6 +371,8 @@ impl BatchEncoder {
             let resource_spans_len = len_delimited_len(field::RESOURCE_SPANS_RESOURCE, resource_len)
                 + len_delimited_len(field::RESOURCE_SPANS_SCOPE_SPANS, scope_spans_len);
 
+            // The group's size is known: one reservation, no growth while it is written.
+            buf.reserve(len_delimited_len(field::REQUEST_RESOURCE_SPANS, resource_spans_len));
             write_len_delimited(&mut buf, field::REQUEST_RESOURCE_SPANS, resource_spans_len);
             write_len_delimited(&mut buf, field::RESOURCE_SPANS_RESOURCE, resource_len);
             for attr in attrs {
@@ -369,6 +389,14 @@ impl BatchEncoder {
         self.span_lens = span_lens;
         self.buf = buf;
         &self.buf
+    }
+
+    /// [`Self::encode`], with the bytes handed over in a buffer of their own rather than copied
+    /// out (a batch's bytes go to another thread); the next batch is written into a new buffer
+    /// of the same size.
+    pub fn encode_owned<'s>(&mut self, groups: impl IntoIterator<Item = (u32, &'s [SpanView<'s>])>) -> Vec<u8> {
+        let len = self.encode(groups).len();
+        std::mem::replace(&mut self.buf, Vec::with_capacity(len))
     }
 }
 
@@ -532,6 +560,18 @@ mod tests {
             let decoded = decode(enc.encode([(1, &spans[..])]));
             assert_eq!(decoded.resource_spans[0].scope_spans[0].spans[0], spans[0].to_prost(), "length {len}");
         }
+    }
+
+    #[test]
+    fn owned_output_is_what_encode_writes_and_leaves_room_for_the_next() {
+        let mut enc = BatchEncoder::new(Vec::new());
+        let attrs = [Attr { key: "k", value: Value::Str("v") }];
+        let spans = [view(&attrs, "n", "")];
+        let borrowed = enc.encode([(1, &spans[..])]).to_vec();
+        let owned = enc.encode_owned([(1, &spans[..])]);
+        assert_eq!(owned, borrowed);
+        assert!(enc.buf.capacity() >= owned.len());
+        assert_eq!(enc.encode_owned([(1, &spans[..])]), borrowed);
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! string, and only a redacted query or a rebuilt URL is written into the batch's arena.
 
 use std::fmt::Write as _;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use bumpalo::Bump;
 use bumpalo::collections::String as BumpString;
@@ -110,7 +110,10 @@ impl<'a> Target<'a> {
         match *self {
             Self::Origin { path, query, fragment } => {
                 let server = server?;
-                let _ = write!(url, "{scheme}://{server}{path}");
+                url.push_str(scheme);
+                url.push_str("://");
+                push_authority(&mut url, server);
+                url.push_str(path);
                 push_query_and_fragment(&mut url, query, fragment);
             }
             Self::Absolute { scheme, userinfo, host_port, path, query, fragment } => {
@@ -132,10 +135,63 @@ impl<'a> Target<'a> {
                 url.push_str(host_port);
             }
             Self::Asterisk => {
-                let _ = write!(url, "{scheme}://{}", server?);
+                let server = server?;
+                url.push_str(scheme);
+                url.push_str("://");
+                push_authority(&mut url, server);
             }
         }
         Some(url.into_bump_str())
+    }
+}
+
+/// Appends `addr` as `SocketAddr`'s `Display` writes it, the authority of a URL: `192.0.2.1:80`,
+/// `[2001:db8::1]:80`. IPv4 (nearly every address here) is written digit by digit: the formatting
+/// machinery was a twentieth of the agent's work per kept request (issue 32).
+pub fn push_authority(out: &mut BumpString<'_>, addr: SocketAddr) {
+    match addr {
+        SocketAddr::V4(v4) => {
+            push_ip(out, IpAddr::V4(*v4.ip()));
+            out.push(':');
+            push_decimal(out, v4.port());
+        }
+        SocketAddr::V6(_) => {
+            let _ = write!(out, "{addr}");
+        }
+    }
+}
+
+/// Appends `ip` as its `Display` writes it; IPv4 digit by digit (see [`push_authority`]).
+pub fn push_ip(out: &mut BumpString<'_>, ip: IpAddr) {
+    match ip {
+        IpAddr::V4(v4) => {
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    out.push('.');
+                }
+                push_decimal(out, u16::from(octet));
+            }
+        }
+        IpAddr::V6(v6) => {
+            let _ = write!(out, "{v6}");
+        }
+    }
+}
+
+/// Appends `n` in decimal.
+fn push_decimal(out: &mut BumpString<'_>, mut n: u16) {
+    let mut digits = [0u8; 5];
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for &digit in &digits[start..] {
+        out.push(char::from(digit));
     }
 }
 
@@ -472,6 +528,25 @@ mod tests {
         assert_eq!(truncate_chars("日本語", 3), "日本語", "9 bytes, 3 characters: not cut");
         assert_eq!(truncate_chars("a😀b", 2), "a😀");
         assert_eq!(truncate_chars("", 5), "");
+    }
+
+    proptest::proptest! {
+        /// What is written digit by digit is what `Display` writes.
+        #[test]
+        fn addresses_are_written_as_display_writes_them(octets: [u8; 4], segments: [u16; 8], port: u16) {
+            let bump = Bump::new();
+            for addr in [
+                SocketAddr::from((std::net::Ipv4Addr::from(octets), port)),
+                SocketAddr::from((std::net::Ipv6Addr::from(segments), port)),
+            ] {
+                let mut authority = BumpString::new_in(&bump);
+                push_authority(&mut authority, addr);
+                proptest::prop_assert_eq!(authority.as_str(), addr.to_string());
+                let mut ip = BumpString::new_in(&bump);
+                push_ip(&mut ip, addr.ip());
+                proptest::prop_assert_eq!(ip.as_str(), addr.ip().to_string());
+            }
+        }
     }
 
     proptest::proptest! {

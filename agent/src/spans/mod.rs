@@ -25,7 +25,7 @@ use tracetap_proxy::{ClientExchange, Outcome, RequestHead, ServerExchange, TlsIn
 use crate::encode::{Attr, SpanView, Value};
 use crate::rate_limit::RateLimit;
 use crate::sampling::Sampler;
-use crate::target::{Target, scrub_query, scrub_request_line, truncate_chars};
+use crate::target::{Target, push_ip, scrub_query, scrub_request_line, truncate_chars};
 use crate::timeline;
 
 /// Span flags: the W3C sampled flag, plus "has `is_remote`" (bit 8) and "`is_remote`" (bit 9) of the
@@ -489,28 +489,11 @@ fn push_error_type<'a>(
     true
 }
 
-/// The textual IP of an address, in the arena. IPv4 (nearly every address here) is written digit
-/// by digit, as `Ipv4Addr`'s `Display` writes it, without the formatting machinery.
+/// The textual IP of an address, in the arena.
 fn ip_in(bump: &Bump, addr: SocketAddr) -> &str {
-    match addr.ip() {
-        std::net::IpAddr::V4(v4) => {
-            let mut text = BumpString::with_capacity_in(15, bump);
-            for (i, octet) in v4.octets().into_iter().enumerate() {
-                if i > 0 {
-                    text.push('.');
-                }
-                if octet >= 100 {
-                    text.push(char::from(b'0' + octet / 100));
-                }
-                if octet >= 10 {
-                    text.push(char::from(b'0' + octet / 10 % 10));
-                }
-                text.push(char::from(b'0' + octet % 10));
-            }
-            text.into_bump_str()
-        }
-        ip @ std::net::IpAddr::V6(_) => bumpalo::format!(in bump, "{}", ip).into_bump_str(),
-    }
+    let mut text = BumpString::with_capacity_in(15, bump);
+    push_ip(&mut text, addr.ip());
+    text.into_bump_str()
 }
 
 /// Methods of RFC 9110 and PATCH keep their name; anything else is `_OTHER`, per the conventions.
