@@ -13,8 +13,14 @@ modes add only the `filter` line):
 - `none`: no tracing.
 - `floor`: the agent with TRACETAP_PROBE_MODE=floor (the same hooks attached with programs that
   return at once), otherwise as `ratio 1.0`: the least any syscall-tracepoint probe can cost.
-- `ratio 1.0` / `ratio 0.0`: the agent with head sampling ratio 1.0 / 0.0, spans sent over
-  OTLP/HTTP to `otlp-discard`.
+- `ratio 1.0` / `ratio 0.0`: the agent with head sampling `traceidratio` 1.0 / 0.0, spans sent over
+  OTLP/HTTP to `otlp-discard`. A sampler that keeps nothing (`traceidratio` 0.0 among them) loads no
+  probe at all, so `ratio 0.0` measures an agent that traces nothing.
+- `unsampled none` / `unsampled parent` (unless BENCH_UNSAMPLED=0): every request carries a
+  `traceparent` whose sampled flag is off; untraced, and with the agent at `parentbased_always_on`
+  (its default), which drops every request by that flag after the probes copied and the agent
+  parsed it: what a sampled-out request costs when the sampler can keep some. `unsampled parent` is
+  also taken against `unsampled none` of the same round (the same traffic).
 - `ot 100` / `ot 0`: HAProxy's own OpenTracing filter (Debian's haproxy is built with USE_OT) with
   the Datadog tracer plugin from `libdd-opentracing0`, configured like HAProxy's `cmp` speed test
   (scripts/bench/ot-cmp.cfg), rate-limit 100 and 0, sending to a stand-in Datadog trace agent
@@ -111,8 +117,12 @@ OTHER_CPUS = ",".join(str(c) for c in range(1, NCPU)) if NCPU > 1 else "0"
 LINES = os.environ.get("BENCH_LINES", "1") == "1"
 EDGE_MODES = ["tls none", "tls floor", "tls ratio 1.0", "tls entry", "h2 none", "h2 ratio 1.0"]
 LINES_MODES = ["lines none", "lines ratio 1.0"]
+UNSAMPLED = os.environ.get("BENCH_UNSAMPLED", "1") == "1"
+UNSAMPLED_MODES = ["unsampled none", "unsampled parent"]
+# The parent every request of the `unsampled` modes carries: valid, sampled flag off.
+UNSAMPLED_TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"
 MODES = (["none", "floor", "ratio 1.0", "ratio 0.0", "ot 100", "ot 0"] + (["tail 1%"] if TAIL else [])
-         + (LINES_MODES if LINES else []) + (EDGE_MODES if EDGE else []))
+         + (LINES_MODES if LINES else []) + (UNSAMPLED_MODES if UNSAMPLED else []) + (EDGE_MODES if EDGE else []))
 if os.environ.get("BENCH_MODES"):
     # A subset, for a quicker run (the untraced run is always kept: every ratio is taken against it).
     wanted = [m.strip() for m in os.environ["BENCH_MODES"].split(",")]
@@ -138,6 +148,8 @@ LABELS = {
     "h2 none": "TLS, HTTP/2: no tracing",
     "h2 ratio 1.0": "TLS, HTTP/2: tracetap, ratio 1.0",
     "lines none": "no tracing, with the `tracetap haproxy-snippet` lines",
+    "unsampled none": "no tracing, requests with an unsampled `traceparent`",
+    "unsampled parent": "tracetap, `parentbased_always_on`, requests with an unsampled `traceparent`",
     "lines ratio 1.0": "tracetap, ratio 1.0, with the `tracetap haproxy-snippet` lines",
 }
 OT_RATE = {"ot 100": "100.0", "ot 0": "0.0"}
@@ -234,8 +246,8 @@ def run_tool(args, what):
     return res.stdout
 
 
-def wrk(port, seconds):
-    out = run_tool(["wrk", "-t1", f"-c{WRK_CONNECTIONS}", f"-d{seconds}s", f"http://127.0.0.1:{port}/bench"], "wrk")
+def wrk(port, seconds, headers=()):
+    out = run_tool(["wrk", "-t1", f"-c{WRK_CONNECTIONS}", f"-d{seconds}s", *headers, f"http://127.0.0.1:{port}/bench"], "wrk")
     rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
     total = re.search(r"(\d+) requests in", out)
     if not rps or not total:
@@ -268,10 +280,10 @@ def h2load_saturated(port, seconds, family):
     return ok / seconds, ok, failed + errored
 
 
-def h2load(port, total_rate, seconds, family=None):
+def h2load(port, total_rate, seconds, family=None, headers=()):
     per_client = total_rate // H2LOAD_CLIENTS
     opts, scheme = h2load_args(family)
-    out = run_tool(["h2load"] + opts + [f"-c{H2LOAD_CLIENTS}", f"--rps={per_client}", "-D", str(seconds),
+    out = run_tool(["h2load"] + opts + [f"-c{H2LOAD_CLIENTS}", f"--rps={per_client}", "-D", str(seconds), *headers,
                     f"{scheme}://127.0.0.1:{port}/bench"], "h2load")
     req = re.search(r"requests: (\d+) total, (\d+) started, (\d+) done, (\d+) succeeded, (\d+) failed, (\d+) errored, (\d+) timeout", out)
     codes = re.search(r"status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx", out)
@@ -422,6 +434,9 @@ backend be_origin
             env["TRACETAP_PROBE_MODE"] = "floor"
         if mode == "lines ratio 1.0":
             env.update(LINES_SAMPLER)
+        if mode == "unsampled parent":
+            env["OTEL_TRACES_SAMPLER"] = "parentbased_always_on"
+            del env["OTEL_TRACES_SAMPLER_ARG"]
         if mode == "tls entry":
             env["TRACETAP_TLS_PROBES"] = "entry"
         if mode == "tail 1%":
@@ -472,11 +487,12 @@ backend be_origin
         family = edge_family(mode)
         haproxy, hlf = self.start_haproxy(mode)
         agent = admin = None
-        if mode not in ("none", "tls none", "h2 none", "lines none") and mode not in OT_RATE:
+        headers = ["-H", f"traceparent: {UNSAMPLED_TRACEPARENT}"] if mode in UNSAMPLED_MODES else []
+        if mode not in ("none", "tls none", "h2 none", "lines none", "unsampled none") and mode not in OT_RATE:
             agent_mode = "tls entry" if mode == "tls entry" else mode.removeprefix(f"{family} ") if family else mode
             agent, admin = self.start_agent(agent_mode, haproxy.pid)
         row = {}
-        saturate = (lambda secs: h2load_saturated(self.front_port, secs, family)) if family else (lambda secs: wrk(self.front_port, secs))
+        saturate = (lambda secs: h2load_saturated(self.front_port, secs, family)) if family else (lambda secs: wrk(self.front_port, secs, headers))
         saturate(1)  # warm-up
         time.sleep(0.5)
         m0 = agent_metrics(admin) if agent else {}
@@ -495,7 +511,7 @@ backend be_origin
                 fail(f"the agent ({mode}) attached no TLS probes to HAProxy (tracetap_tls_processes is 0)")
         dd0 = dd_stats(self.dd_port)
         h_cpu0 = cpu_seconds(haproxy.pid)
-        load = h2load(self.front_port, EDGE_RATE if family else FIXED_RATE, SECONDS, family)
+        load = h2load(self.front_port, EDGE_RATE if family else FIXED_RATE, SECONDS, family, headers)
         n = load["requests"]
         row.update(rate=load["rate"], h2_failed=load["failed"], h2_non2xx=load["non2xx"])
         time.sleep(AGENT_SETTLE)
@@ -511,6 +527,7 @@ backend be_origin
             d = lambda k: a2.get(k, 0) - a0.get(k, 0)
             row["spans_per_req"] = d("tracetap_spans_exported_total") / n
             row["disagreements"] = d("tracetap_sampling_disagreements_total")
+            row["sampled_out_per_req"] = d("tracetap_requests_sampled_out_total") / n
             row["dropped"] = d("tracetap_spans_dropped_queue_full_total") + d("tracetap_spans_dropped_export_failed_total")
             if mode == "tail 1%":
                 row["shed_traces"] = d("tracetap_tail_shed_traces_total")
@@ -708,6 +725,11 @@ def report(runs, idle_pct, zero):
               "with the lines ÷ without, same round: " + ", ".join(parts) + ".")
         if "lines ratio 1.0" in runs:
             print(f"  Sampling disagreements counted by the agent: {sum(r['disagreements'] for r in runs['lines ratio 1.0'])}.")
+    if "unsampled none" in runs and "unsampled parent" in runs:
+        vs = [runs["unsampled none"][r]["haproxy_us"] / runs["unsampled parent"][r]["haproxy_us"] for r in rounds]
+        print("- Requests with an unsampled parent, `parentbased_always_on`: capacity against the same traffic untraced "
+              f"(`unsampled none`), same round: {med_range(vs, '.3f')}; sampled out by the agent per request: "
+              f"{med_range(col('unsampled parent', 'sampled_out_per_req'), '.2f')}.")
     if "tail 1%" in runs:
         print(f"- tail 1%: traces shed by the tail stage per run: {[r['shed_traces'] for r in runs['tail 1%']]}.")
         print(f"- tail 1%: agent peak RSS (MiB) per run: {[round(r['agent_rss_mib']) for r in runs['tail 1%']]}.")

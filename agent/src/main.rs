@@ -203,18 +203,8 @@ fn start_pod_watch(runtime: &tokio::runtime::Runtime, config: &Config, metrics: 
     Some(index)
 }
 
-fn run(
-    config: &Config,
-    policies: Option<Vec<NamedPolicy>>,
-    destination: Destination,
-    own_telemetry: Option<telemetry::Prepared>,
-) -> anyhow::Result<()> {
-    let runtime =
-        tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
-    let metrics = Arc::new(Metrics::default());
-    let admin_listener = runtime
-        .block_on(tokio::net::TcpListener::bind(config.admin_addr))
-        .with_context(|| format!("binding TRACETAP_ADMIN_ADDR={}", config.admin_addr))?;
+/// Loads and attaches the probes, and says how the TLS probes attach.
+fn start_probes(config: &Config, metrics: &Metrics, destination: &Destination) -> anyhow::Result<Probes> {
     let probes = Probes::load(config).context("starting the eBPF probes")?;
     tracing::info!(
         programs = probes.attached,
@@ -231,7 +221,34 @@ fn run(
         Ok(route) => format!("tls: {route}"),
         Err(why) => format!("tls: none: {why}"),
     });
+    Ok(probes)
+}
 
+fn run(
+    config: &Config,
+    policies: Option<Vec<NamedPolicy>>,
+    destination: Destination,
+    own_telemetry: Option<telemetry::Prepared>,
+) -> anyhow::Result<()> {
+    let runtime =
+        tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
+    let metrics = Arc::new(Metrics::default());
+    let admin_listener = runtime
+        .block_on(tokio::net::TcpListener::bind(config.admin_addr))
+        .with_context(|| format!("binding TRACETAP_ADMIN_ADDR={}", config.admin_addr))?;
+    // A sampler that keeps no request needs no probes: none are loaded, and HAProxy runs untraced.
+    let probes = if config.sampler.keeps_nothing() {
+        tracing::info!(
+            admin = %config.admin_addr,
+            "OTEL_TRACES_SAMPLER keeps no trace: the probes are not loaded and HAProxy runs untraced (a sampled flag \
+             that HAProxy's lines forward is not followed either)"
+        );
+        let _ = metrics.tls_route.set("tls: none: the sampler keeps no trace".into());
+        metrics.ready.store(true, Relaxed);
+        None
+    } else {
+        Some(start_probes(config, &metrics, &destination)?)
+    };
     let (queue, rx) = export::queue(config.max_queue_size, config.max_export_batch_size, Arc::clone(&metrics));
     let (output, tail_thread) = match (&config.tail, policies) {
         (Some(tail), Some(policies)) => {
@@ -240,15 +257,21 @@ fn run(
         }
         _ => (Output::Export(queue), None),
     };
-    let pod_index = start_pod_watch(&runtime, config, &metrics);
-    let pods = Pods::new("/proc".into(), pod_index, config.pod_selector.clone(), config.service_name.clone());
     let stop = Arc::new(AtomicBool::new(false));
-    let capture_thread = {
-        let (config, metrics, stop) = (config.clone(), Arc::clone(&metrics), Arc::clone(&stop));
-        std::thread::Builder::new()
-            .name("capture".into())
-            .spawn(move || capture::run(probes, &config, &metrics, output, pods, &stop))
-            .context("starting the capture thread")?
+    // Without probes, nothing feeds the queue: its sender is held until shutdown, as the capture
+    // thread would hold it, so that the tail and export threads end at the same point.
+    let (capture_thread, idle_output) = match probes {
+        Some(probes) => {
+            let pod_index = start_pod_watch(&runtime, config, &metrics);
+            let pods = Pods::new("/proc".into(), pod_index, config.pod_selector.clone(), config.service_name.clone());
+            let (config, metrics, stop) = (config.clone(), Arc::clone(&metrics), Arc::clone(&stop));
+            let thread = std::thread::Builder::new()
+                .name("capture".into())
+                .spawn(move || capture::run(probes, &config, &metrics, output, pods, &stop))
+                .context("starting the capture thread")?;
+            (Some(thread), None)
+        }
+        None => (None, Some(output)),
     };
 
     // The exporter has a thread and a runtime of its own: whatever an export costs (TLS, gzip,
@@ -289,7 +312,10 @@ fn run(
         stop.store(true, Relaxed);
         // The capture thread drops its queue sender when it returns, which ends the tail thread (if
         // any), whose end ends the exporter.
-        let _ = tokio::task::spawn_blocking(move || capture_thread.join()).await;
+        if let Some(capture_thread) = capture_thread {
+            let _ = tokio::task::spawn_blocking(move || capture_thread.join()).await;
+        }
+        drop(idle_output);
         if let Some(tail_thread) = tail_thread {
             // Its hand-over waits for room in the export queue: with the exporter stuck (a
             // collector mid-retry, a stdout nobody reads) that wait is bounded here.

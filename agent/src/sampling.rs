@@ -69,6 +69,19 @@ impl Sampler {
         Ok(Self { root, parent_based })
     }
 
+    /// True when no request can be kept, whatever its trace context: `always_off`, and
+    /// `traceidratio` at 0 (its threshold is above every randomness). The parent-based samplers
+    /// still keep what a sampled parent asks for. Such a sampler needs no probes at all.
+    #[must_use]
+    pub fn keeps_nothing(&self) -> bool {
+        !self.parent_based
+            && match self.root {
+                RootSampler::AlwaysOff => true,
+                RootSampler::AlwaysOn => false,
+                RootSampler::Ratio { threshold, .. } => threshold >= MAX_THRESHOLD,
+            }
+    }
+
     /// Decides whether the trace of a request is recorded.
     #[must_use]
     pub fn should_sample(&self, parent: Option<&TraceParent>, trace_id: &[u8; 16]) -> bool {
@@ -193,5 +206,62 @@ mod tests {
         assert!(e.expected.contains("parentbased_traceidratio"));
         let e = Sampler::from_vars(Some("traceidratio"), Some("2")).unwrap_err();
         assert_eq!(e.var, "OTEL_TRACES_SAMPLER_ARG");
+    }
+
+    fn every_sampler() -> Vec<Sampler> {
+        let mut all = Vec::new();
+        for name in ["always_on", "always_off", "parentbased_always_on", "parentbased_always_off"] {
+            all.push(Sampler::from_vars(Some(name), None).unwrap());
+        }
+        for name in ["traceidratio", "parentbased_traceidratio"] {
+            for arg in ["0", "0.0", "0.000001", "0.5", "1"] {
+                all.push(Sampler::from_vars(Some(name), Some(arg)).unwrap());
+            }
+        }
+        all
+    }
+
+    #[test]
+    fn only_always_off_and_traceidratio_zero_keep_nothing() {
+        let nothing: Vec<Sampler> = every_sampler().into_iter().filter(Sampler::keeps_nothing).collect();
+        assert_eq!(
+            nothing,
+            [
+                Sampler::from_vars(Some("always_off"), None).unwrap(),
+                Sampler::from_vars(Some("traceidratio"), Some("0")).unwrap(),
+                Sampler::from_vars(Some("traceidratio"), Some("0.0")).unwrap(),
+            ]
+        );
+    }
+
+    proptest::proptest! {
+        /// A sampler said to keep nothing keeps no request, whatever its parent, its `rv` and its
+        /// trace id; every other sampler keeps some request of the inputs tried.
+        #[test]
+        fn a_sampler_that_keeps_nothing_keeps_no_request(
+            trace_id: [u8; 16],
+            parent_id: [u8; 8],
+            flags in 0u8..=3,
+            rv in 0u64..(1 << 56),
+            with_parent: bool,
+            with_rv: bool,
+        ) {
+            let parent = TraceParent { trace_id, parent_id, flags };
+            let tracestate = format!("ot=rv:{rv:014x}");
+            for sampler in every_sampler().into_iter().filter(Sampler::keeps_nothing) {
+                let kept = sampler.decide(with_parent.then_some(&parent), with_rv.then_some(tracestate.as_str()), &trace_id);
+                proptest::prop_assert!(kept.is_none(), "{sampler:?} kept {kept:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn every_other_sampler_keeps_something() {
+        let parent = TraceParent { trace_id: [0xff; 16], parent_id: [1; 8], flags: 1 };
+        for sampler in every_sampler().into_iter().filter(|s| !s.keeps_nothing()) {
+            let kept = sampler.decide(Some(&parent), None, &[0xff; 16]).is_some()
+                || sampler.decide(None, None, &[0xff; 16]).is_some();
+            assert!(kept, "{sampler:?}");
+        }
     }
 }

@@ -325,6 +325,50 @@ fn ratio_sampling_is_consistent_and_carries_the_threshold() {
     assert_eq!(s.agent.metric("tracetap_requests_sampled_out_total"), 10);
 }
 
+/// BPF programs the process holds a descriptor of (`prog_type:` in its fdinfo).
+fn bpf_programs_held(pid: u32) -> usize {
+    let dir = std::fs::read_dir(format!("/proc/{pid}/fdinfo")).expect("the agent's fdinfo");
+    dir.filter_map(Result::ok)
+        .filter(|e| std::fs::read_to_string(e.path()).is_ok_and(|info| info.contains("prog_type:")))
+        .count()
+}
+
+/// A sampler that keeps no request whatever its context (`always_off`, `traceidratio` at 0) loads
+/// no probe at all (issue 32: a sampled-out request then costs HAProxy nothing): the agent holds no
+/// BPF program, is ready at once, says why, and requests, sampled parents among them, leave no
+/// record and no span. A parent-based sampler keeping nothing of its own still loads them, to
+/// follow a sampled parent.
+#[test]
+fn a_sampler_that_keeps_nothing_loads_no_probe() {
+    if !require_root() {
+        return;
+    }
+    let sampled = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    for sampler in [
+        vec![("OTEL_TRACES_SAMPLER", "always_off".to_owned())],
+        vec![("OTEL_TRACES_SAMPLER", "traceidratio".to_owned()), ("OTEL_TRACES_SAMPLER_ARG", "0".to_owned())],
+    ] {
+        let s = Stack::start("", &sampler);
+        let mut conn = Conn::connect(s.front).expect("connect");
+        for n in 0..5 {
+            assert_eq!(conn.get(&format!("/nothing/{n}"), &[("traceparent", sampled)]).unwrap().status, 200);
+        }
+        let log = s.agent.log();
+        assert_eq!(bpf_programs_held(s.agent.pid()), 0, "{sampler:?}: no probe loaded; log:\n{log}");
+        assert!(log.contains("keeps no trace: the probes are not loaded"), "{sampler:?}: said why; log:\n{log}");
+        assert_eq!(s.agent.metric("tracetap_events_captured_total"), 0, "{sampler:?}");
+        assert_eq!(s.agent.metric("tracetap_requests_sampled_out_total"), 0, "{sampler:?}: nothing parsed");
+        assert!(s.agent.get("/readyz").is_some_and(|(status, body)| status == 200 && body.contains("keeps no trace")));
+        assert!(s.receiver.spans().is_empty(), "{sampler:?}");
+    }
+    let s = Stack::start("", &[("OTEL_TRACES_SAMPLER", "parentbased_always_off".to_owned())]);
+    assert!(bpf_programs_held(s.agent.pid()) > 0, "parentbased_always_off loads the probes");
+    let mut conn = Conn::connect(s.front).expect("connect");
+    assert_eq!(conn.get("/followed", &[("traceparent", sampled)]).unwrap().status, 200);
+    let spans = s.spans_for(&["/followed"]);
+    assert!(spans.iter().all(|x| hex(&x.span.trace_id) == "0af7651916cd43dd8448eb211c80319c"));
+}
+
 /// Binds and servers given by environment variables (`"${VAR}"`, as container images write them):
 /// the agent reads HAProxy's own environment and names the spans as HAProxy does.
 #[test]
