@@ -10,10 +10,14 @@
 //! and encoding (`Batcher`), and the exchanges' recycling. Not included: the ring buffer itself,
 //! names (configuration lookups) and opaque marks, which a keep-alive request does not touch.
 //!
-//! Two samplers: ratio 1.0 (every request becomes two spans) and `always_off` (none does).
-//! After criterion, the figures are compared with `benches/record_path_budget.txt`: a figure over
-//! its budget is said plainly (`make bench` shows it); the budget is the target per
-//! request for the whole agent, of which this path is most.
+//! Two cases: ratio 1.0 (every request becomes two spans), and requests carrying an unsampled
+//! `traceparent` under `parentbased_always_on` (none does: each is parsed, paired and linked, then
+//! dropped by its parent's flag). The second is what a sampled-out request costs wherever the
+//! sampler can keep some; `always_off` and `traceidratio` 0 load no probe at all, so they never
+//! reach this path. After criterion, the figures are compared with
+//! `benches/record_path_budget.txt`: a figure over its budget is said plainly (`make bench` shows
+//! it); the budget is the target per request for the whole agent, of which this path is
+//! most.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -30,6 +34,8 @@ use tracetap_proxy::{Limits, Tracker};
 const REQUESTS: usize = 512;
 
 const REQUEST: &[u8] = b"GET /api/items?id=42&page=3 HTTP/1.1\r\nHost: shop.example.com\r\nUser-Agent: Mozilla/5.0 (X11; Linux x86_64)\r\nAccept: application/json\r\nAccept-Encoding: gzip\r\nX-Request-Id: 0f4c2a\r\n\r\n";
+/// [`REQUEST`] with a valid parent whose sampled flag is off.
+const UNSAMPLED_REQUEST: &[u8] = b"GET /api/items?id=42&page=3 HTTP/1.1\r\nHost: shop.example.com\r\nUser-Agent: Mozilla/5.0 (X11; Linux x86_64)\r\nAccept: application/json\r\nAccept-Encoding: gzip\r\nX-Request-Id: 0f4c2a\r\ntraceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00\r\n\r\n";
 const RESPONSE: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 27\r\nCache-Control: no-store\r\n\r\n{\"items\":[1,2,3],\"page\":3}\n";
 
 /// One record as the probes write it.
@@ -65,9 +71,9 @@ fn sockaddr(port: u16) -> [u8; 16] {
     raw
 }
 
-/// The records of `REQUESTS` keep-alive requests, starting at `t0` (monotonic ns); returns them
-/// and the time after the last.
-fn traffic(t0: u64, connections: i32) -> (Vec<Vec<u8>>, u64) {
+/// The records of `REQUESTS` keep-alive requests of `request`'s bytes, starting at `t0` (monotonic
+/// ns); returns them and the time after the last.
+fn traffic(request: &[u8], t0: u64, connections: i32) -> (Vec<Vec<u8>>, u64) {
     let (front, back) = (100 + 2 * connections, 101 + 2 * connections);
     let mut ts = t0;
     let mut next = |step: u64| {
@@ -81,9 +87,9 @@ fn traffic(t0: u64, connections: i32) -> (Vec<Vec<u8>>, u64) {
     let (mut front_seq, mut back_seq) = (1, 1);
     for _ in 0..REQUESTS {
         front_seq += 1;
-        records.push(record(EventKind::Read, front, front_seq, next(10_000), REQUEST.len() as i64, None, REQUEST));
+        records.push(record(EventKind::Read, front, front_seq, next(10_000), request.len() as i64, None, request));
         back_seq += 1;
-        records.push(record(EventKind::Write, back, back_seq, next(5_000), REQUEST.len() as i64, None, REQUEST));
+        records.push(record(EventKind::Write, back, back_seq, next(5_000), request.len() as i64, None, request));
         back_seq += 1;
         records.push(record(EventKind::Read, back, back_seq, next(200_000), RESPONSE.len() as i64, None, RESPONSE));
         front_seq += 1;
@@ -152,17 +158,22 @@ impl Path {
     }
 }
 
-fn samplers() -> [(&'static str, Sampler); 2] {
+/// The cases: a name (as in the budget file), the sampler, and the request every exchange sends.
+fn samplers() -> [(&'static str, Sampler, &'static [u8]); 2] {
     [
-        ("ratio 1.0", Sampler::from_vars(Some("traceidratio"), Some("1.0")).expect("sampler")),
-        ("always_off", Sampler::from_vars(Some("always_off"), None).expect("sampler")),
+        ("ratio 1.0", Sampler::from_vars(Some("traceidratio"), Some("1.0")).expect("sampler"), REQUEST),
+        (
+            "unsampled parent",
+            Sampler::from_vars(Some("parentbased_always_on"), None).expect("sampler"),
+            UNSAMPLED_REQUEST,
+        ),
     ]
 }
 
 fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("record_path");
     group.throughput(Throughput::Elements(REQUESTS as u64));
-    for (name, sampler) in samplers() {
+    for (name, sampler, request) in samplers() {
         let mut path = Path::new(sampler);
         let mut t0 = 1_000_000_000;
         let mut n = 0;
@@ -170,7 +181,7 @@ fn bench(c: &mut Criterion) {
             b.iter_batched(
                 || {
                     n += 1;
-                    let (records, end) = traffic(t0, n);
+                    let (records, end) = traffic(request, t0, n);
                     t0 = end;
                     records
                 },
@@ -187,7 +198,7 @@ fn bench(c: &mut Criterion) {
 fn check_budget() {
     let budget = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/benches/record_path_budget.txt"))
         .expect("benches/record_path_budget.txt");
-    for (name, sampler) in samplers() {
+    for (name, sampler, request) in samplers() {
         let limit: f64 = budget
             .lines()
             .filter(|l| !l.starts_with('#'))
@@ -197,7 +208,7 @@ fn check_budget() {
         let mut t0 = 1_000_000_000;
         let mut runs = Vec::new();
         for n in 0..15 {
-            let (records, end) = traffic(t0, 1000 + n);
+            let (records, end) = traffic(request, t0, 1000 + n);
             t0 = end;
             let started = Instant::now();
             path.run(&records);

@@ -62,12 +62,28 @@ impl H2Conn {
     /// # Errors
     /// When the write fails.
     pub fn request(&mut self, stream: u32, method: &str, path: &str, authority: &str) -> std::io::Result<()> {
-        let fields: [(&[u8], &[u8]); 4] = [
+        self.request_with(stream, method, path, authority, &[])
+    }
+
+    /// [`H2Conn::request`] with more header fields (names lower case, as HTTP/2 wants them).
+    ///
+    /// # Errors
+    /// When the write fails.
+    pub fn request_with(
+        &mut self,
+        stream: u32,
+        method: &str,
+        path: &str,
+        authority: &str,
+        headers: &[(&str, &str)],
+    ) -> std::io::Result<()> {
+        let pseudo: [(&[u8], &[u8]); 4] = [
             (b":method", method.as_bytes()),
             (b":scheme", b"http"),
             (b":path", path.as_bytes()),
             (b":authority", authority.as_bytes()),
         ];
+        let fields = pseudo.into_iter().chain(headers.iter().map(|(n, v)| (n.as_bytes(), v.as_bytes())));
         let block = self.encoder.encode(fields);
         self.frame(HEADERS, END_HEADERS | END_STREAM, stream, &block)
     }
@@ -112,6 +128,28 @@ impl H2Conn {
                 return Ok(out);
             }
         }
+    }
+
+    /// [`H2Conn::read_until_end`] for several streams at once (their frames interleave): returns
+    /// each stream's frames once every one of them ended.
+    ///
+    /// # Errors
+    /// When the connection fails or closes first.
+    pub fn read_until_all_end(&mut self, streams: &[u32]) -> std::io::Result<Vec<Vec<Frame>>> {
+        let mut out: Vec<Vec<Frame>> = streams.iter().map(|_| Vec::new()).collect();
+        let mut open = streams.len();
+        while open > 0 {
+            let frame = self.next_frame()?;
+            if frame.kind == SETTINGS && frame.flags & ACK == 0 {
+                self.frame(SETTINGS, ACK, 0, &[])?;
+            }
+            let Some(i) = streams.iter().position(|s| *s == frame.stream) else { continue };
+            let ends =
+                matches!(frame.kind, HEADERS | DATA) && frame.flags & END_STREAM != 0 || frame.kind == RST_STREAM;
+            out[i].push(frame);
+            open -= usize::from(ends);
+        }
+        Ok(out)
     }
 
     fn next_frame(&mut self) -> std::io::Result<Frame> {

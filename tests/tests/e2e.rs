@@ -369,6 +369,140 @@ fn a_sampler_that_keeps_nothing_loads_no_probe() {
     assert!(spans.iter().all(|x| hex(&x.span.trace_id) == "0af7651916cd43dd8448eb211c80319c"));
 }
 
+/// The three requests of [`a_dropped_exchange_between_two_kept_ones_leaves_both_paired_right`]:
+/// the same path, a sampled, an unsampled and a sampled parent, each asking for its own status.
+const BETWEEN: [(&str, &str); 3] = [
+    ("201", "00-a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1-00f067aa0ba902b7-01"),
+    ("202", "00-b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2-00f067aa0ba902b7-00"),
+    ("203", "00-c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3-00f067aa0ba902b7-01"),
+];
+
+/// On one keep-alive connection, a request the sampler drops (an unsampled parent) between two it
+/// keeps (issue 32): the two kept ones are exported, each SERVER span and its CLIENT span with the
+/// status its own request asked for, and the dropped one is not. Over HTTP/1.1 one after another
+/// and pipelined in one write, and over HTTP/2 one stream after another and all three at once.
+#[test]
+fn a_dropped_exchange_between_two_kept_ones_leaves_both_paired_right() {
+    if !require_root() {
+        return;
+    }
+    for (h2, all_at_once) in [(false, false), (false, true), (true, false), (true, true)] {
+        let bind = if h2 { " proto h2" } else { "" };
+        let stack = Stack::with_config(
+            |port, backend| {
+                format!(
+                    "global\n    maxconn 256\n\ndefaults\n    mode http\n    timeout connect 2s\n    timeout client 10s\n    timeout server 10s\n\n\
+                     frontend fe_main\n    bind 127.0.0.1:{port}{bind}\n    default_backend be_app\n\nbackend be_app\n    server s0 {backend}\n"
+                )
+            },
+            &[],
+        );
+        let case = format!(
+            "{} {}",
+            if h2 { "HTTP/2" } else { "HTTP/1.1" },
+            if all_at_once { "all at once" } else { "in turn" }
+        );
+        let statuses =
+            if h2 { send_between_h2(stack.front, all_at_once) } else { send_between_h1(stack.front, all_at_once) };
+        assert_eq!(statuses, [201, 202, 203], "{case}: each request answered with its own status");
+        let spans = stack.spans_for(&["/between"]);
+        let settled = wait_for(Duration::from_secs(20), || {
+            (stack.agent.metric("tracetap_requests_sampled_out_total") >= 1).then_some(())
+        });
+        assert!(settled.is_some(), "{case}: the unsampled request was seen and dropped");
+        let spans: Vec<_> = wait_for(Duration::from_secs(20), || {
+            let all = stack.receiver.spans();
+            (all.iter().filter(|x| x.is_server()).count() >= 2 && all.iter().filter(|x| !x.is_server()).count() >= 2)
+                .then_some(all)
+        })
+        .unwrap_or(spans);
+        let mut wrong = Vec::new();
+        for (status, traceparent) in BETWEEN {
+            let trace = &traceparent[3..35];
+            let of_trace: Vec<_> = spans.iter().filter(|x| hex(&x.span.trace_id) == trace).collect();
+            let statuses: Vec<_> =
+                of_trace.iter().map(|x| (x.is_server(), x.int_attr("http.response.status_code"))).collect();
+            let want = if traceparent.ends_with("-01") {
+                let code = status.parse().ok();
+                vec![(true, code), (false, code)]
+            } else {
+                Vec::new()
+            };
+            let mut got = statuses.clone();
+            got.sort_by_key(|(server, _)| !server);
+            if got != want {
+                wrong.push(format!("trace {trace} (asked {status}): spans {statuses:?}, want {want:?}"));
+            }
+        }
+        assert!(wrong.is_empty(), "{case}:\n{}\nagent log:\n{}", wrong.join("\n"), stack.agent.log());
+    }
+}
+
+/// The [`BETWEEN`] requests on one HTTP/1.1 connection; the statuses answered, in order.
+fn send_between_h1(front: SocketAddr, pipelined: bool) -> Vec<u16> {
+    let mut conn = Conn::connect(front).expect("connect");
+    let request = |status: &str, traceparent: &str| {
+        format!(
+            "GET /between HTTP/1.1\r\nHost: tracetap.test\r\nx-want-status: {status}\r\ntraceparent: {traceparent}\r\n\r\n"
+        )
+    };
+    if pipelined {
+        let all: String = BETWEEN.iter().map(|(s, t)| request(s, t)).collect();
+        conn.send_raw(all.as_bytes()).expect("send");
+        BETWEEN.iter().map(|_| conn.read_response().expect("response").status).collect()
+    } else {
+        BETWEEN
+            .iter()
+            .map(|(s, t)| {
+                conn.send_raw(request(s, t).as_bytes()).expect("send");
+                conn.read_response().expect("response").status
+            })
+            .collect()
+    }
+}
+
+/// The [`BETWEEN`] requests as streams 1, 3 and 5 of one HTTP/2 connection; the statuses answered.
+fn send_between_h2(front: SocketAddr, concurrent: bool) -> Vec<u16> {
+    let mut conn = tracetap_tests::h2client::H2Conn::connect(front).expect("connect");
+    let authority = front.to_string();
+    let mut statuses = Vec::new();
+    let streams = [1, 3, 5];
+    for (stream, (status, traceparent)) in streams.into_iter().zip(BETWEEN) {
+        let headers = [("x-want-status", status), ("traceparent", traceparent)];
+        conn.request_with(stream, "GET", "/between", &authority, &headers).expect("request");
+        if !concurrent {
+            statuses.push(h2_status(&mut conn, stream));
+        }
+    }
+    if concurrent {
+        let frames = conn.read_until_all_end(&streams).expect("responses");
+        statuses = frames.iter().map(|f| status_of(f)).collect();
+    }
+    statuses
+}
+
+/// The `:status` of `stream`'s response.
+fn h2_status(conn: &mut tracetap_tests::h2client::H2Conn, stream: u32) -> u16 {
+    status_of(&conn.read_until_end(stream).expect("response"))
+}
+
+/// The `:status` in a response's HEADERS frame: a block of its own, as HAProxy's encoder writes
+/// only static-table references and literals (no dynamic table to carry between blocks).
+fn status_of(frames: &[tracetap_tests::h2client::Frame]) -> u16 {
+    let mut decoder = loona_hpack::Decoder::new();
+    frames
+        .iter()
+        .filter(|f| f.kind == 1)
+        .find_map(|f| {
+            let fields = decoder.decode(&f.payload).ok()?;
+            fields
+                .into_iter()
+                .find(|(n, _)| n == b":status")
+                .and_then(|(_, v)| std::str::from_utf8(&v).ok()?.parse().ok())
+        })
+        .expect("a :status")
+}
+
 /// Binds and servers given by environment variables (`"${VAR}"`, as container images write them):
 /// the agent reads HAProxy's own environment and names the spans as HAProxy does.
 #[test]

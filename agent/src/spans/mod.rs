@@ -19,8 +19,8 @@ use bumpalo::collections::{String as BumpString, Vec as BumpVec};
 use opentelemetry_proto::tonic::trace::v1::{Span, span};
 use tracetap_proxy::haproxy_config::{ProxyNames, ServerMatch};
 use tracetap_proxy::termination::termination_state;
-use tracetap_proxy::trace_context::{FLAG_RANDOM, TraceParent, parse_traceparent};
-use tracetap_proxy::{ClientExchange, Outcome, RequestHead, ServerExchange, TlsInfo, TraceparentField};
+use tracetap_proxy::trace_context::{FLAG_RANDOM, TraceParent};
+use tracetap_proxy::{ClientExchange, Outcome, RequestHead, ServerExchange, TlsInfo};
 
 use crate::encode::{Attr, SpanView, Value};
 use crate::rate_limit::RateLimit;
@@ -163,7 +163,7 @@ impl SpanBuilder {
     /// The head sampling decision for an exchange, from its request head (and, when `HAProxy`
     /// propagates, from the trace context it forwarded). `None`: drop it.
     pub fn decide(&mut self, ex: &ServerExchange) -> Option<Decision> {
-        let incoming = ex.request.as_ref().and_then(|r| single_traceparent(&r.traceparent));
+        let incoming = ex.request.as_ref().and_then(|r| r.parsed_traceparent);
         let incoming_state = ex.request.as_ref().and_then(|r| r.tracestate.as_deref());
         if let Some(forwarded) = propagated_context(ex, incoming.as_ref()) {
             return self.follow(ex, incoming, incoming_state, forwarded);
@@ -395,13 +395,6 @@ impl SpanBuilder {
     }
 }
 
-fn single_traceparent(field: &TraceparentField) -> Option<TraceParent> {
-    match field {
-        TraceparentField::One(v) => parse_traceparent(v),
-        TraceparentField::Absent | TraceparentField::Repeated => None,
-    }
-}
-
 /// The OTLP flags of a SERVER span: sampled, W3C's random flag as given, and whether its parent
 /// is remote (it has one only when the request came with a valid `traceparent`).
 fn server_flags(parent: Option<&TraceParent>, random: u8) -> u32 {
@@ -423,7 +416,7 @@ pub fn propagated_context(ex: &ServerExchange, incoming: Option<&TraceParent>) -
     if ex.clients.is_empty() {
         return ex.response.and_then(|r| r.traceparent).filter(own);
     }
-    ex.clients.iter().find_map(|c| single_traceparent(&c.request.traceparent)).filter(own)
+    ex.clients.iter().find_map(|c| c.request.parsed_traceparent).filter(own)
 }
 
 /// The parent id a backend request carried in the decided trace, when `HAProxy` propagated it.
@@ -431,7 +424,7 @@ fn forwarded_parent(client: &ClientExchange, decision: &Decision) -> Option<[u8;
     if !decision.propagated {
         return None;
     }
-    single_traceparent(&client.request.traceparent).filter(|tp| tp.trace_id == decision.trace_id).map(|tp| tp.parent_id)
+    client.request.parsed_traceparent.filter(|tp| tp.trace_id == decision.trace_id).map(|tp| tp.parent_id)
 }
 
 /// A new random trace id (non-zero; the W3C random flag may be set on spans that carry it).

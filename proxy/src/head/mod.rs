@@ -66,6 +66,9 @@ pub struct RequestHead {
     pub host: Option<String>,
     pub user_agent: Option<String>,
     pub traceparent: TraceparentField,
+    /// The `traceparent`, parsed: `Some` when there was exactly one and it was valid. Parsed once
+    /// with the head, as linking and sampling read it several times per request.
+    pub parsed_traceparent: Option<TraceParent>,
     pub tracestate: Option<String>,
     pub framing: BodyFraming,
     /// The client asked to switch protocols (`Upgrade`) or to open a tunnel (`CONNECT`).
@@ -119,9 +122,11 @@ const UNSTABLE_LENGTHS: u32 = {
 };
 
 fn is_unstable(name: &[u8]) -> bool {
+    // The length test inline before each comparison: most names that pass the mask share their
+    // length with one or two entries, and the call is what costs.
     name.len() < 32
         && UNSTABLE_LENGTHS & (1 << name.len()) != 0
-        && UNSTABLE_HEADERS.iter().any(|u| name.eq_ignore_ascii_case(u))
+        && UNSTABLE_HEADERS.iter().any(|u| u.len() == name.len() && name.eq_ignore_ascii_case(u))
 }
 
 /// The bit of one header line in [`RequestHead::header_sig`]: a hash of the name (ASCII case
@@ -399,6 +404,10 @@ impl<'a> RequestLines<'a> {
             0 => TraceparentField::Absent,
             1 if !self.traceparent.is_empty() => TraceparentField::One(self.traceparent),
             _ => TraceparentField::Repeated,
+        };
+        head.parsed_traceparent = match &head.traceparent {
+            TraceparentField::One(value) => parse_traceparent(value),
+            TraceparentField::Absent | TraceparentField::Repeated => None,
         };
         head.tracestate = (self.tracestates > 0).then_some(self.tracestate);
         head.header_sig = self.header_sig;

@@ -70,6 +70,25 @@ fn repeated_traceparent_is_marked() {
     assert_eq!(head.traceparent, TraceparentField::Repeated);
 }
 
+/// The parsed `traceparent` is there for exactly one valid line, and a recycled head with one
+/// does not keep it.
+#[test]
+fn the_traceparent_is_parsed_once_with_the_head() {
+    const VALID: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let one = parse_request(format!("GET / HTTP/1.1\r\ntraceparent: {VALID}\r\n\r\n").as_bytes()).unwrap();
+    assert_eq!(one.parsed_traceparent, parse_traceparent(VALID));
+    assert!(one.parsed_traceparent.is_some());
+    for other in [
+        format!("GET / HTTP/1.1\r\ntraceparent: {VALID}\r\ntraceparent: {VALID}\r\n\r\n"),
+        "GET / HTTP/1.1\r\ntraceparent: 00-zz\r\n\r\n".to_owned(),
+        "GET / HTTP/1.1\r\n\r\n".to_owned(),
+    ] {
+        let mut recycled = one.clone();
+        parse_request_into(other.as_bytes(), &mut recycled).unwrap();
+        assert_eq!(recycled.parsed_traceparent, None, "{other:?}");
+    }
+}
+
 #[test]
 fn http10_closes_by_default() {
     assert!(parse_request(b"GET / HTTP/1.0\r\n\r\n").unwrap().closes);

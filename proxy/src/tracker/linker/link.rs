@@ -10,7 +10,7 @@ use rustc_hash::FxBuildHasher;
 
 use super::{FrontRecord, LinkStrength, Linker};
 use crate::head::{self, RequestHead, TraceparentField};
-use crate::trace_context::{parse_traceparent, trace_id_field};
+use crate::trace_context::trace_id_field;
 use crate::tracker::types::Ctx;
 
 /// A tentative link (see [`Linker::link`]).
@@ -58,10 +58,7 @@ impl Candidate {
 
 /// Hash of the trace id of a request's single valid `traceparent` (as [`Candidate`] keys it).
 pub(super) fn trace_key(request: &RequestHead) -> Option<u64> {
-    match &request.traceparent {
-        TraceparentField::One(v) => parse_traceparent(v).map(|p| FxBuildHasher.hash_one(p.trace_id)),
-        _ => None,
-    }
+    request.parsed_traceparent.map(|p| FxBuildHasher.hash_one(p.trace_id))
 }
 
 /// Hash of a request's single `traceparent` value (as [`Candidate`] keys it).

@@ -9,8 +9,8 @@ use rustc_hash::FxBuildHasher;
 
 use super::{BackRecord, Evidence, LinkStrength, Linker, Relay};
 use crate::framing::BodyFraming;
-use crate::head::{ResponseHead, TraceparentField};
-use crate::trace_context::{TraceParent, parse_traceparent};
+use crate::head::ResponseHead;
+use crate::trace_context::TraceParent;
 use crate::tracker::types::Ctx;
 
 /// Longest time between reading a backend response head and relaying it to the client for the
@@ -21,8 +21,7 @@ pub(super) const RELAY_WINDOW_NS: u64 = 100_000_000;
 
 /// The backend exchange's request carried `tp` (the same trace and parent ids).
 fn carries(b: &BackRecord, tp: &TraceParent) -> bool {
-    matches!(&b.exchange.request.traceparent, TraceparentField::One(v)
-        if parse_traceparent(v).is_some_and(|p| p.trace_id == tp.trace_id && p.parent_id == tp.parent_id))
+    b.exchange.request.parsed_traceparent.is_some_and(|p| p.trace_id == tp.trace_id && p.parent_id == tp.parent_id)
 }
 
 impl Linker {
@@ -87,10 +86,7 @@ impl Linker {
         // Only a traceparent other than the client's own is HAProxy's: a backend that echoes the
         // one it received, for a client that sent the same one on several requests, names
         // nothing exactly.
-        let own = self.fronts.get(&id).and_then(|f| f.exchange.request.as_ref()).and_then(|r| match &r.traceparent {
-            TraceparentField::One(v) => parse_traceparent(v),
-            _ => None,
-        });
+        let own = self.fronts.get(&id).and_then(|f| f.exchange.request.as_ref()).and_then(|r| r.parsed_traceparent);
         let exact = relayed
             .traceparent
             .filter(|tp| own.is_none_or(|o| (o.trace_id, o.parent_id) != (tp.trace_id, tp.parent_id)))
