@@ -124,9 +124,10 @@ demo: setup
 # docs/PERFORMANCE.md (scripts/bench_overhead.py says what is measured and why). Then the criterion
 # micro-benchmarks of span encoding, the tail store (sled against an in-memory store), the agent's
 # per-record path (against its budget in agent/benches/record_path_budget.txt) and the tail
-# engine (CPU per span, RSS with 5 million spans buffered).
-# Only the benchmark needs these (h2load; the tracer plugin for HAProxy's filter), so not in setup.
-BENCH_PACKAGES := nghttp2-client libdd-opentracing0
+# engine (CPU per span, RSS with 5 million spans buffered); last, the per-record path's
+# instructions per request against their baselines (callgrind: steady on a busy machine).
+# Only the benchmark needs these (h2load; the tracer plugin for HAProxy's filter; valgrind), so not in setup.
+BENCH_PACKAGES := nghttp2-client libdd-opentracing0 valgrind
 bench: setup
 	@missing=""; for p in $(BENCH_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
@@ -139,6 +140,7 @@ bench: setup
 	cargo bench -p tracetap-storage --bench store
 	cargo bench -p tracetap --bench tail
 	cargo bench -p tracetap --bench record_path
+	python3 scripts/record_path_instructions.py
 
 # 5 minutes of mixed traffic; prints the agent's RSS after the first minute and at the end.
 SOAK_SECONDS ?= 300

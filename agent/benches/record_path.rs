@@ -223,7 +223,31 @@ fn check_budget() {
 
 criterion_group!(benches, bench);
 
+/// Runs of one case under `RECORD_PATH_CASE`.
+const COUNTED_RUNS: usize = 20;
+
+/// `RECORD_PATH_CASE=<case>`: only that case, [`COUNTED_RUNS`] times, for
+/// `scripts/record_path_instructions.py` to count its instructions under callgrind (no criterion,
+/// no clock); prints how many runs and requests that was.
+fn run_case_alone(name: &str) {
+    let Some((_, sampler, request)) = samplers().into_iter().find(|(n, _, _)| *n == name) else {
+        panic!("RECORD_PATH_CASE={name:?} names no case of record_path");
+    };
+    let mut path = Path::new(sampler);
+    let mut t0 = 1_000_000_000;
+    for n in 0..COUNTED_RUNS {
+        let (records, end) = traffic(request, t0, 2000 + n as i32);
+        t0 = end;
+        path.run(&records);
+    }
+    println!("runs={COUNTED_RUNS} requests={REQUESTS}");
+}
+
 fn main() {
+    if let Ok(case) = std::env::var("RECORD_PATH_CASE") {
+        run_case_alone(&case);
+        return;
+    }
     benches();
     Criterion::default().configure_from_args().final_summary();
     check_budget();
