@@ -680,7 +680,7 @@ def report(runs, idle_pct, zero):
               f"CPU/req of the filter ÷ tracetap's): {med_range(vs, '.2f')}.")
     if "ot 0" in runs and "ratio 0.0" in runs:
         vs = [runs["ot 0"][r]["haproxy_us"] / runs["ratio 0.0"][r]["haproxy_us"] for r in rounds]
-        print(f"- Same at sampling 0 (tracetap ratio 0.0 ÷ filter rate-limit 0): {med_range(vs, '.2f')}.")
+        print(f"- Same at sampling 0 (tracetap ratio 0.0, which loads no probe, ÷ filter rate-limit 0): {med_range(vs, '.2f')}.")
     if "ot 100" in runs:
         r100 = runs["ot 100"]
         traces = [r["traces_per_req"] for r in r100]

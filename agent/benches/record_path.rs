@@ -34,7 +34,8 @@ use tracetap_proxy::{Limits, Tracker};
 const REQUESTS: usize = 512;
 
 const REQUEST: &[u8] = b"GET /api/items?id=42&page=3 HTTP/1.1\r\nHost: shop.example.com\r\nUser-Agent: Mozilla/5.0 (X11; Linux x86_64)\r\nAccept: application/json\r\nAccept-Encoding: gzip\r\nX-Request-Id: 0f4c2a\r\n\r\n";
-/// [`REQUEST`] with a valid parent whose sampled flag is off.
+/// [`REQUEST`] with a valid parent whose sampled flag is off (the same one on every request: the
+/// bench's one connection pair never has two in flight at once).
 const UNSAMPLED_REQUEST: &[u8] = b"GET /api/items?id=42&page=3 HTTP/1.1\r\nHost: shop.example.com\r\nUser-Agent: Mozilla/5.0 (X11; Linux x86_64)\r\nAccept: application/json\r\nAccept-Encoding: gzip\r\nX-Request-Id: 0f4c2a\r\ntraceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00\r\n\r\n";
 const RESPONSE: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 27\r\nCache-Control: no-store\r\n\r\n{\"items\":[1,2,3],\"page\":3}\n";
 

@@ -286,6 +286,23 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// One byte that is not a lower-case hex digit, anywhere among a valid value's digits,
+        /// makes it invalid: the high and the low digit of every pair are checked.
+        #[test]
+        fn one_bad_digit_anywhere_is_refused(
+            valid in "00-[0-9a-f]{31}[1-9a-f]-[0-9a-f]{15}[1-9a-f]-0[01]",
+            at in proptest::sample::select((0..55).filter(|i| ![2, 35, 52].contains(i)).collect::<Vec<usize>>()),
+            bad in proptest::sample::select(b"ABCDEFGgz/:@`'-. ".to_vec()),
+        ) {
+            proptest::prop_assert!(parse_traceparent(&valid).is_some());
+            let mut bytes = valid.into_bytes();
+            bytes[at] = bad;
+            let value = String::from_utf8(bytes).expect("ASCII");
+            proptest::prop_assert_eq!(parse_traceparent(&value), None, "{}", value);
+        }
+    }
+
     #[test]
     fn future_versions() {
         assert!(parse_traceparent("01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01").is_some());

@@ -352,6 +352,8 @@ impl<'a> RequestLines<'a> {
         traceparent.clear();
         let mut tracestate = head.tracestate.take().unwrap_or_default();
         tracestate.clear();
+        // Set again by `finish`; cleared now so that a head left by a failed parse says nothing.
+        head.parsed_traceparent = None;
         Self {
             host: None,
             user_agent: None,
