@@ -213,13 +213,19 @@ fn write_any_value(buf: &mut Vec<u8>, value: Value<'_>) {
 }
 
 fn key_value_len(attr: &Attr<'_>) -> usize {
-    bytes_len(field::KV_KEY, attr.key.as_bytes()) + len_delimited_len(field::KV_VALUE, any_value_len(attr.value))
+    key_value_len_with(attr, any_value_len(attr.value))
+}
+
+/// [`key_value_len`] for a value whose [`any_value_len`] is known.
+fn key_value_len_with(attr: &Attr<'_>, value_len: usize) -> usize {
+    bytes_len(field::KV_KEY, attr.key.as_bytes()) + len_delimited_len(field::KV_VALUE, value_len)
 }
 
 fn write_key_value(buf: &mut Vec<u8>, field: u32, attr: &Attr<'_>) {
-    write_len_delimited(buf, field, key_value_len(attr));
+    let value_len = any_value_len(attr.value);
+    write_len_delimited(buf, field, key_value_len_with(attr, value_len));
     write_bytes(buf, field::KV_KEY, attr.key.as_bytes());
-    write_len_delimited(buf, field::KV_VALUE, any_value_len(attr.value));
+    write_len_delimited(buf, field::KV_VALUE, value_len);
     write_any_value(buf, attr.value);
 }
 
