@@ -238,7 +238,10 @@ fn survives_kill_9_twenty_times_under_load() {
         }
         ever_in_outbox.extend(d.outbox);
         s.agent = Agent::start(&agent_env);
-        assert!(s.agent.log().contains("tail store open"), "store reopened: {}", s.agent.log());
+        // The store is opened (and recovered) on the tail thread, alongside the probes: readiness
+        // can come first.
+        let reopened = wait_for(Duration::from_mins(1), || s.agent.log().contains("tail store open").then_some(()));
+        assert!(reopened.is_some(), "store reopened: {}", s.agent.log());
     }
     stop.store(true, Relaxed);
     for worker in load {
