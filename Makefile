@@ -38,11 +38,7 @@ CHECKOV_VERSION := 3.3.30
 .PHONY: setup build test lint demo fuzz soak bench clean cross-arm64 cross-arm64-agent
 
 setup:
-	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
-	if [ -n "$$missing" ]; then \
-		echo "installing:$$missing"; \
-		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
-	fi
+	@scripts/apt_install.sh $(APT_PACKAGES)
 	@rustup component list --toolchain nightly --installed 2>/dev/null | grep -q '^rust-src' \
 		|| rustup component add rust-src --toolchain nightly
 	@rustup component list --toolchain nightly --installed 2>/dev/null | grep -q '^clippy' \
