@@ -4,11 +4,20 @@
 //! so that a request and the one `HAProxy` relays in the other version sign alike. Sensitive headers (Authorization, Proxy-Authorization, Cookie,
 //! Set-Cookie) are never copied out of the captured bytes.
 
+use std::mem::MaybeUninit;
+
 use crate::framing::BodyFraming;
 use crate::trace_context::{TraceParent, parse_traceparent};
 
 /// Most headers a head may carry; more is a parse error.
 const MAX_HEADERS: usize = 128;
+
+/// Room for a head's header lines, left uninitialised: `httparse` writes the lines it finds and
+/// hands back only those, so the 4 KiB of empty headers `[EMPTY_HEADER; MAX_HEADERS]` would cost
+/// per parse (four parses per proxied request) are never written.
+fn header_room<'b>() -> [MaybeUninit<httparse::Header<'b>>; MAX_HEADERS] {
+    [const { MaybeUninit::uninit() }; MAX_HEADERS]
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum HeadError {
@@ -90,7 +99,9 @@ pub struct RequestHead {
 /// HTTP/2 client (and may add it towards an HTTP/1 client), so it would keep the two responses
 /// from ever sharing a digest. So are the trace context headers: the lines `tracetap
 /// haproxy-snippet` prints give every forwarded request (and, optionally, response) a new
-/// `traceparent` and may rewrite `tracestate`; linking compares them separately.
+/// `traceparent` and may rewrite `tracestate`; linking compares them separately. [`classify`]
+/// knows them (a test holds it to this list).
+#[cfg(test)]
 const UNSTABLE_HEADERS: [&[u8]; 15] = [
     b"connection",
     b"transfer-encoding",
@@ -109,24 +120,62 @@ const UNSTABLE_HEADERS: [&[u8]; 15] = [
     b"tracestate",
 ];
 
-/// Bit n set: some name in [`UNSTABLE_HEADERS`] is n bytes long (all are under 32). Most header
-/// names are rejected by their length alone, without a comparison.
-const UNSTABLE_LENGTHS: u32 = {
-    let mut mask = 0u32;
-    let mut i = 0;
-    while i < UNSTABLE_HEADERS.len() {
-        mask |= 1 << UNSTABLE_HEADERS[i].len();
-        i += 1;
-    }
-    mask
-};
+/// What a header line is to the head parsers, told from its name alone (ASCII case folded).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Name {
+    Host,
+    UserAgent,
+    Traceparent,
+    Tracestate,
+    Upgrade,
+    ContentLength,
+    TransferEncoding,
+    Connection,
+    /// Another of the headers a proxy rewrites (see `UNSTABLE_HEADERS`).
+    OtherUnstable,
+    /// Any other header.
+    Other,
+}
 
-fn is_unstable(name: &[u8]) -> bool {
-    // The length test inline before each comparison: most names that pass the mask share their
-    // length with one or two entries, and the call is what costs.
-    name.len() < 32
-        && UNSTABLE_LENGTHS & (1 << name.len()) != 0
-        && UNSTABLE_HEADERS.iter().any(|u| u.len() == name.len() && name.eq_ignore_ascii_case(u))
+impl Name {
+    /// Left out of header signatures and digests: a proxy rewrites it on the way.
+    fn is_unstable(self) -> bool {
+        matches!(
+            self,
+            Self::Traceparent
+                | Self::Tracestate
+                | Self::Upgrade
+                | Self::TransferEncoding
+                | Self::Connection
+                | Self::OtherUnstable
+        )
+    }
+}
+
+/// Classifies a header name once per line (every header of every request and response goes
+/// through here): the length picks the one or few names it can be, so most lines cost a length
+/// test and at most one comparison, where asking each question apart compared the same name with
+/// a dozen others.
+fn classify(name: &[u8]) -> Name {
+    let is = |known: &[u8]| name.eq_ignore_ascii_case(known);
+    match name.len() {
+        2 if is(b"te") => Name::OtherUnstable,
+        3 if is(b"via") => Name::OtherUnstable,
+        4 if is(b"host") => Name::Host,
+        7 if is(b"upgrade") => Name::Upgrade,
+        9 if is(b"forwarded") || is(b"x-real-ip") => Name::OtherUnstable,
+        10 if is(b"user-agent") => Name::UserAgent,
+        10 if is(b"connection") => Name::Connection,
+        10 if is(b"tracestate") => Name::Tracestate,
+        10 if is(b"keep-alive") => Name::OtherUnstable,
+        11 if is(b"traceparent") => Name::Traceparent,
+        14 if is(b"content-length") => Name::ContentLength,
+        15 if is(b"x-forwarded-for") => Name::OtherUnstable,
+        16 if is(b"proxy-connection") || is(b"x-forwarded-host") || is(b"x-forwarded-port") => Name::OtherUnstable,
+        17 if is(b"transfer-encoding") => Name::TransferEncoding,
+        17 if is(b"x-forwarded-proto") => Name::OtherUnstable,
+        _ => Name::Other,
+    }
 }
 
 /// The bit of one header line in [`RequestHead::header_sig`]: a hash of the name (ASCII case
@@ -307,17 +356,18 @@ struct MessageLines {
 }
 
 impl MessageLines {
-    fn line(&mut self, name: &[u8], value: &[u8]) {
-        if name.eq_ignore_ascii_case(b"content-length") {
+    fn line(&mut self, name: Name, value: &[u8]) {
+        match name {
             // The last one counts, unless an earlier one was already invalid.
-            if !matches!(self.content_length, Some(Err(_))) {
+            Name::ContentLength if !matches!(self.content_length, Some(Err(_))) => {
                 self.content_length = Some(parse_content_length(value));
             }
-        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
-            self.chunked = is_chunked(value);
-        } else if name.eq_ignore_ascii_case(b"connection") {
-            self.closes |= has_token(value, b"close");
-            self.keep_alive |= has_token(value, b"keep-alive");
+            Name::TransferEncoding => self.chunked = is_chunked(value),
+            Name::Connection => {
+                self.closes |= has_token(value, b"close");
+                self.keep_alive |= has_token(value, b"keep-alive");
+            }
+            _ => {}
         }
     }
 
@@ -370,30 +420,30 @@ impl<'a> RequestLines<'a> {
     /// Adds one header line: it signs the head (unless a proxy rewrites it on the way) and fills
     /// the fields spans need.
     fn line(&mut self, name: &[u8], value: &'a [u8]) {
-        if !is_unstable(name) {
+        let kind = classify(name);
+        if !kind.is_unstable() {
             self.header_sig |= header_signature_bit(name, value);
         }
         let text = || std::str::from_utf8(value).ok().map(str::trim);
-        if name.eq_ignore_ascii_case(b"host") {
-            self.host = text();
-        } else if name.eq_ignore_ascii_case(b"user-agent") {
-            self.user_agent = text();
-        } else if name.eq_ignore_ascii_case(b"traceparent") {
-            self.traceparents += 1;
-            if let Some(v) = text() {
-                set(&mut self.traceparent, v);
+        match kind {
+            Name::Host => self.host = text(),
+            Name::UserAgent => self.user_agent = text(),
+            Name::Traceparent => {
+                self.traceparents += 1;
+                if let Some(v) = text() {
+                    set(&mut self.traceparent, v);
+                }
             }
-        } else if name.eq_ignore_ascii_case(b"tracestate") {
-            // Several tracestate headers are one list (W3C Trace Context, section 3.3.1).
-            if self.tracestates > 0 {
-                self.tracestate.push(',');
+            Name::Tracestate => {
+                // Several tracestate headers are one list (W3C Trace Context, section 3.3.1).
+                if self.tracestates > 0 {
+                    self.tracestate.push(',');
+                }
+                self.tracestate.push_str(text().unwrap_or_default());
+                self.tracestates += 1;
             }
-            self.tracestate.push_str(text().unwrap_or_default());
-            self.tracestates += 1;
-        } else if name.eq_ignore_ascii_case(b"upgrade") {
-            self.upgrade = true;
-        } else {
-            self.message.line(name, value);
+            Name::Upgrade => self.upgrade = true,
+            _ => self.message.line(kind, value),
         }
     }
 
@@ -420,9 +470,9 @@ impl<'a> RequestLines<'a> {
 /// Parses a complete request head into `head`, reusing the capacity of its strings: a recycled
 /// head parses the next request without allocating.
 pub fn parse_request_into(bytes: &[u8], head: &mut RequestHead) -> Result<(), HeadError> {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut req = httparse::Request::new(&mut headers);
-    match req.parse(bytes) {
+    let mut headers = header_room();
+    let mut req = httparse::Request::new(&mut []);
+    match req.parse_with_uninit_headers(bytes, &mut headers) {
         Ok(httparse::Status::Complete(_)) => {}
         Ok(httparse::Status::Partial) => return Err(HeadError::Partial),
         Err(e) => return Err(HeadError::Invalid(httparse_reason(e))),
@@ -537,15 +587,16 @@ struct ResponseLines {
 
 impl ResponseLines {
     fn line(&mut self, name: &[u8], value: &[u8]) {
-        if !is_unstable(name) {
+        let kind = classify(name);
+        if !kind.is_unstable() {
             let line = header_line_hash(name, value);
             self.header_sig |= 1u64 << (line >> 58);
             self.header_digest = self.header_digest.wrapping_add(line);
-        } else if name.eq_ignore_ascii_case(b"traceparent") {
+        } else if kind == Name::Traceparent {
             self.traceparents += 1;
             self.traceparent = std::str::from_utf8(value).ok().and_then(parse_traceparent);
         }
-        self.message.line(name, value);
+        self.message.line(kind, value);
     }
 
     /// The `traceparent`, when there was exactly one and it was valid.
@@ -556,9 +607,9 @@ impl ResponseLines {
 
 /// Parses a complete response head.
 pub fn parse_response(bytes: &[u8]) -> Result<ResponseHead, HeadError> {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut resp = httparse::Response::new(&mut headers);
-    match resp.parse(bytes) {
+    let mut headers = header_room();
+    let mut resp = httparse::Response::new(&mut []);
+    match httparse::ParserConfig::default().parse_response_with_uninit_headers(&mut resp, bytes, &mut headers) {
         Ok(httparse::Status::Complete(_)) => {}
         Ok(httparse::Status::Partial) => return Err(HeadError::Partial),
         Err(e) => return Err(HeadError::Invalid(httparse_reason(e))),

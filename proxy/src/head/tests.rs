@@ -3,11 +3,62 @@
 #[test]
 fn every_unstable_name_is_found_in_any_case_and_the_usual_others_are_not() {
     for name in UNSTABLE_HEADERS {
-        assert!(is_unstable(name) && is_unstable(&name.to_ascii_uppercase()), "{name:?}");
+        assert!(classify(name).is_unstable() && classify(&name.to_ascii_uppercase()).is_unstable(), "{name:?}");
     }
     for name in [&b"host"[..], b"user-agent", b"accept-encoding", b"content-length", b"x-request-id", b"", &[b'x'; 40]]
     {
-        assert!(!is_unstable(name), "{name:?}");
+        assert!(!classify(name).is_unstable(), "{name:?}");
+    }
+}
+
+/// Each name the parsers read, in any case, and no other.
+#[test]
+fn classify_names_each_header_the_parsers_read() {
+    let read = [
+        (&b"host"[..], Name::Host),
+        (b"user-agent", Name::UserAgent),
+        (b"traceparent", Name::Traceparent),
+        (b"tracestate", Name::Tracestate),
+        (b"upgrade", Name::Upgrade),
+        (b"content-length", Name::ContentLength),
+        (b"transfer-encoding", Name::TransferEncoding),
+        (b"connection", Name::Connection),
+    ];
+    for (name, kind) in read {
+        assert_eq!(classify(name), kind, "{name:?}");
+        assert_eq!(classify(&name.to_ascii_uppercase()), kind, "{name:?}");
+    }
+    for name in [&b"hosts"[..], b"host ", b"content-lengths", b"x-traceparent", b"connectio", b"accept"] {
+        assert_eq!(classify(name), Name::Other, "{name:?}");
+    }
+}
+
+proptest::proptest! {
+    /// Any name, in any case: unstable exactly when it is in `UNSTABLE_HEADERS` (names drawn near
+    /// the listed ones, with one byte changed or cut, as well as at random).
+    #[test]
+    fn classify_agrees_with_the_unstable_list(
+        pick in 0..UNSTABLE_HEADERS.len(),
+        edit in proptest::option::of((0usize..20, proptest::prelude::any::<u8>())),
+        cut in proptest::prelude::any::<bool>(),
+        upper in proptest::collection::vec(proptest::prelude::any::<bool>(), 20),
+        random in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..20),
+        use_random in proptest::prelude::any::<bool>(),
+    ) {
+        let mut name = if use_random { random } else { UNSTABLE_HEADERS[pick].to_vec() };
+        if let Some((at, byte)) = edit.filter(|(at, _)| *at < name.len()) {
+            name[at] = byte;
+        }
+        if cut {
+            name.pop();
+        }
+        for (b, up) in name.iter_mut().zip(&upper) {
+            if *up {
+                b.make_ascii_uppercase();
+            }
+        }
+        let listed = UNSTABLE_HEADERS.iter().any(|u| u.eq_ignore_ascii_case(&name));
+        proptest::prop_assert_eq!(classify(&name).is_unstable(), listed);
     }
 }
 
