@@ -125,11 +125,7 @@ demo: setup
 # Only the benchmark needs these (h2load; the tracer plugin for HAProxy's filter; valgrind), so not in setup.
 BENCH_PACKAGES := nghttp2-client libdd-opentracing0 valgrind
 bench: setup
-	@missing=""; for p in $(BENCH_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
-	if [ -n "$$missing" ]; then \
-		echo "installing:$$missing"; \
-		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
-	fi
+	@scripts/apt_install.sh $(BENCH_PACKAGES)
 	cargo build --release -p tracetap -p tracetap-tests --bin tracetap --bin otlp-discard
 	python3 scripts/bench_overhead.py
 	cargo bench -p tracetap --bench encode
