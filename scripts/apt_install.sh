@@ -1,12 +1,14 @@
-#!/bin/bash
-# Installs the Debian packages given as arguments that are not installed yet (`make setup`).
+#!/usr/bin/env bash
+# Installs the Debian packages given as arguments that are not installed yet (`make setup`, `make
+# bench`).
 #
 # Some machine images carry a newer qemu-utils (bookworm-backports' 10.x, installed before their
 # sources were removed) than Debian 12's qemu-system-* (7.2), and it Breaks them: apt then refuses
 # the whole install. The kernel matrix runs on Debian 12's qemu, so when a qemu-system package is
-# wanted, qemu-utils is moved to the same version as Debian 12's qemu-system-common (a downgrade
-# of a package nothing here needs at its newer version).
+# wanted, an installed qemu-utils is moved to the version of Debian 12's qemu-system-common (a
+# downgrade of a package nothing here needs at its newer version).
 set -euo pipefail
+export LC_ALL=C
 
 missing=()
 for p in "$@"; do
@@ -17,8 +19,9 @@ echo "installing: ${missing[*]}"
 apt-get update -q
 
 extra=()
-if printf '%s\n' "${missing[@]}" | grep -q '^qemu-system-' \
-	&& installed=$(dpkg-query -W -f='${Version}' qemu-utils 2>/dev/null); then
+status=$(dpkg-query -W -f='${db:Status-Status} ${Version}' qemu-utils 2>/dev/null || true)
+if [[ " ${missing[*]} " == *" qemu-system-"* && $status == "installed "* ]]; then
+	installed=${status#installed }
 	wanted=$(apt-cache policy qemu-system-common | awk '/Candidate:/ { print $2 }')
 	if [ -n "$wanted" ] && [ "$wanted" != "(none)" ] && [ "$installed" != "$wanted" ]; then
 		echo "qemu-utils $installed does not go with qemu-system-common $wanted: installing qemu-utils=$wanted"

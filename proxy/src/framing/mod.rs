@@ -421,7 +421,7 @@ mod body;
 #[cfg(test)]
 mod tests {
     proptest::proptest! {
-        /// The memchr search finds the same head end as a byte-at-a-time scan.
+        /// The memmem search finds the same head end as a byte-at-a-time scan.
         #[test]
         fn find_head_end_agrees_with_a_byte_scan(bytes in proptest::collection::vec(proptest::sample::select(vec![b'\r', b'\n', b'a', b':']), 0..64)) {
             let scan = (0..bytes.len()).find_map(|i| {
