@@ -454,11 +454,7 @@ impl<'a> RequestLines<'a> {
 pub fn parse_request_into(bytes: &[u8], head: &mut RequestHead) -> Result<(), HeadError> {
     let mut headers = header_room();
     let mut req = httparse::Request::new(&mut []);
-    match req.parse_with_uninit_headers(bytes, &mut headers) {
-        Ok(httparse::Status::Complete(_)) => {}
-        Ok(httparse::Status::Partial) => return Err(HeadError::Partial),
-        Err(e) => return Err(HeadError::Invalid(httparse_reason(e))),
-    }
+    complete(req.parse_with_uninit_headers(bytes, &mut headers))?;
     let method = req.method.unwrap_or_default();
     set(&mut head.method, method);
     set(&mut head.target, req.path.unwrap_or_default());
@@ -591,11 +587,7 @@ impl ResponseLines {
 pub fn parse_response(bytes: &[u8]) -> Result<ResponseHead, HeadError> {
     let mut headers = header_room();
     let mut resp = httparse::Response::new(&mut []);
-    match httparse::ParserConfig::default().parse_response_with_uninit_headers(&mut resp, bytes, &mut headers) {
-        Ok(httparse::Status::Complete(_)) => {}
-        Ok(httparse::Status::Partial) => return Err(HeadError::Partial),
-        Err(e) => return Err(HeadError::Invalid(httparse_reason(e))),
-    }
+    complete(httparse::ParserConfig::default().parse_response_with_uninit_headers(&mut resp, bytes, &mut headers))?;
     let mut lines = ResponseLines::default();
     for h in resp.headers.iter() {
         lines.line(h.name.as_bytes(), h.value);
@@ -639,6 +631,16 @@ pub fn response_from_fields<'a>(fields: impl Iterator<Item = (&'a [u8], &'a [u8]
         header_digest: lines.header_digest,
         traceparent: lines.traceparent(),
     })
+}
+
+/// What httparse said of a head, as the parsers' error: a head from the framer is whole, so
+/// `Partial` is an error too.
+fn complete(parsed: httparse::Result<usize>) -> Result<(), HeadError> {
+    match parsed {
+        Ok(httparse::Status::Complete(_)) => Ok(()),
+        Ok(httparse::Status::Partial) => Err(HeadError::Partial),
+        Err(e) => Err(HeadError::Invalid(httparse_reason(e))),
+    }
 }
 
 fn httparse_reason(e: httparse::Error) -> &'static str {
