@@ -180,6 +180,8 @@ metrics! {
     backend_quarantined: Counter, "tracetap_backend_exchanges_quarantined_total", "Backend exchanges not exported because records were lost while their link was open to doubt (within 1 s of a loss, or linked with rivals or by headers before it); their SERVER spans are exported";
     sampled_in: Counter, "tracetap_requests_sampled_total", "Requests the head sampler kept";
     sampled_out: Counter, "tracetap_requests_sampled_out_total", "Requests dropped by the head sampler";
+    sampled_out_at_head: Counter, "tracetap_requests_sampled_out_at_head_total", "Of the requests dropped by the head sampler, those dropped by their own valid traceparent as their head was read: only paired with their response, never an exchange (also in tracetap_requests_sampled_out_total)";
+    backend_sampled_out_at_head: Counter, "tracetap_backend_requests_sampled_out_at_head_total", "Backend requests carrying the trace of a request dropped at its head whose own traceparent drops them too: only paired with their response, never linked (also in tracetap_backend_requests_total)";
     rejected_spans_dropped: Counter, "tracetap_rejected_request_spans_dropped_total", "SERVER spans of requests HAProxy rejected as malformed that TRACETAP_REJECTED_SPANS_PER_SECOND left out";
     propagated: Counter, "tracetap_requests_propagated_total", "Requests whose trace context HAProxy forwarded itself (tracetap haproxy-snippet); their CLIENT spans take the forwarded parent ids";
     server_names_ambiguous: Counter, "tracetap_server_names_ambiguous_total", "CLIENT spans left without haproxy.backend and haproxy.server: several server lines share the address and the frontend's routes (default_backend, use_backend) do not single one out";

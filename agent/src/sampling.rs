@@ -7,7 +7,9 @@
 //! extrapolate counts from `th`.
 
 use crate::config_error::ConfigError;
-use tracetap_proxy::trace_context::{MAX_THRESHOLD, TraceParent, parse_ot_tracestate, with_threshold};
+pub use tracetap_proxy::trace_context::randomness;
+use tracetap_proxy::sampled_out::SampledOutRule;
+use tracetap_proxy::trace_context::{MAX_THRESHOLD, TraceParent, with_threshold};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum RootSampler {
@@ -74,12 +76,7 @@ impl Sampler {
     /// still keep what a sampled parent asks for. Such a sampler needs no probes at all.
     #[must_use]
     pub fn keeps_nothing(&self) -> bool {
-        !self.parent_based
-            && match self.root {
-                RootSampler::AlwaysOff => true,
-                RootSampler::AlwaysOn => false,
-                RootSampler::Ratio { threshold, .. } => threshold >= MAX_THRESHOLD,
-            }
+        !self.parent_based && self.threshold() >= MAX_THRESHOLD
     }
 
     /// Decides whether the trace of a request is recorded.
@@ -89,7 +86,9 @@ impl Sampler {
     }
 
     /// Decides whether the trace of a request is recorded, from its parent, its `tracestate` and
-    /// its trace id. `None` drops it; `Some` is the `tracestate` its spans carry.
+    /// its trace id. `None` drops it; `Some` is the `tracestate` its spans carry. With a valid
+    /// parent, the verdict is [`Sampler::sampled_out_rule`]'s, which the tracker applies to
+    /// request heads.
     #[must_use]
     pub fn decide(
         &self,
@@ -97,21 +96,42 @@ impl Sampler {
         tracestate: Option<&str>,
         trace_id: &[u8; 16],
     ) -> Option<String> {
-        if self.parent_based
-            && let Some(parent) = parent
-        {
-            return parent.sampled().then(|| tracestate.unwrap_or_default().to_owned());
+        if let Some(parent) = parent {
+            if self.sampled_out_rule().drops(parent, tracestate) {
+                return None;
+            }
+            if self.parent_based {
+                return Some(tracestate.unwrap_or_default().to_owned());
+            }
+            return Some(with_threshold(tracestate, self.threshold()));
         }
         // Without a valid traceparent, an incoming tracestate is not part of this trace.
-        let tracestate = tracestate.filter(|_| parent.is_some());
-        let threshold = match self.root {
-            RootSampler::AlwaysOff => return None,
+        if self.root == RootSampler::AlwaysOff {
+            return None;
+        }
+        let threshold = self.threshold();
+        (randomness(trace_id) >= threshold).then(|| with_threshold(None, threshold))
+    }
+
+    /// What a valid incoming `traceparent` alone decides (see [`SampledOutRule`]).
+    #[must_use]
+    pub fn sampled_out_rule(&self) -> SampledOutRule {
+        if self.parent_based {
+            return SampledOutRule::UnsampledParent;
+        }
+        match self.root {
+            RootSampler::AlwaysOn => SampledOutRule::Never,
+            RootSampler::AlwaysOff | RootSampler::Ratio { .. } => SampledOutRule::RandomnessBelow(self.threshold()),
+        }
+    }
+
+    /// The root sampler's rejection threshold (above every randomness for `always_off`).
+    fn threshold(&self) -> u64 {
+        match self.root {
             RootSampler::AlwaysOn => 0,
+            RootSampler::AlwaysOff => MAX_THRESHOLD,
             RootSampler::Ratio { threshold, .. } => threshold,
-        };
-        let randomness =
-            tracestate.and_then(|ts| parse_ot_tracestate(ts).randomness).unwrap_or_else(|| randomness(trace_id));
-        (randomness >= threshold).then(|| with_threshold(tracestate, threshold))
+        }
     }
 }
 
@@ -121,15 +141,6 @@ impl Sampler {
 pub fn threshold_for(ratio: f64) -> u64 {
     let t = (1.0 - ratio) * MAX_THRESHOLD as f64;
     (t.round() as u64).min(MAX_THRESHOLD)
-}
-
-/// The lowest 56 bits of the trace id.
-/// A trace id's consistent-sampling randomness: its lowest 56 bits.
-#[must_use]
-pub fn randomness(trace_id: &[u8; 16]) -> u64 {
-    let mut low = [0u8; 8];
-    low[1..].copy_from_slice(&trace_id[9..]);
-    u64::from_be_bytes(low)
 }
 
 #[cfg(test)]
@@ -235,6 +246,51 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// With a valid parent, the tracker's rule and the sampler agree, and both say what the
+        /// specifications say (written out here on their own): a parent-based sampler follows the
+        /// parent's sampled flag; another keeps the trace when its randomness (the `ot=rv:` of the
+        /// tracestate, else the trace id's lowest 56 bits) is at least its threshold.
+        #[test]
+        fn with_a_valid_parent_the_rule_the_sampler_and_the_specification_agree(
+            trace_id: [u8; 16],
+            parent_id: [u8; 8],
+            flags in 0u8..=255,
+            rv in 0u64..(1 << 56),
+            rv_form in 0u8..4,
+            ratio in 0.0f64..=1.0,
+        ) {
+            let parent = TraceParent { trace_id, parent_id, flags };
+            // Well-formed, absent, malformed (13 digits: ignored) and beside another vendor's entry.
+            let tracestate = match rv_form {
+                0 => None,
+                1 => Some(format!("ot=rv:{rv:014x}")),
+                2 => Some(format!("ot=rv:{:013x}", rv >> 4)),
+                _ => Some(format!("vendor=x,ot=th:0;rv:{rv:014x}")),
+            };
+            let tracestate = tracestate.as_deref();
+            let arg = ratio.to_string();
+            let mut samplers = every_sampler();
+            samplers.push(Sampler::from_vars(Some("traceidratio"), Some(&arg)).unwrap());
+            samplers.push(Sampler::from_vars(Some("parentbased_traceidratio"), Some(&arg)).unwrap());
+            let low56 = u64::from_be_bytes([0, trace_id[9], trace_id[10], trace_id[11], trace_id[12], trace_id[13], trace_id[14], trace_id[15]]);
+            let randomness = if matches!(rv_form, 1 | 3) { rv } else { low56 };
+            for sampler in samplers {
+                let specified = if sampler.parent_based {
+                    flags & 1 == 1
+                } else {
+                    match sampler.root {
+                        RootSampler::AlwaysOn => true,
+                        RootSampler::AlwaysOff => false,
+                        RootSampler::Ratio { threshold, .. } => randomness >= threshold,
+                    }
+                };
+                let kept = sampler.decide(Some(&parent), tracestate, &trace_id).is_some();
+                let dropped_by_rule = sampler.sampled_out_rule().drops(&parent, tracestate);
+                proptest::prop_assert_eq!(kept, specified, "{:?}", sampler);
+                proptest::prop_assert_eq!(dropped_by_rule, !specified, "{:?}", sampler);
+            }
+        }
+
         /// A sampler said to keep nothing keeps no request, whatever its parent, its `rv` and its
         /// trace id; every other sampler keeps some request of the inputs tried.
         #[test]
@@ -253,6 +309,27 @@ mod tests {
                 proptest::prop_assert!(kept.is_none(), "{sampler:?} kept {kept:?}");
             }
         }
+    }
+
+    /// The examples of W3C Trace Context (section 3.2.2.5, and the version 00 header of its
+    /// examples), and OpenTelemetry's probability sampling example (`th` 8: ratio 0.5).
+    #[test]
+    fn the_specifications_examples_are_decided_as_written() {
+        use tracetap_proxy::trace_context::parse_traceparent;
+        let sampled = parse_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap();
+        let unsampled = parse_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00").unwrap();
+        let pb = Sampler::default();
+        assert_eq!(pb.sampled_out_rule(), SampledOutRule::UnsampledParent);
+        assert!(!pb.sampled_out_rule().drops(&sampled, None));
+        assert!(pb.sampled_out_rule().drops(&unsampled, None));
+        // The trace id's lowest 56 bits are 0xce929d0e0e4736, at least 2^55: a ratio of 0.5 keeps
+        // it whatever the flag, unless an `rv` below the threshold says otherwise.
+        let half = Sampler::from_vars(Some("traceidratio"), Some("0.5")).unwrap();
+        assert_eq!(half.sampled_out_rule(), SampledOutRule::RandomnessBelow(1 << 55));
+        assert!(!half.sampled_out_rule().drops(&unsampled, None));
+        assert!(half.sampled_out_rule().drops(&sampled, Some("ot=rv:7fffffffffffff")));
+        assert!(!half.sampled_out_rule().drops(&unsampled, Some("ot=rv:80000000000000")));
+        assert_eq!(Sampler::from_vars(Some("always_on"), None).unwrap().sampled_out_rule(), SampledOutRule::Never);
     }
 
     #[test]

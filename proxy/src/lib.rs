@@ -14,6 +14,7 @@ pub mod haproxy_words;
 pub mod head;
 pub mod proxy_protocol;
 pub mod rejected;
+pub mod sampled_out;
 pub mod termination;
 pub mod timers;
 pub mod trace_context;

@@ -92,6 +92,16 @@ pub struct OtTraceState {
 /// Largest value of a 56-bit threshold or randomness, plus one.
 pub const MAX_THRESHOLD: u64 = 1 << 56;
 
+/// The lowest 56 bits of a trace id: the trace's consistent-sampling randomness, unless the `ot`
+/// entry of its `tracestate` gives an `rv`. One definition for every decision taken on it (the
+/// head sampler, [`crate::sampled_out`], shedding, the tail's `probabilistic` policy).
+#[must_use]
+pub fn randomness(trace_id: &[u8; 16]) -> u64 {
+    let mut low = [0u8; 8];
+    low[1..].copy_from_slice(&trace_id[9..]);
+    u64::from_be_bytes(low)
+}
+
 /// Reads the `ot` entry of a `tracestate` header (W3C list; OpenTelemetry's `ot` value is
 /// `;`-separated `key:value` pairs). Malformed `th`/`rv` values are ignored, as the spec asks.
 #[must_use]

@@ -4,8 +4,9 @@
 use std::net::SocketAddr;
 
 use proptest::prelude::*;
+use tracetap_proxy::sampled_out::SampledOutRule;
 use tracetap_proxy::trace_context::parse_traceparent;
-use tracetap_proxy::{Chunk, Op, OpaqueMark, Outcome, ServerExchange, SyscallEvent, TraceparentField, Tracker};
+use tracetap_proxy::{Chunk, Limits, Op, OpaqueMark, Outcome, ServerExchange, SyscallEvent, TraceparentField, Tracker};
 
 const PID: u32 = 100;
 
@@ -501,7 +502,7 @@ fn ignored_connections_produce_nothing() {
 
 #[test]
 fn expiry_gives_up_on_idle_exchanges() {
-    let mut t = Tracker::new(tracetap_proxy::Limits { exchange_timeout_ns: 10_000, linger_ns: 1_000 });
+    let mut t = Tracker::new(Limits { exchange_timeout_ns: 10_000, linger_ns: 1_000, ..Limits::default() });
     let mut s = Script::default();
     s.push(1, 10, OwnedOp::Accept(client())).push(1, 10, OwnedOp::Read(req("/hang")));
     assert!(s.run(&mut t).is_empty());
@@ -947,7 +948,7 @@ fn proxy_protocol_headers_name_the_client_and_are_not_request_bytes() {
 
 #[test]
 fn a_body_streaming_longer_than_the_expiry_is_not_expired() {
-    let mut t = Tracker::new(tracetap_proxy::Limits { exchange_timeout_ns: 10_000, linger_ns: 1_000 });
+    let mut t = Tracker::new(Limits { exchange_timeout_ns: 10_000, linger_ns: 1_000, ..Limits::default() });
     let mut s = Script::default();
     s.push(1, 10, OwnedOp::Accept(client()))
         .push(1, 10, OwnedOp::Read(req("/stream")))
@@ -1127,7 +1128,7 @@ fn a_connection_that_stops_being_numbered_is_counted() {
 #[test]
 fn a_let_go_backend_exchange_is_counted_once_no_relay_can_claim_it() {
     let mut t =
-        Tracker::new(tracetap_proxy::Limits { exchange_timeout_ns: 600_000_000_000, linger_ns: 60_000_000_000 });
+        Tracker::new(Limits { exchange_timeout_ns: 600_000_000_000, linger_ns: 60_000_000_000, ..Limits::default() });
     let mut s = Script::default();
     s.push(1, 10, OwnedOp::Accept(client()))
         .push(1, 10, OwnedOp::Read(req_with("/x", "X-A: 1\r\n")))
@@ -1357,4 +1358,124 @@ fn a_backend_request_in_a_shared_trace_goes_to_the_request_its_thread_read() {
         "thread 1's request (read first) under thread 1's backend request"
     );
     assert_eq!(t.stats().relinked_backend_exchanges, 0, "linked right when written");
+}
+
+/// A request head carrying `traceparent` with this trace id (32 hex digits) and flags.
+fn traced_req(path: &str, trace: &str, flags: &str) -> Vec<u8> {
+    format!("GET {path} HTTP/1.1\r\nHost: h\r\ntraceparent: 00-{trace}-00f067aa0ba902b7-{flags}\r\n\r\n").into_bytes()
+}
+
+const TRACE_A: &str = "0af7651916cd43dd8448eb211c80319a";
+const TRACE_B: &str = "0af7651916cd43dd8448eb211c80319b";
+const TRACE_C: &str = "0af7651916cd43dd8448eb211c80319c";
+
+fn sampling_parent_based() -> Tracker {
+    Tracker::new(Limits { sampled_out: SampledOutRule::UnsampledParent, ..Limits::default() })
+}
+
+/// What the exchanges handed out say: each SERVER exchange's path and status, and its CLIENT
+/// exchanges' statuses.
+fn answers(out: &[ServerExchange]) -> Vec<(String, u16, Vec<u16>)> {
+    out.iter()
+        .map(|ex| {
+            let clients = ex.clients.iter().map(|c| c.response.map_or(0, |r| r.status)).collect();
+            (ex.request.as_ref().unwrap().path().to_owned(), ex.response.map_or(0, |r| r.status), clients)
+        })
+        .collect()
+}
+
+#[test]
+fn a_request_its_own_context_drops_is_only_paired_and_the_kept_ones_around_it_keep_their_answers() {
+    // One keep-alive connection each side; the client pipelines the dropped request and the next
+    // kept one in one read, and every response has a body of another length.
+    let mut tracker = sampling_parent_based();
+    let mut script = Script::default();
+    let (a, b, c) = (traced_req("/a", TRACE_A, "01"), traced_req("/b", TRACE_B, "00"), traced_req("/c", TRACE_C, "01"));
+    let pipelined = [b.clone(), c.clone()].concat();
+    script
+        .push(1, 10, OwnedOp::Accept(client()))
+        .push(1, 10, OwnedOp::Read(a.clone()))
+        .push(1, 11, OwnedOp::Connect(server()))
+        .push(1, 11, OwnedOp::Write(a))
+        .push(1, 11, OwnedOp::Read(resp(200, "a")))
+        .push(1, 10, OwnedOp::Write(resp(200, "a")))
+        .push(1, 10, OwnedOp::Read(pipelined))
+        .push(1, 11, OwnedOp::Write(b))
+        .push(1, 11, OwnedOp::Read(resp(201, "bb")))
+        .push(1, 10, OwnedOp::Write(resp(201, "bb")))
+        .push(1, 11, OwnedOp::Write(c))
+        .push(1, 11, OwnedOp::Read(resp(202, "ccc")))
+        .push(1, 10, OwnedOp::Write(resp(202, "ccc")));
+    let out = script.run(&mut tracker);
+    assert_eq!(answers(&out), [("/a".to_owned(), 200, vec![200]), ("/c".to_owned(), 202, vec![202])]);
+    let stats = tracker.stats();
+    assert_eq!((stats.sampled_out_requests, stats.sampled_out_backend_requests), (1, 1));
+    assert_eq!((stats.frontend_requests, stats.backend_requests), (3, 3));
+    assert_eq!((stats.unlinked_backend_requests, stats.unpaired_responses, stats.parse_errors), (0, 0, 0));
+    assert_eq!(tracker.open_exchanges(), 0);
+}
+
+#[test]
+fn an_interim_response_does_not_end_a_request_sampled_out() {
+    let mut tracker = sampling_parent_based();
+    let mut script = Script::default();
+    let (b, c) = (traced_req("/b", TRACE_B, "00"), traced_req("/c", TRACE_C, "01"));
+    let continued = [b"HTTP/1.1 100 Continue\r\n\r\n".to_vec(), resp(201, "bb")].concat();
+    script
+        .push(1, 10, OwnedOp::Accept(client()))
+        .push(1, 11, OwnedOp::Connect(server()))
+        .push(1, 10, OwnedOp::Read(b.clone()))
+        .push(1, 11, OwnedOp::Write(b))
+        .push(1, 11, OwnedOp::Read(b"HTTP/1.1 100 Continue\r\n\r\n".to_vec()))
+        .push(1, 10, OwnedOp::Write(b"HTTP/1.1 100 Continue\r\n\r\n".to_vec()))
+        .push(1, 11, OwnedOp::Read(resp(201, "bb")))
+        .push(1, 10, OwnedOp::Write(continued[25..].to_vec()))
+        .push(1, 10, OwnedOp::Read(c.clone()))
+        .push(1, 11, OwnedOp::Write(c))
+        .push(1, 11, OwnedOp::Read(resp(202, "ccc")))
+        .push(1, 10, OwnedOp::Write(resp(202, "ccc")));
+    let out = script.run(&mut tracker);
+    assert_eq!(answers(&out), [("/c".to_owned(), 202, vec![202])]);
+    assert_eq!(tracker.stats().unpaired_responses, 0);
+}
+
+#[test]
+fn a_backend_request_of_a_trace_no_dropped_request_carries_is_linked_as_always() {
+    // The client sent no context; HAProxy's lines forwarded one of their own, unsampled. The
+    // exchange stays whole, for the agent to follow that flag.
+    let mut tracker = sampling_parent_based();
+    let mut script = Script::default();
+    script
+        .push(1, 10, OwnedOp::Accept(client()))
+        .push(1, 10, OwnedOp::Read(req("/a")))
+        .push(1, 11, OwnedOp::Connect(server()))
+        .push(1, 11, OwnedOp::Write(traced_req("/a", TRACE_A, "00")))
+        .push(1, 11, OwnedOp::Read(resp(200, "a")))
+        .push(1, 10, OwnedOp::Write(resp(200, "a")));
+    let out = script.run(&mut tracker);
+    assert_eq!(answers(&out), [("/a".to_owned(), 200, vec![200])]);
+    assert_eq!(tracker.stats().sampled_out_backend_requests, 0);
+}
+
+#[test]
+fn a_dropped_trace_is_forgotten_once_its_request_is_answered() {
+    // A later request without context, whose backend request carries that trace again, unsampled
+    // (as lines of HAProxy's making could): it is linked, not left out.
+    let mut tracker = sampling_parent_based();
+    let mut script = Script::default();
+    let b = traced_req("/b", TRACE_B, "00");
+    script
+        .push(1, 10, OwnedOp::Accept(client()))
+        .push(1, 11, OwnedOp::Connect(server()))
+        .push(1, 10, OwnedOp::Read(b.clone()))
+        .push(1, 11, OwnedOp::Write(b))
+        .push(1, 11, OwnedOp::Read(resp(201, "bb")))
+        .push(1, 10, OwnedOp::Write(resp(201, "bb")))
+        .push(1, 10, OwnedOp::Read(req("/d")))
+        .push(1, 11, OwnedOp::Write(traced_req("/d", TRACE_B, "00")))
+        .push(1, 11, OwnedOp::Read(resp(204, "")))
+        .push(1, 10, OwnedOp::Write(resp(204, "")));
+    let out = script.run(&mut tracker);
+    assert_eq!(answers(&out), [("/d".to_owned(), 204, vec![204])]);
+    assert_eq!((tracker.stats().sampled_out_requests, tracker.stats().sampled_out_backend_requests), (1, 1));
 }

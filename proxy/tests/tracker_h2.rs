@@ -3,8 +3,9 @@
 use std::net::SocketAddr;
 
 use tracetap_proxy::h2::PREFACE;
+use tracetap_proxy::sampled_out::SampledOutRule;
 use tracetap_proxy::{
-    Chunk, HttpVersion, Op, OpaqueMark, Outcome, ServerExchange, SyscallEvent, TlsInfo, Tracker, TrackerStats,
+    Chunk, HttpVersion, Limits, Op, OpaqueMark, Outcome, ServerExchange, SyscallEvent, TlsInfo, Tracker, TrackerStats,
 };
 
 const PID: u32 = 100;
@@ -644,4 +645,46 @@ fn an_ignored_connection_stays_opaque_under_tls() {
     t.handle(&numbered(4, Op::Read(Chunk::complete(&request))));
     t.handle(&numbered(5, Op::Write(Chunk::complete(&response))));
     assert_eq!(t.drain().count(), 0);
+}
+
+#[test]
+fn an_h2_backend_stream_of_a_request_sampled_out_is_only_paired_and_the_kept_stream_beside_it_keeps_its_answer() {
+    let unsampled = "00-0af7651916cd43dd8448eb211c80319b-00f067aa0ba902b7-00";
+    let sampled = "00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01";
+    let front = |path: &str, tp: &str| {
+        format!("GET {path} HTTP/1.1\r\nhost: h\r\nuser-agent: load/1\r\ntraceparent: {tp}\r\n\r\n").into_bytes()
+    };
+    let (mut proxy_side, mut server_side) = (Side::new(), Side::new());
+    let mut backend_request = |stream, path, tp| {
+        proxy_side.headers(
+            stream,
+            &[(":method", "GET"), (":scheme", "http"), (":authority", "h"), (":path", path), ("traceparent", tp)],
+            true,
+        )
+    };
+    let (dropped_stream, kept_stream) = (backend_request(1, "/b", unsampled), backend_request(3, "/c", sampled));
+    // Both answered alike, the dropped one first: only its stream tells them apart.
+    let backend_responses = cat(&[
+        settings(),
+        h2_response(&mut server_side, 1, 200, "x", "body"),
+        h2_response(&mut server_side, 3, 200, "x", "body"),
+    ]);
+    let steps = vec![
+        (1, 10, OwnedOp::Accept),
+        (1, 11, OwnedOp::Accept),
+        (1, 10, OwnedOp::Read(front("/b", unsampled))),
+        (1, 11, OwnedOp::Read(front("/c", sampled))),
+        (1, 20, OwnedOp::Connect),
+        (1, 20, OwnedOp::Write(cat(&[client_start(), dropped_stream, kept_stream]))),
+        (1, 20, OwnedOp::Read(backend_responses)),
+        (1, 10, OwnedOp::Write(h1_response(200, "x", "body"))),
+        (1, 11, OwnedOp::Write(h1_response(200, "x", "body"))),
+    ];
+    let mut t = Tracker::new(Limits { sampled_out: SampledOutRule::UnsampledParent, ..Limits::default() });
+    let out = run(&mut t, &steps);
+    assert_eq!(summary(&out), [(200, "/c".to_owned(), Outcome::Complete, 1)]);
+    assert_eq!(out[0].clients[0].request.target, "/c");
+    let stats = t.stats();
+    assert_eq!((stats.sampled_out_requests, stats.sampled_out_backend_requests), (1, 1));
+    assert_eq!((stats.unlinked_backend_requests, stats.unpaired_responses), (0, 0));
 }

@@ -103,6 +103,7 @@ impl Output {
 pub fn run(mut probes: Probes, config: &Config, metrics: &Metrics, queue: Output, pods: Pods, stop: &Arc<AtomicBool>) {
     let mut tracker = Tracker::new(Limits {
         exchange_timeout_ns: config.exchange_idle_timeout.as_nanos() as u64,
+        sampled_out: config.sampler.sampled_out_rule(),
         ..Limits::default()
     });
     let mut builder = SpanBuilder::new(config.sampler, loader::monotonic_to_unix_offset_ns())
@@ -544,6 +545,11 @@ fn publish_tracker(tracker: &Tracker, metrics: &Metrics) {
     metrics::set(&metrics.requests_seen, s.frontend_requests);
     metrics::set(&metrics.backend_requests_seen, s.backend_requests);
     metrics::set(&metrics.backend_unlinked, s.unlinked_backend_requests);
+    // The tracker's drops at the head join the sampler's later ones in `sampled_out`, which the
+    // capture loop adds to; this is the only writer of `sampled_out_at_head`.
+    let before = metrics.sampled_out_at_head.swap(s.sampled_out_requests, Relaxed);
+    metrics::add(&metrics.sampled_out, s.sampled_out_requests.saturating_sub(before));
+    metrics::set(&metrics.backend_sampled_out_at_head, s.sampled_out_backend_requests);
     metrics::set(&metrics.backend_late, s.late_backend_exchanges);
     metrics::set(&metrics.truncated_heads, s.truncated_heads);
     metrics::set(&metrics.exchanges_expired, s.expired_exchanges);

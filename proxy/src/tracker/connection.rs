@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 
 use super::http2::H2Connection;
-use super::{Direction, OpaqueCause, Role, TrackerStats};
+use super::{Direction, OpaqueCause, Role, SampledOutTraces, TrackerStats};
 use crate::exchange::TlsInfo;
 use crate::framing::Framer;
 use crate::rejected::Rejected;
@@ -39,6 +39,10 @@ pub(super) struct Connection {
     pub(super) fronts: VecDeque<u64>,
     /// Backend: ids of requests written and not yet answered, oldest first.
     pub(super) backs: VecDeque<u64>,
+    /// Frontend: the trace ids of the requests in `fronts` that were sampled out
+    /// ([`super::SAMPLED_OUT`]), in the same order.
+    pub(super) sampled_out_traces: VecDeque<[u8; 16]>,
+
     /// Sequence number of the last record seen (0: the probes do not number this connection).
     pub(super) last_seq: u32,
     /// `ts_ns` of the `accept`/`connect` record when the probes number the connection (their
@@ -86,6 +90,7 @@ impl Connection {
             rejected: None,
             fronts: VecDeque::new(),
             backs: VecDeque::new(),
+            sampled_out_traces: VecDeque::new(),
             last_seq: 0,
             opened_ns: 0,
             gapped: false,
@@ -101,6 +106,14 @@ impl Connection {
 }
 
 impl Connection {
+    /// Forgets the requests of this connection sampled out at their head (their ids stay in the
+    /// queues for the caller to drain): their traces no longer wait for an answer.
+    pub(super) fn release_sampled_out(&mut self, tgid: u32, waiting: &mut SampledOutTraces) {
+        for trace in self.sampled_out_traces.drain(..) {
+            waiting.release(tgid, trace);
+        }
+    }
+
     /// Takes a record's sequence number; true when records of this connection were lost before
     /// it. A numbered connection whose records arrive unnumbered (the probes' table forgot it)
     /// can no longer show gaps: counted once.

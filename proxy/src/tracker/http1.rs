@@ -10,7 +10,8 @@ use crate::head::{self, ResponseHead};
 use crate::rejected::{Rejected, is_rejection_status};
 
 use super::{
-    Chunk, Connection, Ctx, Direction, Kind, MAX_UNANSWERED_RECORDS, OpaqueCause, Role, Tracker, classify, mark_opaque,
+    Chunk, Connection, Ctx, Direction, Kind, MAX_UNANSWERED_RECORDS, OpaqueCause, Role, SAMPLED_OUT, Tracker, classify,
+    mark_opaque,
 };
 
 /// What the framing loop does after a step: go on with the call's bytes, or stop there.
@@ -103,9 +104,11 @@ impl Tracker {
             self.stats.truncated_heads += u64::from(request.truncated);
             framer.set_body(request.framing);
             match role {
-                Role::Frontend => self.new_front(ctx, request, started),
-                _ => self.new_backend(ctx, request, started),
-            };
+                Role::Frontend => self.new_h1_front(ctx, request, started),
+                _ => {
+                    self.new_backend(ctx, request, started);
+                }
+            }
         } else {
             self.stats.parse_errors += 1;
             let rejected = (role == Role::Frontend).then(|| Rejected::failed(framer.head_bytes(), started));
@@ -208,6 +211,11 @@ impl Tracker {
     /// its body is framed.
     fn response_head(&mut self, ctx: Ctx, role: Role, response: ResponseHead, started: u64) -> BodyFraming {
         let conn = self.conns.get_mut(&ctx.key).expect("present");
+        let oldest = if role == Role::Frontend { conn.fronts.front() } else { conn.backs.front() };
+        if oldest == Some(&SAMPLED_OUT) {
+            // Only paired: nothing of it is kept.
+            return response.framing("GET");
+        }
         if role == Role::Frontend {
             let id = if let Some(id) = conn.fronts.front() {
                 *id
@@ -250,6 +258,20 @@ impl Tracker {
 
     fn response_done(&mut self, ctx: Ctx, role: Role, outcome: Outcome) {
         let conn = self.conns.get_mut(&ctx.key).expect("present");
+        let oldest = if role == Role::Frontend { conn.fronts.front() } else { conn.backs.front() };
+        if oldest == Some(&SAMPLED_OUT) {
+            // (Called for final responses only: an interim one frames no body.)
+            if role == Role::Frontend {
+                conn.fronts.pop_front();
+                if let Some(trace) = conn.sampled_out_traces.pop_front() {
+                    self.sampled_out.release(ctx.key.0, trace);
+                }
+            } else {
+                conn.backs.pop_front();
+                conn.free_since_ns = Some(ctx.ts);
+            }
+            return;
+        }
         if role == Role::Frontend {
             let Some(id) = conn.fronts.front().copied() else { return };
             if self.linker.front(id).is_some_and(|f| !f.responding) {

@@ -12,7 +12,7 @@
 //! - HPACK state cannot be rebuilt: a desynced decoder or a capture gap ends the open streams
 //!   with [`Outcome::CaptureGap`] and makes the connection opaque ([`Tracker::h2_lost`]).
 
-use super::{Connection, Ctx, Direction, Role, Tracker, TrackerStats, mark_opaque};
+use super::{Connection, Ctx, Direction, Role, SAMPLED_OUT, Tracker, TrackerStats, mark_opaque};
 use crate::exchange::Outcome;
 use crate::framing::{BodyFraming, Chunk, Framer};
 use crate::h2;
@@ -149,6 +149,8 @@ impl Tracker {
                     return;
                 };
                 let framing = match role {
+                    // A backend stream sampled out at its head: only paired.
+                    _ if id == SAMPLED_OUT => head.framing("GET"),
                     Role::Frontend => self.linker.front_response_head(id, ctx, head),
                     _ => self.linker.back_response_head(id, ctx, head, ctx.ts),
                 };

@@ -2,7 +2,7 @@
 //! (a capture gap), its peer ending the stream or going away, and its close. Each ends the
 //! exchanges it must, with the outcome the moment says.
 
-use super::{Connection, OpaqueCause, Outcome, Role, SyscallEvent, Tracker, mark_opaque};
+use super::{Connection, OpaqueCause, Outcome, Role, SAMPLED_OUT, SyscallEvent, Tracker, mark_opaque};
 use crate::exchange::TlsInfo;
 use crate::framing::Framer;
 
@@ -77,8 +77,9 @@ impl Tracker {
     /// have held a frontend request whose backend request would link to another).
     pub(super) fn lose_open_exchanges(&mut self, key: (u32, i32), ts: u64) {
         let Some(conn) = self.conns.get_mut(&key) else { return };
-        let fronts: Vec<u64> = conn.fronts.drain(..).collect();
-        let backs: Vec<u64> = conn.backs.drain(..).collect();
+        conn.release_sampled_out(key.0, &mut self.sampled_out);
+        let fronts: Vec<u64> = conn.fronts.drain(..).filter(|id| *id != SAMPLED_OUT).collect();
+        let backs: Vec<u64> = conn.backs.drain(..).filter(|id| *id != SAMPLED_OUT).collect();
         if !self.linker.quarantined(ts) {
             // (In a quarantine no guessed link exists: they were given up when it began.)
             self.linker.taint_guessed_links(key.0);
@@ -140,6 +141,7 @@ impl Tracker {
 
     pub(super) fn close(&mut self, key: (u32, i32), ts: u64) {
         let Some(mut conn) = self.conns.remove(&key) else { return };
+        conn.release_sampled_out(key.0, &mut self.sampled_out);
         match conn.role {
             Role::Frontend => {
                 let completes_body = conn.egress.finish();

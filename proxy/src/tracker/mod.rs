@@ -27,6 +27,14 @@
 //!   message start, so a response is never paired with the wrong request. An HTTP/2 connection
 //!   cannot resynchronise (its HPACK state is lost) and becomes opaque.
 //!
+//! - Sampled out at the head ([`Limits::sampled_out`], `crate::sampled_out`): an HTTP/1 frontend
+//!   request whose own `traceparent` drops it takes the place of an exchange in its connection's
+//!   queue as [`SAMPLED_OUT`], so that its response still pairs with it, and is never an exchange:
+//!   not a link candidate, not claimed by a relay, not handed out. A backend request (HTTP/1 or
+//!   HTTP/2) whose own context drops it and whose trace is one such request's, in the same
+//!   process, is left out the same way. A backend request of any other trace is linked as always,
+//!   so a context `HAProxy` made for a request is still followed.
+//!
 //! - Connections that turn out not to speak HTTP (opaque, `mode tcp`, tunnels after an upgrade or
 //!   CONNECT, HTTP/2 connections that lost their HPACK state) are reported through
 //!   [`Tracker::take_opaque_marks`], so that the probes can stop copying their bytes; records
@@ -90,6 +98,44 @@ pub struct Tracker {
     opaque_marks: Vec<OpaqueMark>,
     /// Events of the HTTP/2 call being handled, kept to reuse the allocation.
     h2_events: Vec<h2::Event>,
+    /// The traces of the frontend requests sampled out and not answered yet.
+    sampled_out: SampledOutTraces,
+}
+
+/// Takes the place of an exchange id in a connection's queue for a request sampled out at its
+/// head (see the module notes). The linker numbers exchanges from 0 up and never reaches it; every
+/// linker call ignores it, as it does an id it does not know.
+pub(super) const SAMPLED_OUT: u64 = u64::MAX;
+
+/// The trace ids of the frontend requests sampled out and not answered yet, per process, with how
+/// many such requests carry each: a backend request of one of these traces whose own context drops
+/// it too is left out. Bounded by the requests in connections' queues.
+#[derive(Debug, Default)]
+struct SampledOutTraces(FxHashMap<(u32, [u8; 16]), u32>);
+
+impl SampledOutTraces {
+    fn add(&mut self, tgid: u32, trace: [u8; 16]) {
+        *self.0.entry((tgid, trace)).or_default() += 1;
+    }
+
+    fn release(&mut self, tgid: u32, trace: [u8; 16]) {
+        if let std::collections::hash_map::Entry::Occupied(mut waiting) = self.0.entry((tgid, trace)) {
+            *waiting.get_mut() -= 1;
+            if *waiting.get() == 0 {
+                waiting.remove();
+            }
+        }
+    }
+
+    fn contains(&self, tgid: u32, trace: &[u8; 16]) -> bool {
+        self.0.contains_key(&(tgid, *trace))
+    }
+}
+
+/// True when a response to `request` frames as a `GET`'s does: a request sampled out keeps no
+/// method, so `HEAD` (no body) and `CONNECT` (a tunnel on 2xx) are never sampled out at the head.
+fn frames_like_get(request: &RequestHead) -> bool {
+    request.method != "HEAD" && request.method != "CONNECT"
 }
 
 /// Most marks kept for [`Tracker::take_opaque_marks`]: a caller that never takes them (tests,
@@ -337,6 +383,25 @@ impl Tracker {
         }
     }
 
+    /// A request read on an HTTP/1 frontend: an exchange, unless its own context samples it out.
+    fn new_h1_front(&mut self, ctx: Ctx, request: RequestHead, started: u64) {
+        let dropped = self.limits.sampled_out.dropped_trace(&request).filter(|_| frames_like_get(&request));
+        let Some(trace) = dropped else {
+            self.new_front(ctx, request, started);
+            return;
+        };
+        self.linker.return_head(request);
+        self.stats.frontend_requests += 1;
+        self.stats.sampled_out_requests += 1;
+        self.sampled_out.add(ctx.key.0, trace);
+        let conn = self.conns.get_mut(&ctx.key).expect("present");
+        conn.fronts.push_back(SAMPLED_OUT);
+        conn.sampled_out_traces.push_back(trace);
+        conn.gapped = false;
+        conn.spoke_http = true;
+        conn.rejected = None;
+    }
+
     /// A request read on a frontend; returns its exchange id.
     fn new_front(&mut self, ctx: Ctx, request: RequestHead, started: u64) -> u64 {
         let conn = self.conns.get_mut(&ctx.key).expect("present");
@@ -348,7 +413,8 @@ impl Tracker {
         id
     }
 
-    /// A request written on a backend; returns its exchange id.
+    /// A request written on a backend; returns its exchange id, or [`SAMPLED_OUT`] (see the
+    /// module notes).
     fn new_backend(&mut self, ctx: Ctx, request: RequestHead, started: u64) -> u64 {
         let conn = self.conns.get_mut(&ctx.key).expect("present");
         let origin = BackConn {
@@ -360,8 +426,17 @@ impl Tracker {
             free_since_ns: if conn.h2.is_none() { conn.free_since_ns } else { None },
         };
         conn.spoke_http = true;
-        let id = self.linker.new_backend(ctx, request, started, origin);
-        conn.backs.push_back(id);
+        let sampled_out = frames_like_get(&request)
+            && self.limits.sampled_out.dropped_trace(&request).is_some_and(|t| self.sampled_out.contains(ctx.key.0, &t));
+        let id = if sampled_out {
+            self.linker.return_head(request);
+            self.stats.backend_requests += 1;
+            self.stats.sampled_out_backend_requests += 1;
+            SAMPLED_OUT
+        } else {
+            self.linker.new_backend(ctx, request, started, origin)
+        };
+        self.conns.get_mut(&ctx.key).expect("present").backs.push_back(id);
         id
     }
 }

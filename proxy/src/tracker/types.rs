@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 
 use crate::framing::Chunk;
+use crate::sampled_out::SampledOutRule;
 
 /// One syscall of a watched process, as the tracker needs it.
 #[derive(Clone, Copy, Debug)]
@@ -88,6 +89,12 @@ pub struct TrackerStats {
     pub frontend_requests: u64,
     /// Backend requests parsed.
     pub backend_requests: u64,
+    /// Frontend requests dropped by their own trace context ([`Limits::sampled_out`]) as their
+    /// head was parsed: framed and paired, never an exchange. Also in `frontend_requests`.
+    pub sampled_out_requests: u64,
+    /// Backend requests left out with them: they carried the trace of a frontend request sampled
+    /// out, and their own context drops them too. Also in `backend_requests`.
+    pub sampled_out_backend_requests: u64,
     /// Connections that started with the HTTP/2 preface: cleartext (`proto h2`, h2c with prior
     /// knowledge) or in TLS (ALPN h2).
     pub h2_connections: u64,
@@ -123,11 +130,18 @@ pub struct Limits {
     pub exchange_timeout_ns: u64,
     /// A finished frontend exchange waits at most this long for its open backend exchanges.
     pub linger_ns: u64,
+    /// Requests the head sampler drops from their own `traceparent`: the tracker frames them and
+    /// pairs their responses, and keeps nothing else (see [`crate::sampled_out`]).
+    pub sampled_out: SampledOutRule,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { exchange_timeout_ns: 300 * 1_000_000_000, linger_ns: 5 * 1_000_000_000 }
+        Self {
+            exchange_timeout_ns: 300 * 1_000_000_000,
+            linger_ns: 5 * 1_000_000_000,
+            sampled_out: SampledOutRule::Never,
+        }
     }
 }
 

@@ -1,0 +1,78 @@
+//! Requests sampled out by their own trace context, told from their head alone.
+//!
+//! The head sampler decides a request that carries a valid `traceparent` from that context alone
+//! (its sampled flag under a parent-based sampler, its randomness under a ratio). Such a request
+//! is decided as soon as its head is parsed, and when it is dropped the tracker keeps only what
+//! pairing needs: no exchange, no link candidate, no relay claim. Its backend requests are left
+//! out the same way, when `HAProxy` forwarded the dropped context (see
+//! `Tracker::new_backend`). [`SampledOutRule`] is that part of the sampler, and the agent's
+//! `Sampler::decide` takes its verdict on such requests from the same rule, so the two cannot
+//! disagree.
+//!
+//! A request without a valid `traceparent` is never dropped here: its trace id is made later,
+//! and `HAProxy` may forward a context of its own that the decision must follow.
+
+use crate::head::RequestHead;
+use crate::trace_context::{TraceParent, parse_ot_tracestate, randomness};
+
+/// What a valid incoming `traceparent` alone decides: which requests carrying one are dropped.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SampledOutRule {
+    /// None (`always_on`, and tracker users that do not sample).
+    #[default]
+    Never,
+    /// Those whose parent is not sampled (the parent-based samplers).
+    UnsampledParent,
+    /// Those whose randomness is below this 56-bit rejection threshold (`traceidratio`;
+    /// `always_off` with a threshold above every randomness).
+    RandomnessBelow(u64),
+}
+
+impl SampledOutRule {
+    /// True when a request with this valid parent and `tracestate` is dropped.
+    #[must_use]
+    pub fn drops(self, parent: &TraceParent, tracestate: Option<&str>) -> bool {
+        match self {
+            Self::Never => false,
+            Self::UnsampledParent => !parent.sampled(),
+            Self::RandomnessBelow(threshold) => {
+                let randomness = tracestate
+                    .and_then(|ts| parse_ot_tracestate(ts).randomness)
+                    .unwrap_or_else(|| randomness(&parent.trace_id));
+                randomness < threshold
+            }
+        }
+    }
+
+    /// The trace id of a request this rule drops, from its own head; `None` when it is kept or
+    /// cannot be decided from the head (no valid `traceparent`).
+    #[must_use]
+    pub fn dropped_trace(self, request: &RequestHead) -> Option<[u8; 16]> {
+        let parent = request.parsed_traceparent?;
+        self.drops(&parent, request.tracestate.as_deref()).then_some(parent.trace_id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parent(low: u64, flags: u8) -> TraceParent {
+        let mut trace_id = [0xab; 16];
+        trace_id[8..].copy_from_slice(&low.to_be_bytes());
+        TraceParent { trace_id, parent_id: [1; 8], flags }
+    }
+
+    #[test]
+    fn each_rule_drops_what_its_sampler_drops() {
+        assert!(!SampledOutRule::Never.drops(&parent(0, 0), None));
+        assert!(SampledOutRule::UnsampledParent.drops(&parent(u64::MAX, 0), None));
+        assert!(!SampledOutRule::UnsampledParent.drops(&parent(0, 1), None));
+        let half = SampledOutRule::RandomnessBelow(1 << 55);
+        assert!(half.drops(&parent((1 << 55) - 1, 1), None), "the flag does not matter to a ratio");
+        assert!(!half.drops(&parent(1 << 55, 0), None));
+        // `rv` replaces the trace id's bits.
+        assert!(!half.drops(&parent(0, 0), Some("ot=rv:ffffffffffffff")));
+        assert!(half.drops(&parent(u64::MAX, 0), Some("x=y,ot=rv:00000000000000")));
+    }
+}
