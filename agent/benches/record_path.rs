@@ -114,7 +114,7 @@ struct Path {
 impl Path {
     fn new(sampler: Sampler) -> Self {
         Self {
-            tracker: Tracker::new(Limits::default()),
+            tracker: Tracker::new(Limits { sampled_out: sampler.sampled_out_rule(), ..Limits::default() }),
             builder: SpanBuilder::with_seed(sampler, 0, 1),
             batcher: Batcher::new(512, Duration::from_secs(5), vec![("service.name".into(), "haproxy".into())]),
             spans: 0,
