@@ -7,8 +7,8 @@
 //! extrapolate counts from `th`.
 
 use crate::config_error::ConfigError;
-pub use tracetap_proxy::trace_context::randomness;
 use tracetap_proxy::sampled_out::SampledOutRule;
+pub use tracetap_proxy::trace_context::randomness;
 use tracetap_proxy::trace_context::{MAX_THRESHOLD, TraceParent, with_threshold};
 
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -427,7 +427,11 @@ impl Tracker {
         };
         conn.spoke_http = true;
         let sampled_out = frames_like_get(&request)
-            && self.limits.sampled_out.dropped_trace(&request).is_some_and(|t| self.sampled_out.contains(ctx.key.0, &t));
+            && self
+                .limits
+                .sampled_out
+                .dropped_trace(&request)
+                .is_some_and(|t| self.sampled_out.contains(ctx.key.0, &t));
         let id = if sampled_out {
             self.linker.return_head(request);
             self.stats.backend_requests += 1;
