@@ -11,6 +11,8 @@ use crate::trace_context::{TraceParent, parse_traceparent};
 
 /// Most headers a head may carry; more is a parse error.
 const MAX_HEADERS: usize = 128;
+// `parse_request_unless` marks the signing lines of a head in a `u128`.
+const _: () = assert!(MAX_HEADERS <= 128);
 
 /// Room for a head's header lines, left uninitialised: `httparse` writes the lines it finds and
 /// hands back only those, so the 4 KiB of empty headers `[EMPTY_HEADER; MAX_HEADERS]` would cost
@@ -403,9 +405,19 @@ impl<'a> RequestLines<'a> {
     /// the fields spans need.
     fn line(&mut self, name: &[u8], value: &'a [u8]) {
         let kind = classify(name);
+        self.sign(name, kind, value);
+        self.read(kind, value);
+    }
+
+    /// Adds one header line to [`RequestHead::header_sig`], unless a proxy rewrites it on the way.
+    fn sign(&mut self, name: &[u8], kind: Name, value: &[u8]) {
         if !kind.is_unstable() {
             self.header_sig |= header_signature_bit(name, value);
         }
+    }
+
+    /// Fills the fields spans need from one header line of this `kind`.
+    fn read(&mut self, kind: Name, value: &'a [u8]) {
         let text = || std::str::from_utf8(value).ok().map(str::trim);
         match kind {
             Name::Host => self.host = text(),
@@ -452,6 +464,18 @@ impl<'a> RequestLines<'a> {
 /// Parses a complete request head into `head`, reusing the capacity of its strings: a recycled
 /// head parses the next request without allocating.
 pub fn parse_request_into(bytes: &[u8], head: &mut RequestHead) -> Result<(), HeadError> {
+    parse_request_unless(bytes, head, |_| false).map(drop)
+}
+
+/// [`parse_request_into`], except that the header lines are signed last, and only when
+/// `dropped`, shown the head with every other field parsed, says false: a request the sampler
+/// drops from its head alone is never linked, and signing its lines is most of what its parse
+/// would cost beyond `httparse`. Its `header_sig` is then 0. Returns what `dropped` said.
+pub fn parse_request_unless(
+    bytes: &[u8],
+    head: &mut RequestHead,
+    dropped: impl FnOnce(&RequestHead) -> bool,
+) -> Result<bool, HeadError> {
     let mut headers = header_room();
     let mut req = httparse::Request::new(&mut []);
     complete(req.parse_with_uninit_headers(bytes, &mut headers))?;
@@ -460,8 +484,12 @@ pub fn parse_request_into(bytes: &[u8], head: &mut RequestHead) -> Result<(), He
     set(&mut head.target, req.path.unwrap_or_default());
     head.version = HttpVersion::from_minor(req.version.unwrap_or(1));
     let mut lines = RequestLines::new(head);
-    for h in req.headers.iter() {
-        lines.line(h.name.as_bytes(), h.value);
+    // Which lines sign the head, found while reading them (httparse gives at most `MAX_HEADERS`).
+    let mut signing = 0u128;
+    for (i, h) in req.headers.iter().enumerate() {
+        let kind = classify(h.name.as_bytes());
+        signing |= u128::from(!kind.is_unstable()) << i;
+        lines.read(kind, h.value);
     }
     let content_length = lines.message.content_length()?;
     let (chunked, closes, keep_alive, upgrade) =
@@ -474,7 +502,17 @@ pub fn parse_request_into(bytes: &[u8], head: &mut RequestHead) -> Result<(), He
         (false, None | Some(0)) => BodyFraming::Empty,
         (false, Some(n)) => BodyFraming::Length(n),
     };
-    Ok(())
+    if dropped(head) {
+        return Ok(true);
+    }
+    let mut sig = 0;
+    for (i, h) in req.headers.iter().enumerate() {
+        if signing & (1 << i) != 0 {
+            sig |= header_signature_bit(h.name.as_bytes(), h.value);
+        }
+    }
+    head.header_sig = sig;
+    Ok(false)
 }
 
 /// Builds a request head from the decoded fields of an HTTP/2 HEADERS block (names lower case,
@@ -556,6 +594,8 @@ impl<'a> Cookies<'a> {
 /// The lines of a response head that spans and relay matching need.
 #[derive(Default)]
 struct ResponseLines {
+    /// Only the framing is wanted (see [`parse_response_framing`]): no line is hashed.
+    framing_only: bool,
     header_sig: u64,
     header_digest: u64,
     traceparent: Option<TraceParent>,
@@ -566,6 +606,10 @@ struct ResponseLines {
 impl ResponseLines {
     fn line(&mut self, name: &[u8], value: &[u8]) {
         let kind = classify(name);
+        if self.framing_only {
+            self.message.line(kind, value);
+            return;
+        }
         if !kind.is_unstable() {
             let line = header_line_hash(name, value);
             self.header_sig |= 1u64 << (line >> 58);
@@ -585,10 +629,20 @@ impl ResponseLines {
 
 /// Parses a complete response head.
 pub fn parse_response(bytes: &[u8]) -> Result<ResponseHead, HeadError> {
+    parse_response_lines(bytes, ResponseLines::default())
+}
+
+/// Parses a complete response head for its status and framing only, as for the answer to a
+/// request dropped at its head: `header_sig` and `header_digest` are 0 and `traceparent` is
+/// `None` (nothing matches or names that response).
+pub fn parse_response_framing(bytes: &[u8]) -> Result<ResponseHead, HeadError> {
+    parse_response_lines(bytes, ResponseLines { framing_only: true, ..ResponseLines::default() })
+}
+
+fn parse_response_lines(bytes: &[u8], mut lines: ResponseLines) -> Result<ResponseHead, HeadError> {
     let mut headers = header_room();
     let mut resp = httparse::Response::new(&mut []);
     complete(httparse::ParserConfig::default().parse_response_with_uninit_headers(&mut resp, bytes, &mut headers))?;
-    let mut lines = ResponseLines::default();
     for h in resp.headers.iter() {
         lines.line(h.name.as_bytes(), h.value);
     }

@@ -327,3 +327,77 @@ fn absolute_form_path() {
     let head = parse_request(b"GET http://h/x/y?q HTTP/1.1\r\n\r\n").unwrap();
     assert_eq!(head.path(), "/x/y");
 }
+
+/// Header lines a head may carry, in any order and case: framing, trace context, rewritten and
+/// plain ones.
+const LINES: [&str; 10] = [
+    "Host: example.com",
+    "User-Agent: load/1",
+    "traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00",
+    "tracestate: ot=rv:00000000000001",
+    "Content-Length: 12",
+    "Transfer-Encoding: chunked",
+    "Connection: close",
+    "X-Forwarded-For: 10.0.0.1",
+    "Cookie: a=1",
+    "Accept: */*",
+];
+
+/// A head of the given lines, each upper-cased or not.
+fn head_of(start: &str, picks: &[(usize, bool)]) -> Vec<u8> {
+    let mut head = format!("{start}\r\n");
+    for &(i, upper) in picks {
+        let line = LINES[i % LINES.len()];
+        head.push_str(&if upper { line.to_ascii_uppercase() } else { line.to_owned() });
+        head.push_str("\r\n");
+    }
+    head.push_str("\r\n");
+    head.into_bytes()
+}
+
+proptest::proptest! {
+    /// A request dropped at its head parses to the same head as a kept one but for its unsigned
+    /// lines, and the caller decides on a head whose other fields are final.
+    #[test]
+    fn a_request_dropped_at_its_head_differs_only_by_its_signature(
+        picks in proptest::collection::vec((0usize..10, proptest::prelude::any::<bool>()), 0..12),
+        method in proptest::sample::select(vec!["GET", "POST", "HEAD"]),
+    ) {
+        let bytes = head_of(&format!("{method} /p?q=1 HTTP/1.1"), &picks);
+        let mut kept = RequestHead::default();
+        let full = parse_request_into(&bytes, &mut kept);
+        let mut dropped = RequestHead::default();
+        let mut seen = None;
+        let said = parse_request_unless(&bytes, &mut dropped, |head| {
+            seen = Some(head.clone());
+            true
+        });
+        proptest::prop_assert_eq!(full.is_ok(), said.is_ok());
+        if full.is_ok() {
+            proptest::prop_assert_eq!(said, Ok(true));
+            proptest::prop_assert_eq!(dropped.header_sig, 0);
+            let unsigned = RequestHead { header_sig: 0, ..kept.clone() };
+            proptest::prop_assert_eq!(&dropped, &unsigned);
+            proptest::prop_assert_eq!(seen.as_ref(), Some(&unsigned), "decided on the final fields");
+        }
+    }
+
+    /// The answer to a request dropped at its head frames as a full parse says.
+    #[test]
+    fn a_framing_only_response_parse_frames_as_a_full_one(
+        picks in proptest::collection::vec((0usize..10, proptest::prelude::any::<bool>()), 0..12),
+        status in proptest::sample::select(vec![100u16, 101, 200, 204, 304, 404]),
+        minor in 0u8..2,
+    ) {
+        let bytes = head_of(&format!("HTTP/1.{minor} {status} X"), &picks);
+        let (full, framing) = (parse_response(&bytes), parse_response_framing(&bytes));
+        proptest::prop_assert_eq!(full.is_ok(), framing.is_ok());
+        if let (Ok(full), Ok(framing)) = (full, framing) {
+            let unsigned = ResponseHead { header_sig: 0, header_digest: 0, traceparent: None, ..full };
+            proptest::prop_assert_eq!(framing, unsigned);
+            for method in ["GET", "HEAD", "CONNECT"] {
+                proptest::prop_assert_eq!(framing.framing(method), full.framing(method));
+            }
+        }
+    }
+}

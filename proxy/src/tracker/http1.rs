@@ -11,7 +11,7 @@ use crate::rejected::{Rejected, is_rejection_status};
 
 use super::{
     Chunk, Connection, Ctx, Direction, Kind, MAX_UNANSWERED_RECORDS, OpaqueCause, Role, SAMPLED_OUT, Tracker, classify,
-    mark_opaque,
+    dropped_at_head, mark_opaque,
 };
 
 /// What the framing loop does after a step: go on with the call's bytes, or stop there.
@@ -99,14 +99,20 @@ impl Tracker {
         let conn = self.conns.get_mut(&ctx.key).expect("present");
         let (framer, start) = conn.direction(dir);
         let started = start.take().unwrap_or(ctx.ts);
-        if head::parse_request_into(framer.head_bytes(), &mut request).is_ok() {
+        let (rule, waiting) = (self.limits.sampled_out, &self.sampled_out);
+        let mut dropped = None;
+        let parsed = head::parse_request_unless(framer.head_bytes(), &mut request, |head| {
+            dropped = dropped_at_head(rule, waiting, role, ctx.key.0, head);
+            dropped.is_some()
+        });
+        if parsed.is_ok() {
             request.truncated = framer.head_truncated();
             self.stats.truncated_heads += u64::from(request.truncated);
             framer.set_body(request.framing);
             match role {
-                Role::Frontend => self.new_h1_front(ctx, request, started),
+                Role::Frontend => self.new_h1_front(ctx, request, started, dropped),
                 _ => {
-                    self.new_backend(ctx, request, started);
+                    self.new_backend(ctx, request, started, dropped.is_some());
                 }
             }
         } else {
@@ -186,9 +192,12 @@ impl Tracker {
     /// says; an upgrade turns both directions into a tunnel.
     fn response_head_framed(&mut self, ctx: Ctx, dir: Direction, role: Role) {
         let conn = self.conns.get_mut(&ctx.key).expect("present");
+        let oldest = if role == Role::Frontend { conn.fronts.front() } else { conn.backs.front() };
+        // The answer to a request dropped at its head is only framed.
+        let parse = if oldest == Some(&SAMPLED_OUT) { head::parse_response_framing } else { head::parse_response };
         let (framer, start) = conn.direction(dir);
         let started = start.take().unwrap_or(ctx.ts);
-        let Ok(response) = head::parse_response(framer.head_bytes()) else {
+        let Ok(response) = parse(framer.head_bytes()) else {
             self.stats.parse_errors += 1;
             framer.abandon();
             return;

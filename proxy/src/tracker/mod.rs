@@ -50,6 +50,7 @@ use crate::framing::Chunk;
 use crate::h2;
 use crate::head::RequestHead;
 use crate::proxy_protocol;
+use crate::sampled_out::SampledOutRule;
 
 mod connection;
 mod http1;
@@ -132,10 +133,22 @@ impl SampledOutTraces {
     }
 }
 
-/// True when a response to `request` frames as a `GET`'s does: a request sampled out keeps no
-/// method, so `HEAD` (no body) and `CONNECT` (a tunnel on 2xx) are never sampled out at the head.
-fn frames_like_get(request: &RequestHead) -> bool {
-    request.method != "HEAD" && request.method != "CONNECT"
+/// The trace of a request dropped at its head (see the module notes): on a frontend, a request
+/// its own context drops; on a backend, one whose own context drops it and whose trace is such a
+/// frontend request's in the same process. `HEAD` and `CONNECT` requests are never dropped here:
+/// a request sampled out keeps no method, and its response is framed as a `GET`'s.
+fn dropped_at_head(
+    rule: SampledOutRule,
+    waiting: &SampledOutTraces,
+    role: Role,
+    tgid: u32,
+    request: &RequestHead,
+) -> Option<[u8; 16]> {
+    if request.method == "HEAD" || request.method == "CONNECT" {
+        return None;
+    }
+    let trace = rule.dropped_trace(request)?;
+    (role == Role::Frontend || waiting.contains(tgid, &trace)).then_some(trace)
 }
 
 /// Most marks kept for [`Tracker::take_opaque_marks`]: a caller that never takes them (tests,
@@ -383,9 +396,9 @@ impl Tracker {
         }
     }
 
-    /// A request read on an HTTP/1 frontend: an exchange, unless its own context samples it out.
-    fn new_h1_front(&mut self, ctx: Ctx, request: RequestHead, started: u64) {
-        let dropped = self.limits.sampled_out.dropped_trace(&request).filter(|_| frames_like_get(&request));
+    /// A request read on an HTTP/1 frontend: an exchange, unless it was dropped at its head (the
+    /// trace of [`dropped_at_head`]).
+    fn new_h1_front(&mut self, ctx: Ctx, request: RequestHead, started: u64, dropped: Option<[u8; 16]>) {
         let Some(trace) = dropped else {
             self.new_front(ctx, request, started);
             return;
@@ -413,9 +426,9 @@ impl Tracker {
         id
     }
 
-    /// A request written on a backend; returns its exchange id, or [`SAMPLED_OUT`] (see the
-    /// module notes).
-    fn new_backend(&mut self, ctx: Ctx, request: RequestHead, started: u64) -> u64 {
+    /// A request written on a backend; returns its exchange id, or [`SAMPLED_OUT`] when it was
+    /// `dropped` at its head ([`dropped_at_head`]).
+    fn new_backend(&mut self, ctx: Ctx, request: RequestHead, started: u64, dropped: bool) -> u64 {
         let conn = self.conns.get_mut(&ctx.key).expect("present");
         let origin = BackConn {
             server: conn.addr,
@@ -426,13 +439,7 @@ impl Tracker {
             free_since_ns: if conn.h2.is_none() { conn.free_since_ns } else { None },
         };
         conn.spoke_http = true;
-        let sampled_out = frames_like_get(&request)
-            && self
-                .limits
-                .sampled_out
-                .dropped_trace(&request)
-                .is_some_and(|t| self.sampled_out.contains(ctx.key.0, &t));
-        let id = if sampled_out {
+        let id = if dropped {
             self.linker.return_head(request);
             self.stats.backend_requests += 1;
             self.stats.sampled_out_backend_requests += 1;
