@@ -185,7 +185,7 @@ metrics! {
     rejected_spans_dropped: Counter, "tracetap_rejected_request_spans_dropped_total", "SERVER spans of requests HAProxy rejected as malformed that TRACETAP_REJECTED_SPANS_PER_SECOND left out";
     propagated: Counter, "tracetap_requests_propagated_total", "Requests handed out whose trace context HAProxy forwarded itself (tracetap haproxy-snippet); their CLIENT spans take the forwarded parent ids. Requests dropped at their head are not handed out (tracetap_backend_requests_sampled_out_at_head_total counts their backend requests)";
     server_names_ambiguous: Counter, "tracetap_server_names_ambiguous_total", "CLIENT spans left without haproxy.backend and haproxy.server: several server lines share the address and the frontend's routes (default_backend, use_backend) do not single one out";
-    sampling_disagreements: Counter, "tracetap_sampling_disagreements_total", "Propagated requests whose forwarded sampled flag differs from OTEL_TRACES_SAMPLER's decision (HAProxy's flag is followed)";
+    sampling_disagreements: Counter, "tracetap_sampling_disagreements_total", "Propagated requests whose forwarded sampled flag differs from OTEL_TRACES_SAMPLER's decision (HAProxy's flag is followed), and backend requests forwarded as sampled for a request whose own traceparent the sampler dropped at its head (left out)";
     spans_built: Counter, "tracetap_spans_built_total", "Spans built";
     spans_exported: Counter, "tracetap_spans_exported_total", "Spans accepted by the exporter's destination";
     spans_dropped_queue_full: Counter, "tracetap_spans_dropped_queue_full_total", "Spans dropped because the export queue was full";

@@ -4,10 +4,11 @@
 //! (its sampled flag under a parent-based sampler, its randomness under a ratio). Such a request
 //! is decided as soon as its head is parsed, and when it is dropped the tracker keeps only what
 //! pairing needs: no exchange, no link candidate, no relay claim. Its backend requests are left
-//! out the same way, when `HAProxy` forwarded the dropped context (see
-//! `Tracker::new_backend`). [`SampledOutRule`] is that part of the sampler, and the agent's
-//! `Sampler::decide` takes its verdict on such requests from the same rule, so the two cannot
-//! disagree.
+//! out the same way, when `HAProxy` forwarded the dropped context (see the tracker's module
+//! notes). [`SampledOutRule`] is that part of the sampler, and the agent's `Sampler::decide`
+//! takes its verdict on such requests from the same rule. The agent's later decision may still
+//! differ: it follows a flag `HAProxy` forwarded, which a request dropped at its head never gets
+//! to (the tracker counts the backend requests that show such a difference).
 //!
 //! A request without a valid `traceparent` is never dropped here: its trace id is made later,
 //! and `HAProxy` may forward a context of its own that the decision must follow.
@@ -44,12 +45,19 @@ impl SampledOutRule {
         }
     }
 
-    /// The trace id of a request this rule drops, from its own head; `None` when it is kept or
-    /// cannot be decided from the head (no valid `traceparent`).
+    /// The trace id of a frontend request dropped at its head: one this rule drops from its own
+    /// valid `traceparent`, and, under a ratio, whose trace id's bits drop it too. `HAProxy`'s
+    /// lines (`tracetap haproxy-snippet`) decide a ratio on the trace id, as they cannot read an
+    /// `ot=rv:`: a request an `rv` alone drops is left to the later decision, which follows the
+    /// flag they forwarded and counts the difference. `None`: kept, or not decided from the head.
     #[must_use]
     pub fn dropped_trace(self, request: &RequestHead) -> Option<[u8; 16]> {
         let parent = request.parsed_traceparent?;
-        self.drops(&parent, request.tracestate.as_deref()).then_some(parent.trace_id)
+        let by_trace_id_too = match self {
+            Self::RandomnessBelow(threshold) => randomness(&parent.trace_id) < threshold,
+            Self::Never | Self::UnsampledParent => true,
+        };
+        (self.drops(&parent, request.tracestate.as_deref()) && by_trace_id_too).then_some(parent.trace_id)
     }
 }
 
@@ -74,5 +82,31 @@ mod tests {
         // `rv` replaces the trace id's bits.
         assert!(!half.drops(&parent(0, 0), Some("ot=rv:ffffffffffffff")));
         assert!(half.drops(&parent(u64::MAX, 0), Some("x=y,ot=rv:00000000000000")));
+    }
+
+    fn head(parent: TraceParent, tracestate: Option<&str>) -> RequestHead {
+        RequestHead {
+            parsed_traceparent: Some(parent),
+            tracestate: tracestate.map(str::to_owned),
+            ..RequestHead::default()
+        }
+    }
+
+    #[test]
+    fn at_the_head_a_ratio_drops_only_what_the_trace_id_drops_too() {
+        let half = SampledOutRule::RandomnessBelow(1 << 55);
+        let low = parent(1, 1);
+        assert_eq!(half.dropped_trace(&head(low, None)), Some(low.trace_id));
+        assert_eq!(half.dropped_trace(&head(low, Some("ot=rv:00000000000002"))), Some(low.trace_id));
+        // Dropped by its `rv` alone: left to the later decision.
+        let high = parent(u64::MAX, 1);
+        assert!(half.drops(&high, Some("ot=rv:00000000000002")));
+        assert_eq!(half.dropped_trace(&head(high, Some("ot=rv:00000000000002"))), None);
+        // The parent-based rule does not look at the trace id.
+        assert_eq!(
+            SampledOutRule::UnsampledParent.dropped_trace(&head(parent(u64::MAX, 0), None)),
+            Some(high.trace_id)
+        );
+        assert_eq!(SampledOutRule::UnsampledParent.dropped_trace(&RequestHead::default()), None);
     }
 }

@@ -1479,3 +1479,53 @@ fn a_dropped_trace_is_forgotten_once_its_request_is_answered() {
     assert_eq!(answers(&out), [("/d".to_owned(), 204, vec![204])]);
     assert_eq!((tracker.stats().sampled_out_requests, tracker.stats().sampled_out_backend_requests), (1, 1));
 }
+
+#[test]
+fn a_sampled_flag_forwarded_for_a_request_dropped_at_its_head_is_counted_and_links_to_no_other() {
+    // Lines made for another sampler forward "sampled" in the trace of a request whose own
+    // parent dropped it. A request without context for the same target waits on the same thread:
+    // the backend request must not become its CLIENT exchange (it would put it in that trace).
+    let mut tracker = sampling_parent_based();
+    let mut script = Script::default();
+    let dropped = traced_req("/a", TRACE_B, "00");
+    script
+        .push(1, 10, OwnedOp::Accept(client()))
+        .push(1, 12, OwnedOp::Accept(client()))
+        .push(1, 10, OwnedOp::Read(dropped))
+        .push(1, 12, OwnedOp::Read(req("/a")))
+        .push(1, 11, OwnedOp::Connect(server()))
+        .push(1, 11, OwnedOp::Write(traced_req("/a", TRACE_B, "01")))
+        .push(1, 11, OwnedOp::Read(resp(200, "b")))
+        .push(1, 10, OwnedOp::Write(resp(200, "b")))
+        .push(1, 13, OwnedOp::Connect(server()))
+        .push(1, 13, OwnedOp::Write(traced_req("/a", TRACE_C, "01")))
+        .push(1, 13, OwnedOp::Read(resp(201, "kk")))
+        .push(1, 12, OwnedOp::Write(resp(201, "kk")));
+    let out = script.run(&mut tracker);
+    assert_eq!(answers(&out), [("/a".to_owned(), 201, vec![201])]);
+    assert_eq!(out[0].clients[0].request.parsed_traceparent.map(|p| p.trace_id[15]), Some(0x9c));
+    let stats = tracker.stats();
+    assert_eq!(
+        (stats.head_disagreements, stats.sampled_out_backend_requests, stats.unlinked_backend_requests),
+        (1, 0, 0)
+    );
+}
+
+#[test]
+fn a_dropped_trace_is_forgotten_when_its_connection_closes_unanswered() {
+    let mut tracker = sampling_parent_based();
+    let mut script = Script::default();
+    script
+        .push(1, 10, OwnedOp::Accept(client()))
+        .push(1, 10, OwnedOp::Read(traced_req("/b", TRACE_B, "00")))
+        .push(1, 10, OwnedOp::Close)
+        .push(1, 12, OwnedOp::Accept(client()))
+        .push(1, 12, OwnedOp::Read(req("/d")))
+        .push(1, 11, OwnedOp::Connect(server()))
+        .push(1, 11, OwnedOp::Write(traced_req("/d", TRACE_B, "00")))
+        .push(1, 11, OwnedOp::Read(resp(204, "")))
+        .push(1, 12, OwnedOp::Write(resp(204, "")));
+    let out = script.run(&mut tracker);
+    assert_eq!(answers(&out), [("/d".to_owned(), 204, vec![204])]);
+    assert_eq!((tracker.stats().sampled_out_requests, tracker.stats().sampled_out_backend_requests), (1, 0));
+}

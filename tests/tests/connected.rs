@@ -437,21 +437,28 @@ fn check(what: &str, sent: &[Exchange], seen: &[Continuation], receiver: &Receiv
     }
     assert_eq!(agent.metric("tracetap_sampling_disagreements_total"), 0, "{what}");
     // Every forwarded request is handed out as propagated (an unsampled one may still wait in the
-    // tracker for a backend exchange a relay moved), or, when its own unsampled parent dropped it,
-    // left out at its head with its backend request.
+    // tracker for a backend exchange a relay moved), except those whose own unsampled parent
+    // dropped them at their head: left out with their backend request (each reached it once).
     if !response {
         return;
     }
-    let counted = || {
-        agent.metric("tracetap_requests_propagated_total")
-            + agent.metric("tracetap_backend_requests_sampled_out_at_head_total")
+    let at_head = sent.iter().filter(|e| e.path == "/c" && e.incoming.is_some_and(|tp| !tp.sampled())).count() as u64;
+    assert!(at_head > 0, "{what}: some requests come with an unsampled parent");
+    let counts = || {
+        (
+            agent.metric("tracetap_requests_propagated_total"),
+            agent.metric("tracetap_requests_sampled_out_at_head_total"),
+            agent.metric("tracetap_backend_requests_sampled_out_at_head_total"),
+        )
     };
-    let propagated = wait_for(Duration::from_secs(15), || (counted() >= forwarded as u64).then_some(()));
+    let settled = wait_for(Duration::from_secs(15), || (counts().0 + at_head >= forwarded as u64).then_some(()));
     assert!(
-        propagated.is_some(),
-        "{what}: {} of {forwarded} forwarded requests counted as propagated or left out at the head",
-        counted()
+        settled.is_some(),
+        "{what}: of {forwarded} forwarded requests, {at_head} dropped at the head, (propagated, front and back left out at the head) {:?}",
+        counts()
     );
+    let (_, fronts, backs) = counts();
+    assert_eq!((fronts, backs), (at_head, at_head), "{what}: requests and backend requests dropped at the head");
 }
 
 /// The response names the forwarded context: each request's own CLIENT span, under the SERVER

@@ -93,6 +93,9 @@ impl Output {
     }
 }
 
+/// Set once the first disagreement the tracker saw at a backend request's head was logged.
+static WARNED_AT_HEAD: AtomicBool = AtomicBool::new(false);
+
 /// Runs until `stop` is set, then hands out nothing more and returns (dropping the queue sender
 /// lets the exporter, or the tail thread, flush and finish).
 #[expect(clippy::needless_pass_by_value, reason = "the queue is dropped on return, which lets the exporter finish")]
@@ -380,7 +383,17 @@ fn hand_out(
     }
     let decided = builder.stats();
     metrics::set(&metrics.propagated, decided.propagated);
-    metrics::set(&metrics.sampling_disagreements, decided.disagreements);
+    // The tracker counts the disagreements it sees at a backend request's head (a "sampled" flag
+    // forwarded for a request dropped at its head); the builder, those it sees when it follows one.
+    let at_head = tracker.stats().head_disagreements;
+    if at_head > 0 && !WARNED_AT_HEAD.swap(true, Relaxed) {
+        tracing::warn!(
+            "HAProxy forwarded a sampled flag for a request whose own traceparent OTEL_TRACES_SAMPLER drops; that \
+             request was decided at its head, so its backend request is left out. Print the lines again with \
+             `tracetap haproxy-snippet` under this agent's sampler settings."
+        );
+    }
+    metrics::set(&metrics.sampling_disagreements, decided.disagreements + at_head);
     metrics::set(&metrics.server_names_ambiguous, decided.ambiguous_servers);
     metrics::set(&metrics.rejected_spans_dropped, decided.rejected_dropped);
     metrics::set(&metrics.server_names_waiting, staging.waiting() as u64);

@@ -401,3 +401,36 @@ proptest::proptest! {
         }
     }
 }
+
+proptest::proptest! {
+    /// An HTTP/1 head, signed last (`parse_request_unless`), signs like the HTTP/2 fields of the
+    /// same lines, signed as they are read (`RequestLines::line`), in any order and case.
+    #[test]
+    fn an_http1_head_signed_last_signs_like_the_same_lines_as_http2_fields(
+        lines in proptest::prelude::Strategy::prop_shuffle(
+            proptest::sample::subsequence((0..LINES.len()).collect::<Vec<_>>(), 0..=LINES.len()),
+        ),
+        upper: bool,
+    ) {
+        let picks: Vec<(usize, bool)> = lines.iter().map(|&i| (i, upper)).collect();
+        let mut h1 = RequestHead::default();
+        let said = parse_request_unless(&head_of("GET /p HTTP/1.1", &picks), &mut h1, |_| false);
+        proptest::prop_assert_eq!(said, Ok(false));
+        let split: Vec<(String, String)> = lines
+            .iter()
+            .map(|&i| {
+                let line = if upper { LINES[i].to_ascii_uppercase() } else { LINES[i].to_owned() };
+                let (name, value) = line.split_once(": ").expect("a header line");
+                (name.to_ascii_lowercase(), value.to_owned())
+            })
+            .collect();
+        let pseudo = [(":method", "GET"), (":scheme", "http"), (":path", "/p")];
+        let all = pseudo
+            .iter()
+            .map(|(n, v)| (n.as_bytes(), v.as_bytes()))
+            .chain(split.iter().map(|(n, v)| (n.as_bytes(), v.as_bytes())));
+        let mut h2 = RequestHead::default();
+        request_from_fields(all, &mut h2).expect("fields");
+        proptest::prop_assert_eq!(h1.header_sig, h2.header_sig);
+    }
+}

@@ -10,8 +10,8 @@ use crate::head::{self, ResponseHead};
 use crate::rejected::{Rejected, is_rejection_status};
 
 use super::{
-    Chunk, Connection, Ctx, Direction, Kind, MAX_UNANSWERED_RECORDS, OpaqueCause, Role, SAMPLED_OUT, Tracker, classify,
-    dropped_at_head, mark_opaque,
+    AtHead, Chunk, Connection, Ctx, Direction, Kind, MAX_UNANSWERED_RECORDS, OpaqueCause, Role, SAMPLED_OUT, Tracker,
+    at_head, classify, mark_opaque,
 };
 
 /// What the framing loop does after a step: go on with the call's bytes, or stop there.
@@ -99,20 +99,20 @@ impl Tracker {
         let conn = self.conns.get_mut(&ctx.key).expect("present");
         let (framer, start) = conn.direction(dir);
         let started = start.take().unwrap_or(ctx.ts);
-        let (rule, waiting) = (self.limits.sampled_out, &self.sampled_out);
-        let mut dropped = None;
+        let (rule, waiting, linker) = (self.limits.sampled_out, &self.sampled_out, &self.linker);
+        let mut decided = AtHead::Kept;
         let parsed = head::parse_request_unless(framer.head_bytes(), &mut request, |head| {
-            dropped = dropped_at_head(rule, waiting, role, ctx.key.0, head);
-            dropped.is_some()
+            decided = at_head(rule, waiting, linker, role, ctx.key.0, head);
+            !decided.is_kept()
         });
         if parsed.is_ok() {
             request.truncated = framer.head_truncated();
             self.stats.truncated_heads += u64::from(request.truncated);
             framer.set_body(request.framing);
             match role {
-                Role::Frontend => self.new_h1_front(ctx, request, started, dropped),
+                Role::Frontend => self.new_h1_front(ctx, request, started, decided),
                 _ => {
-                    self.new_backend(ctx, request, started, dropped.is_some());
+                    self.new_backend(ctx, request, started, decided);
                 }
             }
         } else {

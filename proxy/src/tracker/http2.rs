@@ -12,7 +12,7 @@
 //! - HPACK state cannot be rebuilt: a desynced decoder or a capture gap ends the open streams
 //!   with [`Outcome::CaptureGap`] and makes the connection opaque ([`Tracker::h2_lost`]).
 
-use super::{Connection, Ctx, Direction, Role, SAMPLED_OUT, Tracker, TrackerStats, dropped_at_head, mark_opaque};
+use super::{Connection, Ctx, Direction, Role, SAMPLED_OUT, Tracker, TrackerStats, at_head, mark_opaque};
 use crate::exchange::Outcome;
 use crate::framing::{BodyFraming, Chunk, Framer};
 use crate::h2;
@@ -136,9 +136,9 @@ impl Tracker {
                 let id = match role {
                     Role::Frontend => self.new_front(ctx, head, ctx.ts),
                     _ => {
-                        let dropped =
-                            dropped_at_head(self.limits.sampled_out, &self.sampled_out, role, ctx.key.0, &head);
-                        self.new_backend(ctx, head, ctx.ts, dropped.is_some())
+                        let decided =
+                            at_head(self.limits.sampled_out, &self.sampled_out, &self.linker, role, ctx.key.0, &head);
+                        self.new_backend(ctx, head, ctx.ts, decided)
                     }
                 };
                 if let Some(h2) = self.conns.get_mut(&ctx.key).and_then(|c| c.h2.as_mut()) {

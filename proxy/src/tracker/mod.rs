@@ -133,22 +133,56 @@ impl SampledOutTraces {
     }
 }
 
-/// The trace of a request dropped at its head (see the module notes): on a frontend, a request
-/// its own context drops; on a backend, one whose own context drops it and whose trace is such a
-/// frontend request's in the same process. `HEAD` and `CONNECT` requests are never dropped here:
-/// a request sampled out keeps no method, and its response is framed as a `GET`'s.
-fn dropped_at_head(
+/// What a request's head decides before any exchange exists (see the module notes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum AtHead {
+    /// An exchange, linked as always.
+    Kept,
+    /// Only paired: a frontend request its own context drops (its trace), or a backend request
+    /// whose own context drops it and whose trace is such a frontend request's, in the same
+    /// process.
+    SampledOut([u8; 16]),
+    /// Only paired too, and counted: a backend request of such a trace whose own context keeps
+    /// it, when no kept frontend request of that trace waits. `HAProxy` forwarded "sampled" for a
+    /// request whose own parent dropped it (lines made for another sampler); that request is not
+    /// an exchange, and linking its backend request to another would put that one in its trace.
+    Disagrees,
+}
+
+impl AtHead {
+    fn is_kept(self) -> bool {
+        self == Self::Kept
+    }
+}
+
+/// [`AtHead`] for a request read (frontend) or written (backend, or a connection of unknown role)
+/// by process `tgid`. `HEAD` and `CONNECT` requests are always kept: a request sampled out keeps
+/// no method, and its response is framed as a `GET`'s.
+fn at_head(
     rule: SampledOutRule,
     waiting: &SampledOutTraces,
+    linker: &Linker,
     role: Role,
     tgid: u32,
     request: &RequestHead,
-) -> Option<[u8; 16]> {
+) -> AtHead {
     if request.method == "HEAD" || request.method == "CONNECT" {
-        return None;
+        return AtHead::Kept;
     }
-    let trace = rule.dropped_trace(request)?;
-    (role == Role::Frontend || waiting.contains(tgid, &trace)).then_some(trace)
+    if role == Role::Frontend {
+        return rule.dropped_trace(request).map_or(AtHead::Kept, AtHead::SampledOut);
+    }
+    let Some(parent) = request.parsed_traceparent else { return AtHead::Kept };
+    if !waiting.contains(tgid, &parent.trace_id) {
+        return AtHead::Kept;
+    }
+    if rule.drops(&parent, request.tracestate.as_deref()) {
+        AtHead::SampledOut(parent.trace_id)
+    } else if linker.waits_in_trace(tgid, request) {
+        AtHead::Kept
+    } else {
+        AtHead::Disagrees
+    }
 }
 
 /// Most marks kept for [`Tracker::take_opaque_marks`]: a caller that never takes them (tests,
@@ -396,10 +430,9 @@ impl Tracker {
         }
     }
 
-    /// A request read on an HTTP/1 frontend: an exchange, unless it was dropped at its head (the
-    /// trace of [`dropped_at_head`]).
-    fn new_h1_front(&mut self, ctx: Ctx, request: RequestHead, started: u64, dropped: Option<[u8; 16]>) {
-        let Some(trace) = dropped else {
+    /// A request read on an HTTP/1 frontend: an exchange, unless its head decided otherwise.
+    fn new_h1_front(&mut self, ctx: Ctx, request: RequestHead, started: u64, at_head: AtHead) {
+        let AtHead::SampledOut(trace) = at_head else {
             self.new_front(ctx, request, started);
             return;
         };
@@ -426,9 +459,9 @@ impl Tracker {
         id
     }
 
-    /// A request written on a backend; returns its exchange id, or [`SAMPLED_OUT`] when it was
-    /// `dropped` at its head ([`dropped_at_head`]).
-    fn new_backend(&mut self, ctx: Ctx, request: RequestHead, started: u64, dropped: bool) -> u64 {
+    /// A request written on a backend; returns its exchange id, or [`SAMPLED_OUT`] when its head
+    /// decided so ([`at_head`]).
+    fn new_backend(&mut self, ctx: Ctx, request: RequestHead, started: u64, at_head: AtHead) -> u64 {
         let conn = self.conns.get_mut(&ctx.key).expect("present");
         let origin = BackConn {
             server: conn.addr,
@@ -439,13 +472,17 @@ impl Tracker {
             free_since_ns: if conn.h2.is_none() { conn.free_since_ns } else { None },
         };
         conn.spoke_http = true;
-        let id = if dropped {
+        let id = if at_head.is_kept() {
+            self.linker.new_backend(ctx, request, started, origin)
+        } else {
             self.linker.return_head(request);
             self.stats.backend_requests += 1;
-            self.stats.sampled_out_backend_requests += 1;
+            if at_head == AtHead::Disagrees {
+                self.stats.head_disagreements += 1;
+            } else {
+                self.stats.sampled_out_backend_requests += 1;
+            }
             SAMPLED_OUT
-        } else {
-            self.linker.new_backend(ctx, request, started, origin)
         };
         self.conns.get_mut(&ctx.key).expect("present").backs.push_back(id);
         id

@@ -95,6 +95,11 @@ pub struct TrackerStats {
     /// Backend requests left out with them: they carried the trace of a frontend request sampled
     /// out, and their own context drops them too. Also in `backend_requests`.
     pub sampled_out_backend_requests: u64,
+    /// Backend requests of such a trace whose own context keeps it, when no kept frontend request
+    /// of that trace waits: `HAProxy` forwarded "sampled" for a request its own parent dropped.
+    /// Left out like those (its frontend request is no exchange to link to); also in
+    /// `backend_requests`.
+    pub head_disagreements: u64,
     /// Connections that started with the HTTP/2 preface: cleartext (`proto h2`, h2c with prior
     /// knowledge) or in TLS (ALPN h2).
     pub h2_connections: u64,

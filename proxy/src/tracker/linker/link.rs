@@ -165,6 +165,12 @@ impl Linker {
         None
     }
 
+    /// True when a waiting frontend request of process `tgid` carries the trace of `request`'s
+    /// single valid `traceparent`.
+    pub(in crate::tracker) fn waits_in_trace(&self, tgid: u32, request: &RequestHead) -> bool {
+        trace_key(request).is_some_and(|k| self.candidates.iter().any(|c| c.tgid == tgid && c.trace_key == Some(k)))
+    }
+
     /// A backend request whose valid traceparent names no waiting request's trace (of its
     /// process) was given a new trace by `HAProxy` (the snippet's lines), which it does only for a
     /// request without a valid one: among alike requests, those come first, and a relay prefers
