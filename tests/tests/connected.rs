@@ -436,12 +436,15 @@ fn check(what: &str, sent: &[Exchange], seen: &[Continuation], receiver: &Receiv
         check_responses(what, sent, &exported);
     }
     assert_eq!(agent.metric("tracetap_sampling_disagreements_total"), 0, "{what}");
-    // Every forwarded request is handed out as propagated (an unsampled one may still wait in the
-    // tracker for a backend exchange a relay moved), except those whose own unsampled parent
-    // dropped them at their head: left out with their backend request (each reached it once).
-    if !response {
-        return;
+    if response {
+        check_counts(what, sent, agent, forwarded);
     }
+}
+
+/// Every forwarded request is handed out as propagated (an unsampled one may still wait in the
+/// tracker for a backend exchange a relay moved), except those whose own unsampled parent
+/// dropped them at their head: left out with their backend request (each reached it once).
+fn check_counts(what: &str, sent: &[Exchange], agent: &Agent, forwarded: usize) {
     let at_head = sent.iter().filter(|e| e.path == "/c" && e.incoming.is_some_and(|tp| !tp.sampled())).count() as u64;
     assert!(at_head > 0, "{what}: some requests come with an unsampled parent");
     let counts = || {

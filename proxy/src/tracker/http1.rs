@@ -99,10 +99,10 @@ impl Tracker {
         let conn = self.conns.get_mut(&ctx.key).expect("present");
         let (framer, start) = conn.direction(dir);
         let started = start.take().unwrap_or(ctx.ts);
-        let (rule, waiting, linker) = (self.limits.sampled_out, &self.sampled_out, &self.linker);
+        let (drop_rule, waiting, linker) = (self.limits.sampled_out, &self.sampled_out, &self.linker);
         let mut decided = AtHead::Kept;
         let parsed = head::parse_request_unless(framer.head_bytes(), &mut request, |head| {
-            decided = at_head(rule, waiting, linker, role, ctx.key.0, head);
+            decided = at_head(drop_rule, waiting, linker, role, ctx.key.0, head);
             !decided.is_kept()
         });
         if parsed.is_ok() {

@@ -133,13 +133,13 @@ impl Tracker {
                     self.linker.return_head(head);
                     return;
                 }
-                let id = match role {
-                    Role::Frontend => self.new_front(ctx, head, ctx.ts),
-                    _ => {
-                        let decided =
-                            at_head(self.limits.sampled_out, &self.sampled_out, &self.linker, role, ctx.key.0, &head);
-                        self.new_backend(ctx, head, ctx.ts, decided)
-                    }
+                // (HTTP/2 frontend requests are never dropped at their head: see the parent module.)
+                let id = if role == Role::Frontend {
+                    self.new_front(ctx, head, ctx.ts)
+                } else {
+                    let decided =
+                        at_head(self.limits.sampled_out, &self.sampled_out, &self.linker, role, ctx.key.0, &head);
+                    self.new_backend(ctx, head, ctx.ts, decided)
                 };
                 if let Some(h2) = self.conns.get_mut(&ctx.key).and_then(|c| c.h2.as_mut()) {
                     h2.streams.push((stream, id));

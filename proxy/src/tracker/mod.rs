@@ -32,8 +32,11 @@
 //!   queue as [`SAMPLED_OUT`], so that its response still pairs with it, and is never an exchange:
 //!   not a link candidate, not claimed by a relay, not handed out. A backend request (HTTP/1 or
 //!   HTTP/2) whose own context drops it and whose trace is one such request's, in the same
-//!   process, is left out the same way. A backend request of any other trace is linked as always,
-//!   so a context `HAProxy` made for a request is still followed.
+//!   process, is left out the same way (and so is one of such a trace whose own context keeps it,
+//!   counted: see [`AtHead::Disagrees`]). A backend request of any other trace is linked as
+//!   always, so a context `HAProxy` made for a request is still followed. HTTP/2 frontend requests
+//!   are not dropped at their head: their streams end in any order, where the trace ids of the
+//!   dropped requests of a connection are kept in its queue's order.
 //!
 //! - Connections that turn out not to speak HTTP (opaque, `mode tcp`, tunnels after an upgrade or
 //!   CONNECT, HTTP/2 connections that lost their HPACK state) are reported through
@@ -159,7 +162,7 @@ impl AtHead {
 /// by process `tgid`. `HEAD` and `CONNECT` requests are always kept: a request sampled out keeps
 /// no method, and its response is framed as a `GET`'s.
 fn at_head(
-    rule: SampledOutRule,
+    drop_rule: SampledOutRule,
     waiting: &SampledOutTraces,
     linker: &Linker,
     role: Role,
@@ -170,13 +173,13 @@ fn at_head(
         return AtHead::Kept;
     }
     if role == Role::Frontend {
-        return rule.dropped_trace(request).map_or(AtHead::Kept, AtHead::SampledOut);
+        return drop_rule.dropped_trace(request).map_or(AtHead::Kept, AtHead::SampledOut);
     }
     let Some(parent) = request.parsed_traceparent else { return AtHead::Kept };
     if !waiting.contains(tgid, &parent.trace_id) {
         return AtHead::Kept;
     }
-    if rule.drops(&parent, request.tracestate.as_deref()) {
+    if drop_rule.drops(&parent, request.tracestate.as_deref()) {
         AtHead::SampledOut(parent.trace_id)
     } else if linker.waits_in_trace(tgid, request) {
         AtHead::Kept
