@@ -45,19 +45,19 @@ impl SampledOutRule {
         }
     }
 
-    /// The trace id of a frontend request dropped at its head: one this rule drops from its own
+    /// The context of a frontend request dropped at its head: one this rule drops from its own
     /// valid `traceparent`, and, under a ratio, whose trace id's bits drop it too. `HAProxy`'s
     /// lines (`tracetap haproxy-snippet`) decide a ratio on the trace id, as they cannot read an
     /// `ot=rv:`: a request an `rv` alone drops is left to the later decision, which follows the
     /// flag they forwarded and counts the difference. `None`: kept, or not decided from the head.
     #[must_use]
-    pub fn dropped_trace(self, request: &RequestHead) -> Option<[u8; 16]> {
+    pub fn dropped_parent(self, request: &RequestHead) -> Option<TraceParent> {
         let parent = request.parsed_traceparent?;
         let by_trace_id_too = match self {
             Self::RandomnessBelow(threshold) => randomness(&parent.trace_id) < threshold,
             Self::Never | Self::UnsampledParent => true,
         };
-        (self.drops(&parent, request.tracestate.as_deref()) && by_trace_id_too).then_some(parent.trace_id)
+        (self.drops(&parent, request.tracestate.as_deref()) && by_trace_id_too).then_some(parent)
     }
 }
 
@@ -96,17 +96,17 @@ mod tests {
     fn at_the_head_a_ratio_drops_only_what_the_trace_id_drops_too() {
         let half = SampledOutRule::RandomnessBelow(1 << 55);
         let low = parent(1, 1);
-        assert_eq!(half.dropped_trace(&head(low, None)), Some(low.trace_id));
-        assert_eq!(half.dropped_trace(&head(low, Some("ot=rv:00000000000002"))), Some(low.trace_id));
+        assert_eq!(half.dropped_parent(&head(low, None)), Some(low));
+        assert_eq!(half.dropped_parent(&head(low, Some("ot=rv:00000000000002"))), Some(low));
         // Dropped by its `rv` alone: left to the later decision.
         let high = parent(u64::MAX, 1);
         assert!(half.drops(&high, Some("ot=rv:00000000000002")));
-        assert_eq!(half.dropped_trace(&head(high, Some("ot=rv:00000000000002"))), None);
+        assert_eq!(half.dropped_parent(&head(high, Some("ot=rv:00000000000002"))), None);
         // The parent-based rule does not look at the trace id.
         assert_eq!(
-            SampledOutRule::UnsampledParent.dropped_trace(&head(parent(u64::MAX, 0), None)),
-            Some(high.trace_id)
+            SampledOutRule::UnsampledParent.dropped_parent(&head(parent(u64::MAX, 0), None)),
+            Some(parent(u64::MAX, 0))
         );
-        assert_eq!(SampledOutRule::UnsampledParent.dropped_trace(&RequestHead::default()), None);
+        assert_eq!(SampledOutRule::UnsampledParent.dropped_parent(&RequestHead::default()), None);
     }
 }

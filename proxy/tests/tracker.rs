@@ -1494,7 +1494,7 @@ fn a_sampled_flag_forwarded_for_a_request_dropped_at_its_head_is_counted_and_lin
         .push(1, 10, OwnedOp::Read(dropped))
         .push(1, 12, OwnedOp::Read(req("/a")))
         .push(1, 11, OwnedOp::Connect(server()))
-        .push(1, 11, OwnedOp::Write(traced_req("/a", TRACE_B, "01")))
+        .push(1, 11, OwnedOp::Write(forwarded_req("/a", TRACE_B, "01")))
         .push(1, 11, OwnedOp::Read(resp(200, "b")))
         .push(1, 10, OwnedOp::Write(resp(200, "b")))
         .push(1, 13, OwnedOp::Connect(server()))
@@ -1528,4 +1528,63 @@ fn a_dropped_trace_is_forgotten_when_its_connection_closes_unanswered() {
     let out = script.run(&mut tracker);
     assert_eq!(answers(&out), [("/d".to_owned(), 204, vec![204])]);
     assert_eq!((tracker.stats().sampled_out_requests, tracker.stats().sampled_out_backend_requests), (1, 0));
+}
+
+/// A request head carrying the `traceparent` `HAProxy`'s lines make: the trace id kept, a parent
+/// id of their own.
+fn forwarded_req(path: &str, trace: &str, flags: &str) -> Vec<u8> {
+    format!("GET {path} HTTP/1.1\r\nHost: h\r\ntraceparent: 00-{trace}-53995c3f42cd8ad8-{flags}\r\n\r\n").into_bytes()
+}
+
+#[test]
+fn a_sampled_backend_request_in_a_trace_a_kept_request_shares_goes_to_that_request() {
+    // The client sent one trace id on two requests, unsampled and sampled; the lines forward the
+    // sampled one's flag under a parent id of their own: it is that request's.
+    let mut tracker = sampling_parent_based();
+    let mut script = Script::default();
+    script
+        .push(1, 10, OwnedOp::Accept(client()))
+        .push(1, 12, OwnedOp::Accept(client()))
+        .push(1, 10, OwnedOp::Read(traced_req("/a", TRACE_B, "00")))
+        .push(1, 12, OwnedOp::Read(traced_req("/a", TRACE_B, "01")))
+        .push(1, 11, OwnedOp::Connect(server()))
+        .push(1, 11, OwnedOp::Write(forwarded_req("/a", TRACE_B, "00")))
+        .push(1, 11, OwnedOp::Read(resp(200, "b")))
+        .push(1, 10, OwnedOp::Write(resp(200, "b")))
+        .push(1, 13, OwnedOp::Connect(server()))
+        .push(1, 13, OwnedOp::Write(forwarded_req("/a", TRACE_B, "01")))
+        .push(1, 13, OwnedOp::Read(resp(201, "kk")))
+        .push(1, 12, OwnedOp::Write(resp(201, "kk")));
+    let out = script.run(&mut tracker);
+    assert_eq!(answers(&out), [("/a".to_owned(), 201, vec![201])]);
+    let stats = tracker.stats();
+    assert_eq!(
+        (stats.head_disagreements, stats.sampled_out_backend_requests, stats.unlinked_backend_requests),
+        (0, 1, 0)
+    );
+}
+
+#[test]
+fn under_a_ratio_a_context_forwarded_unchanged_is_dropped_like_its_request_and_one_haproxy_made_follows_its_flag() {
+    // Ratio 0.5 drops TRACE_B by its trace id (its lowest 56 bits are below 2^55), whatever its
+    // flag says.
+    let mut tracker =
+        Tracker::new(Limits { sampled_out: SampledOutRule::RandomnessBelow(1 << 55), ..Limits::default() });
+    let mut script = Script::default();
+    let dropped = traced_req("/b", TRACE_B, "01");
+    script
+        .push(1, 10, OwnedOp::Accept(client()))
+        .push(1, 11, OwnedOp::Connect(server()))
+        .push(1, 10, OwnedOp::Read(dropped.clone()))
+        .push(1, 11, OwnedOp::Write(dropped))
+        .push(1, 11, OwnedOp::Read(resp(201, "bb")))
+        .push(1, 10, OwnedOp::Write(resp(201, "bb")))
+        .push(1, 10, OwnedOp::Read(traced_req("/b", TRACE_B, "01")))
+        .push(1, 11, OwnedOp::Write(forwarded_req("/b", TRACE_B, "01")))
+        .push(1, 11, OwnedOp::Read(resp(202, "bb")))
+        .push(1, 10, OwnedOp::Write(resp(202, "bb")));
+    let out = script.run(&mut tracker);
+    assert!(out.is_empty(), "both dropped at their head: {:?}", answers(&out));
+    let stats = tracker.stats();
+    assert_eq!((stats.sampled_out_requests, stats.sampled_out_backend_requests, stats.head_disagreements), (2, 1, 1));
 }

@@ -192,6 +192,22 @@ mod tests {
         }
     }
 
+    /// Waits until no handle of this process holds the sled store in `dir`: sled's flusher thread
+    /// lets go of the directory's lock a moment after the last handle is dropped, so a store
+    /// reopened at once in the same process may find it still held (a restarted agent is another
+    /// process and never does). Checked with the lock sled takes (`flock` on `db`).
+    fn wait_released(dir: &Path) {
+        let db = dir.join("db");
+        for _ in 0..1000 {
+            let Ok(file) = std::fs::File::open(&db) else { return };
+            if rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok() {
+                return; // Closing `file` lets go of the lock taken to look.
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        panic!("sled still holds {} after 5 s", db.display());
+    }
+
     fn open(state: &Path, metrics: &Metrics) -> Option<Engine<SledStore>> {
         let policies = PolicySet::new(vec![NamedPolicy { name: "all".into(), policy: Policy::AlwaysSample }]);
         open_engine(state, SledOptions::default(), None, &policies, limits(), &[], metrics)
@@ -202,6 +218,7 @@ mod tests {
         let state = tempfile::tempdir().unwrap();
         let metrics = Metrics::default();
         drop(open(state.path(), &metrics).expect("a new store opens"));
+        wait_released(&store_dir(state.path()));
         assert_eq!(metrics.tail_store_quarantined.load(std::sync::atomic::Ordering::Relaxed), 0);
         // Garbage over every file sled wrote.
         for entry in std::fs::read_dir(store_dir(state.path())).unwrap() {
@@ -222,12 +239,14 @@ mod tests {
         let state = tempfile::tempdir().unwrap();
         let metrics = Metrics::default();
         drop(open(state.path(), &metrics).expect("a new store opens"));
+        wait_released(&store_dir(state.path()));
         // Held open elsewhere (sled locks its directory): an I/O error, not damage.
         let held = SledStore::open(&store_dir(state.path()), SledOptions::default()).unwrap();
         assert!(open(state.path(), &metrics).is_none());
         assert_eq!(metrics.tail_store_quarantined.load(std::sync::atomic::Ordering::Relaxed), 0);
         assert!(!quarantine_root(state.path()).exists(), "a store in use is never set aside");
         drop(held);
+        wait_released(&store_dir(state.path()));
         assert!(open(state.path(), &metrics).is_some());
     }
 
@@ -256,6 +275,7 @@ mod tests {
             tracetap_storage::TailStore::append(&mut store, 1, &[fragment]).unwrap();
             tracetap_storage::TailStore::flush(&mut store).unwrap();
         }
+        wait_released(state.path());
         let metrics = Metrics::default();
         let engine = open(state.path(), &metrics).unwrap();
         assert_eq!(engine.pending_traces(), 1, "the older store's pending trace is recovered");

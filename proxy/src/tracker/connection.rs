@@ -11,6 +11,7 @@ use super::{Direction, OpaqueCause, Role, SampledOutTraces, TrackerStats};
 use crate::exchange::TlsInfo;
 use crate::framing::Framer;
 use crate::rejected::Rejected;
+use crate::trace_context::TraceParent;
 
 #[derive(Debug)]
 pub(super) struct Connection {
@@ -39,9 +40,9 @@ pub(super) struct Connection {
     pub(super) fronts: VecDeque<u64>,
     /// Backend: ids of requests written and not yet answered, oldest first.
     pub(super) backs: VecDeque<u64>,
-    /// Frontend: the trace ids of the requests in `fronts` that were sampled out
+    /// Frontend: the trace contexts of the requests in `fronts` that were sampled out
     /// ([`super::SAMPLED_OUT`]), in the same order.
-    pub(super) sampled_out_traces: VecDeque<[u8; 16]>,
+    pub(super) sampled_out_contexts: VecDeque<TraceParent>,
 
     /// Sequence number of the last record seen (0: the probes do not number this connection).
     pub(super) last_seq: u32,
@@ -90,7 +91,7 @@ impl Connection {
             rejected: None,
             fronts: VecDeque::new(),
             backs: VecDeque::new(),
-            sampled_out_traces: VecDeque::new(),
+            sampled_out_contexts: VecDeque::new(),
             last_seq: 0,
             opened_ns: 0,
             gapped: false,
@@ -109,8 +110,8 @@ impl Connection {
     /// Forgets the requests of this connection sampled out at their head (their ids stay in the
     /// queues for the caller to drain): their traces no longer wait for an answer.
     pub(super) fn release_sampled_out(&mut self, tgid: u32, waiting: &mut SampledOutTraces) {
-        for trace in self.sampled_out_traces.drain(..) {
-            waiting.release(tgid, trace);
+        for context in self.sampled_out_contexts.drain(..) {
+            waiting.release(tgid, &context);
         }
     }
 

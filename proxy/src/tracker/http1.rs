@@ -272,8 +272,8 @@ impl Tracker {
             // (Called for final responses only: an interim one frames no body.)
             if role == Role::Frontend {
                 conn.fronts.pop_front();
-                if let Some(trace) = conn.sampled_out_traces.pop_front() {
-                    self.sampled_out.release(ctx.key.0, trace);
+                if let Some(context) = conn.sampled_out_contexts.pop_front() {
+                    self.sampled_out.release(ctx.key.0, &context);
                 }
             } else {
                 conn.backs.pop_front();

@@ -54,6 +54,7 @@ use crate::h2;
 use crate::head::RequestHead;
 use crate::proxy_protocol;
 use crate::sampled_out::SampledOutRule;
+use crate::trace_context::TraceParent;
 
 mod connection;
 mod http1;
@@ -111,28 +112,43 @@ pub struct Tracker {
 /// linker call ignores it, as it does an id it does not know.
 pub(super) const SAMPLED_OUT: u64 = u64::MAX;
 
-/// The trace ids of the frontend requests sampled out and not answered yet, per process, with how
-/// many such requests carry each: a backend request of one of these traces whose own context drops
-/// it too is left out. Bounded by the requests in connections' queues.
+/// The contexts of the frontend requests sampled out and not answered yet, per process: how many
+/// such requests carry each trace id, and each exact context (trace and parent id). Bounded by
+/// the requests in connections' queues.
 #[derive(Debug, Default)]
-struct SampledOutTraces(FxHashMap<(u32, [u8; 16]), u32>);
+struct SampledOutTraces {
+    traces: FxHashMap<(u32, [u8; 16]), u32>,
+    contexts: FxHashMap<(u32, [u8; 16], [u8; 8]), u32>,
+}
 
 impl SampledOutTraces {
-    fn add(&mut self, tgid: u32, trace: [u8; 16]) {
-        *self.0.entry((tgid, trace)).or_default() += 1;
+    fn add(&mut self, tgid: u32, context: &TraceParent) {
+        *self.traces.entry((tgid, context.trace_id)).or_default() += 1;
+        *self.contexts.entry((tgid, context.trace_id, context.parent_id)).or_default() += 1;
     }
 
-    fn release(&mut self, tgid: u32, trace: [u8; 16]) {
-        if let std::collections::hash_map::Entry::Occupied(mut waiting) = self.0.entry((tgid, trace)) {
-            *waiting.get_mut() -= 1;
-            if *waiting.get() == 0 {
-                waiting.remove();
-            }
+    fn release(&mut self, tgid: u32, context: &TraceParent) {
+        count_down(&mut self.traces, (tgid, context.trace_id));
+        count_down(&mut self.contexts, (tgid, context.trace_id, context.parent_id));
+    }
+
+    fn has_trace(&self, tgid: u32, trace: &[u8; 16]) -> bool {
+        self.traces.contains_key(&(tgid, *trace))
+    }
+
+    /// True when a waiting dropped request carries this very context: `HAProxy` forwarded it
+    /// unchanged (it did not make one of its own).
+    fn has_context(&self, tgid: u32, context: &TraceParent) -> bool {
+        self.contexts.contains_key(&(tgid, context.trace_id, context.parent_id))
+    }
+}
+
+fn count_down<K: std::hash::Hash + Eq>(counts: &mut FxHashMap<K, u32>, key: K) {
+    if let std::collections::hash_map::Entry::Occupied(mut waiting) = counts.entry(key) {
+        *waiting.get_mut() -= 1;
+        if *waiting.get() == 0 {
+            waiting.remove();
         }
-    }
-
-    fn contains(&self, tgid: u32, trace: &[u8; 16]) -> bool {
-        self.0.contains_key(&(tgid, *trace))
     }
 }
 
@@ -141,14 +157,16 @@ impl SampledOutTraces {
 enum AtHead {
     /// An exchange, linked as always.
     Kept,
-    /// Only paired: a frontend request its own context drops (its trace), or a backend request
-    /// whose own context drops it and whose trace is such a frontend request's, in the same
-    /// process.
-    SampledOut([u8; 16]),
-    /// Only paired too, and counted: a backend request of such a trace whose own context keeps
-    /// it, when no kept frontend request of that trace waits. `HAProxy` forwarded "sampled" for a
-    /// request whose own parent dropped it (lines made for another sampler); that request is not
-    /// an exchange, and linking its backend request to another would put that one in its trace.
+    /// Only paired: a frontend request its own context drops (that context), or a backend
+    /// request in the trace of such a frontend request of the same process that is dropped too:
+    /// it carries that very context (forwarded unchanged, decided like it), or a context `HAProxy`
+    /// made, not sampled (the backend follows that flag).
+    SampledOut(TraceParent),
+    /// Only paired too, and counted: a backend request in such a trace with a context `HAProxy`
+    /// made, sampled, when no kept frontend request of that trace waits. `HAProxy` forwarded
+    /// "sampled" for a request the sampler dropped at its head (lines made for another sampler);
+    /// that request is no exchange, and linking its backend request to another would put that
+    /// one in its trace.
     Disagrees,
 }
 
@@ -158,9 +176,9 @@ impl AtHead {
     }
 }
 
-/// [`AtHead`] for a request read (frontend) or written (backend, or a connection of unknown role)
-/// by process `tgid`. `HEAD` and `CONNECT` requests are always kept: a request sampled out keeps
-/// no method, and its response is framed as a `GET`'s.
+/// [`AtHead`] for a request process `tgid` read (frontend) or wrote (backend). `HEAD` and
+/// `CONNECT` requests are always kept: a request sampled out keeps no method, and its response is
+/// framed as a `GET`'s.
 fn at_head(
     drop_rule: SampledOutRule,
     waiting: &SampledOutTraces,
@@ -173,14 +191,21 @@ fn at_head(
         return AtHead::Kept;
     }
     if role == Role::Frontend {
-        return drop_rule.dropped_trace(request).map_or(AtHead::Kept, AtHead::SampledOut);
+        return drop_rule.dropped_parent(request).map_or(AtHead::Kept, AtHead::SampledOut);
     }
-    let Some(parent) = request.parsed_traceparent else { return AtHead::Kept };
-    if !waiting.contains(tgid, &parent.trace_id) {
+    let Some(context) = request.parsed_traceparent else { return AtHead::Kept };
+    if !waiting.has_trace(tgid, &context.trace_id) {
         return AtHead::Kept;
     }
-    if drop_rule.drops(&parent, request.tracestate.as_deref()) {
-        AtHead::SampledOut(parent.trace_id)
+    // As the agent decides later (`propagated_context`): a context HAProxy made decides by its
+    // flag; one forwarded unchanged, as the request it came with.
+    let dropped = if waiting.has_context(tgid, &context) {
+        drop_rule.drops(&context, request.tracestate.as_deref())
+    } else {
+        !context.sampled()
+    };
+    if dropped {
+        AtHead::SampledOut(context)
     } else if linker.waits_in_trace(tgid, request) {
         AtHead::Kept
     } else {
@@ -435,17 +460,17 @@ impl Tracker {
 
     /// A request read on an HTTP/1 frontend: an exchange, unless its head decided otherwise.
     fn new_h1_front(&mut self, ctx: Ctx, request: RequestHead, started: u64, at_head: AtHead) {
-        let AtHead::SampledOut(trace) = at_head else {
+        let AtHead::SampledOut(context) = at_head else {
             self.new_front(ctx, request, started);
             return;
         };
         self.linker.return_head(request);
         self.stats.frontend_requests += 1;
         self.stats.sampled_out_requests += 1;
-        self.sampled_out.add(ctx.key.0, trace);
+        self.sampled_out.add(ctx.key.0, &context);
         let conn = self.conns.get_mut(&ctx.key).expect("present");
         conn.fronts.push_back(SAMPLED_OUT);
-        conn.sampled_out_traces.push_back(trace);
+        conn.sampled_out_contexts.push_back(context);
         conn.gapped = false;
         conn.spoke_http = true;
         conn.rejected = None;
