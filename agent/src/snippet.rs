@@ -131,8 +131,8 @@ pub fn lines(sampler: &Sampler, described: &str, options: Options) -> String {
     line("# `http-request` rules (so that requests it denies or answers itself have a trace id too).");
     line("# HAProxy 2.6 or later. Print them again whenever the sampler settings change: tracetap follows");
     line("# the sampled flag HAProxy forwards and counts any difference from its own decision in");
-    line("# tracetap_sampling_disagreements_total (an HTTP/1 request whose own traceparent it drops is");
-    line("# decided at its head: a sampled flag forwarded for it is counted, not followed).");
+    line("# tracetap_sampling_disagreements_total (a request whose own traceparent it drops is decided");
+    line("# at its head: a sampled flag forwarded for it is counted, not followed).");
     if let Root::Ratio { th, .. } = &root {
         line("# Ratio decisions: kept when the trace id's last 14 hex digits are at least the rejection threshold");
         line(&format!(

@@ -688,3 +688,73 @@ fn an_h2_backend_stream_of_a_request_sampled_out_is_only_paired_and_the_kept_str
     assert_eq!((stats.sampled_out_requests, stats.sampled_out_backend_requests), (1, 1));
     assert_eq!((stats.unlinked_backend_requests, stats.unpaired_responses), (0, 0));
 }
+
+#[test]
+fn an_h2_stream_dropped_at_its_head_between_two_kept_ones_leaves_both_answered_right() {
+    // Three streams for the same path with the same backend answer but for its etag, the dropped
+    // one in the middle; HAProxy relays the responses in reverse order of the streams.
+    let tp = |last: char, flags: &str| format!("00-0af7651916cd43dd8448eb211c80319{last}-00f067aa0ba902b7-{flags}");
+    let (kept_1, dropped, kept_5) = (tp('a', "01"), tp('b', "00"), tp('c', "01"));
+    let (mut client_side, mut proxy_side) = (Side::new(), Side::new());
+    let mut get = |stream, traceparent: &str| {
+        client_side.headers(
+            stream,
+            &[
+                (":method", "GET"),
+                (":scheme", "https"),
+                (":authority", "h"),
+                (":path", "/same"),
+                ("traceparent", traceparent),
+            ],
+            true,
+        )
+    };
+    let requests = cat(&[client_start(), get(1, &kept_1), get(3, &dropped), get(5, &kept_5)]);
+    let backend_request =
+        |traceparent: &str| format!("GET /same HTTP/1.1\r\nhost: h\r\ntraceparent: {traceparent}\r\n\r\n").into_bytes();
+    let mut relayed = |stream, etag: &str, body: &str| {
+        let etag = format!("\"{etag}\"");
+        cat(&[
+            proxy_side.headers(stream, &[(":status", "200"), ("content-type", "text/plain"), ("etag", &etag)], false),
+            data(stream, body.as_bytes(), true),
+        ])
+    };
+    let responses = cat(&[relayed(5, "five", "5"), relayed(3, "three", "3"), relayed(1, "one", "1")]);
+    let steps = vec![
+        (1, 10, OwnedOp::Accept),
+        (1, 10, OwnedOp::Read(requests)),
+        (1, 10, OwnedOp::Write(cat(&[settings(), frame(0x4, 0x1, 0, &[])]))),
+        (1, 20, OwnedOp::Connect),
+        (1, 21, OwnedOp::Connect),
+        (1, 22, OwnedOp::Connect),
+        (1, 20, OwnedOp::Write(backend_request(&kept_1))),
+        (1, 21, OwnedOp::Write(backend_request(&dropped))),
+        (1, 22, OwnedOp::Write(backend_request(&kept_5))),
+        (1, 22, OwnedOp::Read(h1_response(200, "five", "5"))),
+        (1, 21, OwnedOp::Read(h1_response(200, "three", "3"))),
+        (1, 20, OwnedOp::Read(h1_response(200, "one", "1"))),
+        (1, 10, OwnedOp::Write(responses)),
+        // Then a request without context whose backend request carries the dropped trace again
+        // under a parent id HAProxy made, unsampled: that trace no longer waits, so it is linked.
+        (1, 10, OwnedOp::Read(client_side.get(7, "/same"))),
+        (1, 20, OwnedOp::Write(backend_request(&dropped.replace("00f067aa0ba902b7", "53995c3f42cd8ad8")))),
+        (1, 20, OwnedOp::Read(h1_response(200, "seven", "7"))),
+        (1, 10, OwnedOp::Write(relayed(7, "seven", "7"))),
+    ];
+    let mut t = Tracker::new(Limits { sampled_out: SampledOutRule::UnsampledParent, ..Limits::default() });
+    let mut out = run(&mut t, &steps);
+    out.sort_by_key(|ex| ex.request.as_ref().and_then(|r| r.parsed_traceparent).map(|p| p.trace_id));
+    let after = out.remove(0);
+    assert_eq!((after.request.as_ref().unwrap().parsed_traceparent, after.clients.len()), (None, 1));
+    assert_eq!(out.len(), 2, "{:?}", t.stats());
+    for (ex, trace_end) in out.iter().zip([0x9a, 0x9c]) {
+        assert_eq!(ex.request.as_ref().unwrap().parsed_traceparent.map(|p| p.trace_id[15]), Some(trace_end));
+        assert_eq!(ex.clients.len(), 1);
+        assert_eq!(ex.clients[0].request.parsed_traceparent.map(|p| p.trace_id[15]), Some(trace_end));
+        assert_eq!(ex.response.unwrap().header_digest, ex.clients[0].response.unwrap().header_digest);
+    }
+    let stats = t.stats();
+    assert_eq!((stats.sampled_out_requests, stats.sampled_out_backend_requests), (1, 1));
+    assert_eq!((stats.unlinked_backend_requests, stats.unpaired_responses, stats.frontend_requests), (0, 0, 4));
+    assert_eq!(t.open_exchanges(), 0);
+}

@@ -410,14 +410,12 @@ fn a_dropped_exchange_between_two_kept_ones_leaves_both_paired_right() {
             (stack.agent.metric("tracetap_requests_sampled_out_total") >= 1).then_some(())
         });
         assert!(settled.is_some(), "{case}: the unsampled request was seen and dropped");
-        if !h2 {
-            // An HTTP/1 request is dropped as its head is read, and its backend request with it.
-            let at_head = (
-                stack.agent.metric("tracetap_requests_sampled_out_at_head_total"),
-                stack.agent.metric("tracetap_backend_requests_sampled_out_at_head_total"),
-            );
-            assert_eq!(at_head, (1, 1), "{case}: dropped at the head");
-        }
+        // The request is dropped as its head is read, and its backend request with it.
+        let at_head = (
+            stack.agent.metric("tracetap_requests_sampled_out_at_head_total"),
+            stack.agent.metric("tracetap_backend_requests_sampled_out_at_head_total"),
+        );
+        assert_eq!(at_head, (1, 1), "{case}: dropped at the head");
         let spans: Vec<_> = wait_for(Duration::from_secs(20), || {
             let all = stack.receiver.spans();
             (all.iter().filter(|x| x.is_server()).count() >= 2 && all.iter().filter(|x| !x.is_server()).count() >= 2)

@@ -40,9 +40,10 @@ pub(super) struct Connection {
     pub(super) fronts: VecDeque<u64>,
     /// Backend: ids of requests written and not yet answered, oldest first.
     pub(super) backs: VecDeque<u64>,
-    /// Frontend: the trace contexts of the requests in `fronts` that were sampled out
-    /// ([`super::SAMPLED_OUT`]), in the same order.
-    pub(super) sampled_out_contexts: VecDeque<TraceParent>,
+    /// Frontend: the trace contexts of the requests sampled out at their head
+    /// ([`super::SAMPLED_OUT`]) and not answered yet, each with its HTTP/2 stream (0 on HTTP/1,
+    /// where they are in `fronts`, in the same order).
+    pub(super) sampled_out_contexts: VecDeque<(u32, TraceParent)>,
 
     /// Sequence number of the last record seen (0: the probes do not number this connection).
     pub(super) last_seq: u32,
@@ -110,7 +111,7 @@ impl Connection {
     /// Forgets the requests of this connection sampled out at their head (their ids stay in the
     /// queues for the caller to drain): their traces no longer wait for an answer.
     pub(super) fn release_sampled_out(&mut self, tgid: u32, waiting: &mut SampledOutTraces) {
-        for context in self.sampled_out_contexts.drain(..) {
+        for (_, context) in self.sampled_out_contexts.drain(..) {
             waiting.release(tgid, &context);
         }
     }

@@ -272,7 +272,7 @@ impl Tracker {
             // (Called for final responses only: an interim one frames no body.)
             if role == Role::Frontend {
                 conn.fronts.pop_front();
-                if let Some(context) = conn.sampled_out_contexts.pop_front() {
+                if let Some((_, context)) = conn.sampled_out_contexts.pop_front() {
                     self.sampled_out.release(ctx.key.0, &context);
                 }
             } else {

@@ -12,7 +12,7 @@
 //! - HPACK state cannot be rebuilt: a desynced decoder or a capture gap ends the open streams
 //!   with [`Outcome::CaptureGap`] and makes the connection opaque ([`Tracker::h2_lost`]).
 
-use super::{Connection, Ctx, Direction, Role, SAMPLED_OUT, Tracker, TrackerStats, at_head, mark_opaque};
+use super::{AtHead, Connection, Ctx, Direction, Role, SAMPLED_OUT, Tracker, TrackerStats, at_head, mark_opaque};
 use crate::exchange::Outcome;
 use crate::framing::{BodyFraming, Chunk, Framer};
 use crate::h2;
@@ -133,13 +133,14 @@ impl Tracker {
                     self.linker.return_head(head);
                     return;
                 }
-                // (HTTP/2 frontend requests are never dropped at their head: see the parent module.)
-                let id = if role == Role::Frontend {
-                    self.new_front(ctx, head, ctx.ts)
-                } else {
-                    let decided =
-                        at_head(self.limits.sampled_out, &self.sampled_out, &self.linker, role, ctx.key.0, &head);
-                    self.new_backend(ctx, head, ctx.ts, decided)
+                let decided = at_head(self.limits.sampled_out, &self.sampled_out, &self.linker, role, ctx.key.0, &head);
+                let id = match (role, decided) {
+                    (Role::Frontend, AtHead::SampledOut(context)) => {
+                        self.sample_out_front(ctx, head, stream, context);
+                        SAMPLED_OUT
+                    }
+                    (Role::Frontend, _) => self.new_front(ctx, head, ctx.ts),
+                    _ => self.new_backend(ctx, head, ctx.ts, decided),
                 };
                 if let Some(h2) = self.conns.get_mut(&ctx.key).and_then(|c| c.h2.as_mut()) {
                     h2.streams.push((stream, id));
@@ -206,6 +207,14 @@ impl Tracker {
         let Some(h2) = conn.h2.as_mut() else { return };
         let Some(pos) = h2.streams.iter().position(|(s, _)| *s == stream) else { return };
         let (_, id) = h2.streams.swap_remove(pos);
+        if id == SAMPLED_OUT && role == Role::Frontend {
+            // A request dropped at its head: its context no longer waits.
+            if let Some(at) = conn.sampled_out_contexts.iter().position(|(s, _)| *s == stream) {
+                let (_, context) = conn.sampled_out_contexts.remove(at).expect("present");
+                self.sampled_out.release(ctx.key.0, &context);
+            }
+            return;
+        }
         let ids = if role == Role::Frontend { &mut conn.fronts } else { &mut conn.backs };
         if let Some(pos) = ids.iter().position(|i| *i == id) {
             ids.remove(pos);

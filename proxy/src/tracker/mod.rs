@@ -27,16 +27,16 @@
 //!   message start, so a response is never paired with the wrong request. An HTTP/2 connection
 //!   cannot resynchronise (its HPACK state is lost) and becomes opaque.
 //!
-//! - Sampled out at the head ([`Limits::sampled_out`], `crate::sampled_out`): an HTTP/1 frontend
-//!   request whose own `traceparent` drops it takes the place of an exchange in its connection's
-//!   queue as [`SAMPLED_OUT`], so that its response still pairs with it, and is never an exchange:
-//!   not a link candidate, not claimed by a relay, not handed out. A backend request (HTTP/1 or
-//!   HTTP/2) whose own context drops it and whose trace is one such request's, in the same
-//!   process, is left out the same way (and so is one of such a trace whose own context keeps it,
-//!   counted: see [`AtHead::Disagrees`]). A backend request of any other trace is linked as
-//!   always, so a context `HAProxy` made for a request is still followed. HTTP/2 frontend requests
-//!   are not dropped at their head: their streams end in any order, where the trace ids of the
-//!   dropped requests of a connection are kept in its queue's order.
+//! - Sampled out at the head ([`Limits::sampled_out`], `crate::sampled_out`): a frontend request
+//!   whose own `traceparent` drops it takes the place of an exchange in its connection's queue as
+//!   [`SAMPLED_OUT`] (on HTTP/2, its stream carries it, and its context is kept with the stream's
+//!   number, as streams end in any order), so that its response still pairs with it, and is never
+//!   an exchange: not a link candidate, not claimed by a relay, not handed out. A backend request
+//!   (HTTP/1 or HTTP/2) in the trace of such a request, in the same process, is decided as the
+//!   agent would later ([`at_head`]) and, dropped, left out the same way (so is one forwarded as
+//!   sampled when no kept request of that trace waits, counted: [`AtHead::Disagrees`]). A backend
+//!   request of any other trace is linked as always, so a context `HAProxy` made for a request is
+//!   still followed.
 //!
 //! - Connections that turn out not to speak HTTP (opaque, `mode tcp`, tunnels after an upgrade or
 //!   CONNECT, HTTP/2 connections that lost their HPACK state) are reported through
@@ -464,13 +464,19 @@ impl Tracker {
             self.new_front(ctx, request, started);
             return;
         };
+        self.sample_out_front(ctx, request, 0, context);
+        self.conns.get_mut(&ctx.key).expect("present").fronts.push_back(SAMPLED_OUT);
+    }
+
+    /// A frontend request dropped at its head (on HTTP/2, on `stream`): counted, its context
+    /// waiting until it is answered, its head back to the pool.
+    fn sample_out_front(&mut self, ctx: Ctx, request: RequestHead, stream: u32, context: TraceParent) {
         self.linker.return_head(request);
         self.stats.frontend_requests += 1;
         self.stats.sampled_out_requests += 1;
         self.sampled_out.add(ctx.key.0, &context);
         let conn = self.conns.get_mut(&ctx.key).expect("present");
-        conn.fronts.push_back(SAMPLED_OUT);
-        conn.sampled_out_contexts.push_back(context);
+        conn.sampled_out_contexts.push_back((stream, context));
         conn.gapped = false;
         conn.spoke_http = true;
         conn.rejected = None;
