@@ -44,7 +44,6 @@ pub(super) struct Connection {
     /// ([`super::SAMPLED_OUT`]) and not answered yet, each with its HTTP/2 stream (0 on HTTP/1,
     /// where they are in `fronts`, in the same order).
     pub(super) sampled_out_contexts: VecDeque<(u32, TraceParent)>,
-
     /// Sequence number of the last record seen (0: the probes do not number this connection).
     pub(super) last_seq: u32,
     /// `ts_ns` of the `accept`/`connect` record when the probes number the connection (their
@@ -108,6 +107,13 @@ impl Connection {
 }
 
 impl Connection {
+    /// True when the oldest request waiting for its answer on this HTTP/1 connection (a frontend's
+    /// or a backend's, as `role` says) was sampled out at its head.
+    pub(super) fn answers_sampled_out(&self, role: Role) -> bool {
+        let oldest = if role == Role::Frontend { self.fronts.front() } else { self.backs.front() };
+        oldest == Some(&super::SAMPLED_OUT)
+    }
+
     /// Forgets the requests of this connection sampled out at their head (their ids stay in the
     /// queues for the caller to drain): their traces no longer wait for an answer.
     pub(super) fn release_sampled_out(&mut self, tgid: u32, waiting: &mut SampledOutTraces) {

@@ -10,8 +10,8 @@ use crate::head::{self, ResponseHead};
 use crate::rejected::{Rejected, is_rejection_status};
 
 use super::{
-    AtHead, Chunk, Connection, Ctx, Direction, Kind, MAX_UNANSWERED_RECORDS, OpaqueCause, Role, SAMPLED_OUT, Tracker,
-    at_head, classify, mark_opaque,
+    AtHead, Chunk, Connection, Ctx, Direction, Kind, MAX_UNANSWERED_RECORDS, OpaqueCause, Role, Tracker, at_head,
+    classify, mark_opaque,
 };
 
 /// What the framing loop does after a step: go on with the call's bytes, or stop there.
@@ -192,9 +192,8 @@ impl Tracker {
     /// says; an upgrade turns both directions into a tunnel.
     fn response_head_framed(&mut self, ctx: Ctx, dir: Direction, role: Role) {
         let conn = self.conns.get_mut(&ctx.key).expect("present");
-        let oldest = if role == Role::Frontend { conn.fronts.front() } else { conn.backs.front() };
         // The answer to a request dropped at its head is only framed.
-        let parse = if oldest == Some(&SAMPLED_OUT) { head::parse_response_framing } else { head::parse_response };
+        let parse = if conn.answers_sampled_out(role) { head::parse_response_framing } else { head::parse_response };
         let (framer, start) = conn.direction(dir);
         let started = start.take().unwrap_or(ctx.ts);
         let Ok(response) = parse(framer.head_bytes()) else {
@@ -220,8 +219,7 @@ impl Tracker {
     /// its body is framed.
     fn response_head(&mut self, ctx: Ctx, role: Role, response: ResponseHead, started: u64) -> BodyFraming {
         let conn = self.conns.get_mut(&ctx.key).expect("present");
-        let oldest = if role == Role::Frontend { conn.fronts.front() } else { conn.backs.front() };
-        if oldest == Some(&SAMPLED_OUT) {
+        if conn.answers_sampled_out(role) {
             // Only paired: nothing of it is kept.
             return response.framing("GET");
         }
@@ -267,8 +265,7 @@ impl Tracker {
 
     fn response_done(&mut self, ctx: Ctx, role: Role, outcome: Outcome) {
         let conn = self.conns.get_mut(&ctx.key).expect("present");
-        let oldest = if role == Role::Frontend { conn.fronts.front() } else { conn.backs.front() };
-        if oldest == Some(&SAMPLED_OUT) {
+        if conn.answers_sampled_out(role) {
             // (Called for final responses only: an interim one frames no body.)
             if role == Role::Frontend {
                 conn.fronts.pop_front();
