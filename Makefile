@@ -143,7 +143,7 @@ soak: setup
 # Runs every fuzz target for FUZZ_SECONDS (default 60) each, from the seeds in fuzz/seeds; new
 # inputs collect in fuzz/corpus (not committed), crashes in fuzz/artifacts.
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := tracker traceparent haproxy_config haproxy_runtime cgroup proxy_protocol
+FUZZ_TARGETS := tracker traceparent haproxy_config haproxy_runtime cgroup proxy_protocol head_drop
 fuzz: setup
 	@cargo fuzz --version >/dev/null 2>&1 || cargo install cargo-fuzz --locked
 	@for t in $(FUZZ_TARGETS); do \

@@ -11,8 +11,9 @@
 //! names (configuration lookups) and opaque marks, which a keep-alive request does not touch.
 //!
 //! Two cases: ratio 1.0 (every request becomes two spans), and requests carrying an unsampled
-//! `traceparent` under `parentbased_always_on` (none does: each is parsed, paired and linked, then
-//! dropped by its parent's flag). The second is what a sampled-out request costs wherever the
+//! `traceparent` under `parentbased_always_on` (none does: the probes drop each at its head, so the
+//! frontend read comes as a `DroppedRequest` record without payload, and the rest is paired
+//! only). The second is what a sampled-out request costs wherever the
 //! sampler can keep some; `always_off` and `traceidratio` 0 load no probe at all, so they never
 //! reach this path. After criterion, the figures are compared with
 //! `benches/record_path_budget.txt`: a figure over its budget is said plainly (`make bench` shows
@@ -28,7 +29,12 @@ use tracetap::capture::decode;
 use tracetap::sampling::Sampler;
 use tracetap::spans::SpanBuilder;
 use tracetap_ebpf_common::{EventHeader, EventKind};
+use tracetap_ebpf_common::head_drop::HeadScan;
+use tracetap_proxy::sampled_out::SampledOutRule;
 use tracetap_proxy::{Limits, Tracker};
+
+/// Where `EventHeader::addr` lies in a record.
+const ADDR_OFFSET: usize = std::mem::offset_of!(EventHeader, addr);
 
 /// Requests per iteration.
 const REQUESTS: usize = 512;
@@ -73,8 +79,11 @@ fn sockaddr(port: u16) -> [u8; 16] {
 }
 
 /// The records of `REQUESTS` keep-alive requests of `request`'s bytes, starting at `t0` (monotonic
-/// ns); returns them and the time after the last.
-fn traffic(request: &[u8], t0: u64, connections: i32) -> (Vec<Vec<u8>>, u64) {
+/// ns); returns them and the time after the last. The frontend read is a `DroppedRequest` when the
+/// probes drop the request at its head under `rule`, as they would.
+fn traffic(request: &[u8], t0: u64, connections: i32, rule: SampledOutRule) -> (Vec<Vec<u8>>, u64) {
+    let (kind, threshold) = rule.in_probes();
+    let dropped = HeadScan::scan(request, kind, threshold);
     let (front, back) = (100 + 2 * connections, 101 + 2 * connections);
     let mut ts = t0;
     let mut next = |step: u64| {
@@ -88,7 +97,16 @@ fn traffic(request: &[u8], t0: u64, connections: i32) -> (Vec<Vec<u8>>, u64) {
     let (mut front_seq, mut back_seq) = (1, 1);
     for _ in 0..REQUESTS {
         front_seq += 1;
-        records.push(record(EventKind::Read, front, front_seq, next(10_000), request.len() as i64, None, request));
+        let len = request.len() as i64;
+        records.push(match dropped {
+            Some(context) => {
+                let mut r = record(EventKind::DroppedRequest, front, front_seq, next(10_000), len, None, &[]);
+                let addr = context.to_addr();
+                r[ADDR_OFFSET..ADDR_OFFSET + addr.len()].copy_from_slice(&addr);
+                r
+            }
+            None => record(EventKind::Read, front, front_seq, next(10_000), len, None, request),
+        });
         back_seq += 1;
         records.push(record(EventKind::Write, back, back_seq, next(5_000), request.len() as i64, None, request));
         back_seq += 1;
@@ -175,6 +193,7 @@ fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("record_path");
     group.throughput(Throughput::Elements(REQUESTS as u64));
     for (name, sampler, request) in samplers() {
+        let rule = sampler.sampled_out_rule();
         let mut path = Path::new(sampler);
         let mut t0 = 1_000_000_000;
         let mut n = 0;
@@ -182,7 +201,7 @@ fn bench(c: &mut Criterion) {
             b.iter_batched(
                 || {
                     n += 1;
-                    let (records, end) = traffic(request, t0, n);
+                    let (records, end) = traffic(request, t0, n, rule);
                     t0 = end;
                     records
                 },
@@ -205,11 +224,12 @@ fn check_budget() {
             .filter(|l| !l.starts_with('#'))
             .find_map(|l| l.strip_prefix(name)?.trim().strip_suffix("ns")?.trim().parse().ok())
             .unwrap_or_else(|| panic!("no budget for {name:?} in record_path_budget.txt"));
+        let rule = sampler.sampled_out_rule();
         let mut path = Path::new(sampler);
         let mut t0 = 1_000_000_000;
         let mut runs = Vec::new();
         for n in 0..15 {
-            let (records, end) = traffic(request, t0, 1000 + n);
+            let (records, end) = traffic(request, t0, 1000 + n, rule);
             t0 = end;
             let started = Instant::now();
             path.run(&records);
@@ -234,10 +254,11 @@ fn run_case_alone(name: &str) {
     let Some((_, sampler, request)) = samplers().into_iter().find(|(n, _, _)| *n == name) else {
         panic!("RECORD_PATH_CASE={name:?} names no case of record_path");
     };
+    let rule = sampler.sampled_out_rule();
     let mut path = Path::new(sampler);
     let mut t0 = 1_000_000_000;
     for n in 0..COUNTED_RUNS {
-        let (records, end) = traffic(request, t0, 2000 + n as i32);
+        let (records, end) = traffic(request, t0, 2000 + n as i32, rule);
         t0 = end;
         path.run(&records);
     }

@@ -7,6 +7,7 @@
 //! extrapolate counts from `th`.
 
 use crate::config_error::ConfigError;
+use tracetap_ebpf_common::head_drop::randomness_drops;
 use tracetap_proxy::sampled_out::SampledOutRule;
 pub use tracetap_proxy::trace_context::randomness;
 use tracetap_proxy::trace_context::{MAX_THRESHOLD, TraceParent, with_threshold};
@@ -110,7 +111,7 @@ impl Sampler {
             return None;
         }
         let threshold = self.threshold();
-        (randomness(trace_id) >= threshold).then(|| with_threshold(None, threshold))
+        (!randomness_drops(randomness(trace_id), threshold)).then(|| with_threshold(None, threshold))
     }
 
     /// What a valid incoming `traceparent` alone decides (see [`SampledOutRule`]).

@@ -13,7 +13,10 @@
 //! A request without a valid `traceparent` is never dropped here: its trace id is made later,
 //! and `HAProxy` may forward a context of its own that the decision must follow.
 
-use crate::head::RequestHead;
+use tracetap_ebpf_common::head_drop::{RULE_NONE, RULE_TRACE_ID_BELOW, RULE_UNSAMPLED_PARENT, randomness_drops};
+
+use crate::framing::{Chunk, Cursor, Framer, Step};
+use crate::head::{RequestHead, parse_request_into};
 use crate::trace_context::{TraceParent, parse_ot_tracestate, randomness};
 
 /// What a valid incoming `traceparent` alone decides: which requests carrying one are dropped.
@@ -40,7 +43,7 @@ impl SampledOutRule {
                 let randomness = tracestate
                     .and_then(|ts| parse_ot_tracestate(ts).randomness)
                     .unwrap_or_else(|| randomness(&parent.trace_id));
-                randomness < threshold
+                randomness_drops(randomness, threshold)
             }
         }
     }
@@ -54,10 +57,44 @@ impl SampledOutRule {
     pub fn dropped_parent(self, request: &RequestHead) -> Option<TraceParent> {
         let parent = request.parsed_traceparent?;
         let by_trace_id_too = match self {
-            Self::RandomnessBelow(threshold) => randomness(&parent.trace_id) < threshold,
+            Self::RandomnessBelow(threshold) => randomness_drops(randomness(&parent.trace_id), threshold),
             Self::Never | Self::UnsampledParent => true,
         };
         (self.drops(&parent, request.tracestate.as_deref()) && by_trace_id_too).then_some(parent)
+    }
+
+    /// What the tracker decides from `bytes` read at once on a frontend: the dropped context when
+    /// they are exactly one request head without a body that this rule drops at its head. The
+    /// reference the probes' scan is held to (`tracetap_ebpf_common::head_drop`; its tests and
+    /// fuzz target), by the tracker's own framer and parser.
+    #[must_use]
+    pub fn dropped_whole_head(self, bytes: &[u8]) -> Option<TraceParent> {
+        let mut framer = Framer::new();
+        let mut cursor = Cursor::new(Chunk::complete(bytes));
+        if framer.step(&mut cursor) != Step::Head {
+            return None;
+        }
+        let mut head = RequestHead::default();
+        parse_request_into(framer.head_bytes(), &mut head).ok()?;
+        framer.set_body(head.framing);
+        let whole = cursor.is_empty() && framer.is_idle();
+        // As the tracker: `HEAD` and `CONNECT` frame their answers otherwise (see its `at_head`).
+        let frames_like_get = head.method != "HEAD" && head.method != "CONNECT";
+        if !whole || !frames_like_get {
+            return None;
+        }
+        self.dropped_parent(&head)
+    }
+
+    /// The rule the probes apply to frontend request heads (`DROP_RULE`, `DROP_THRESHOLD`; see
+    /// `tracetap_ebpf_common::head_drop`): what they drop, this rule drops in [`Self::dropped_parent`].
+    #[must_use]
+    pub fn in_probes(self) -> (u32, u64) {
+        match self {
+            Self::Never | Self::RandomnessBelow(0) => (RULE_NONE, 0),
+            Self::UnsampledParent => (RULE_UNSAMPLED_PARENT, 0),
+            Self::RandomnessBelow(threshold) => (RULE_TRACE_ID_BELOW, threshold),
+        }
     }
 }
 

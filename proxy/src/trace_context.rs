@@ -1,5 +1,7 @@
 //! W3C Trace Context: parsing the `traceparent` header that clients send and HAProxy forwards.
 
+use tracetap_ebpf_common::head_drop::trace_id_randomness;
+
 /// A valid `traceparent` value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TraceParent {
@@ -98,8 +100,8 @@ pub const MAX_THRESHOLD: u64 = 1 << 56;
 #[must_use]
 pub fn randomness(trace_id: &[u8; 16]) -> u64 {
     let mut low = [0u8; 8];
-    low[1..].copy_from_slice(&trace_id[9..]);
-    u64::from_be_bytes(low)
+    low.copy_from_slice(&trace_id[8..]);
+    trace_id_randomness(u64::from_be_bytes(low))
 }
 
 /// Reads the `ot` entry of a `tracestate` header (W3C list; OpenTelemetry's `ot` value is

@@ -5,7 +5,8 @@ use std::net::SocketAddr;
 
 use proptest::prelude::*;
 use tracetap_proxy::sampled_out::SampledOutRule;
-use tracetap_proxy::trace_context::parse_traceparent;
+use tracetap_ebpf_common::head_drop::HeadScan;
+use tracetap_proxy::trace_context::{TraceParent, parse_traceparent};
 use tracetap_proxy::{Chunk, Limits, Op, OpaqueMark, Outcome, ServerExchange, SyscallEvent, TraceparentField, Tracker};
 
 const PID: u32 = 100;
@@ -23,8 +24,30 @@ enum OwnedOp {
     Connect(SocketAddr),
     Read(Vec<u8>),
     Write(Vec<u8>),
+    /// A frontend read the probes dropped at its head (the common crate's scan, parent-based):
+    /// the tracker gets its length and context, not its bytes.
+    Dropped(Vec<u8>),
     Eof,
     Close,
+}
+
+impl OwnedOp {
+    fn op(&self) -> Op<'_> {
+        match self {
+            Self::Accept(a) => Op::Accept { peer: Some(*a), local: None },
+            Self::Connect(a) => Op::Connect { server: Some(*a) },
+            Self::Read(b) => Op::Read(Chunk::complete(b)),
+            Self::Write(b) => Op::Write(Chunk::complete(b)),
+            Self::Dropped(b) => {
+                let (rule, threshold) = SampledOutRule::UnsampledParent.in_probes();
+                let c = HeadScan::scan(b, rule, threshold).expect("a head the probes drop");
+                let context = TraceParent { trace_id: c.trace_id, parent_id: c.parent_id, flags: c.flags };
+                Op::DroppedRequest { len: b.len() as u64, context }
+            }
+            Self::Eof => Op::Read(Chunk { known: &[], total: 0, tail: &[] }),
+            Self::Close => Op::Close,
+        }
+    }
 }
 
 impl Script {
@@ -36,14 +59,7 @@ impl Script {
     fn run(&mut self, tracker: &mut Tracker) -> Vec<ServerExchange> {
         for (tid, fd, op) in &self.events {
             self.ts += 1000;
-            let op = match op {
-                OwnedOp::Accept(a) => Op::Accept { peer: Some(*a), local: None },
-                OwnedOp::Connect(a) => Op::Connect { server: Some(*a) },
-                OwnedOp::Read(b) => Op::Read(Chunk::complete(b)),
-                OwnedOp::Write(b) => Op::Write(Chunk::complete(b)),
-                OwnedOp::Eof => Op::Read(Chunk { known: &[], total: 0, tail: &[] }),
-                OwnedOp::Close => Op::Close,
-            };
+            let op = op.op();
             tracker.handle(&SyscallEvent { ts_ns: self.ts, tgid: PID, tid: *tid, fd: *fd, seq: 0, op });
         }
         self.events.clear();
@@ -790,14 +806,7 @@ fn run_numbered_with(
             // The probes' loss epoch changed: the agent says so before the record that shows it.
             tracker.records_lost(ts);
         }
-        let op = match op {
-            OwnedOp::Accept(a) => Op::Accept { peer: Some(*a), local: None },
-            OwnedOp::Connect(a) => Op::Connect { server: Some(*a) },
-            OwnedOp::Read(b) => Op::Read(Chunk::complete(b)),
-            OwnedOp::Write(b) => Op::Write(Chunk::complete(b)),
-            OwnedOp::Eof => Op::Read(Chunk { known: &[], total: 0, tail: &[] }),
-            OwnedOp::Close => Op::Close,
-        };
+        let op = op.op();
         tracker.handle(&SyscallEvent { ts_ns: ts, tgid: PID, tid: *tid, fd: *fd, seq, op });
         out.extend(tracker.drain());
     }
@@ -1587,4 +1596,62 @@ fn under_a_ratio_a_context_forwarded_unchanged_is_dropped_like_its_request_and_o
     assert!(out.is_empty(), "both dropped at their head: {:?}", answers(&out));
     let stats = tracker.stats();
     assert_eq!((stats.sampled_out_requests, stats.sampled_out_backend_requests, stats.head_disagreements), (2, 1, 1));
+}
+
+#[test]
+fn a_request_the_probes_dropped_is_paired_like_one_dropped_here_between_two_kept_ones() {
+    let mut tracker = sampling_parent_based();
+    let mut script = Script::default();
+    let (a, b, c) = (traced_req("/a", TRACE_A, "01"), traced_req("/b", TRACE_B, "00"), traced_req("/c", TRACE_C, "01"));
+    script
+        .push(1, 10, OwnedOp::Accept(client()))
+        .push(1, 10, OwnedOp::Read(a.clone()))
+        .push(1, 11, OwnedOp::Connect(server()))
+        .push(1, 11, OwnedOp::Write(a))
+        .push(1, 11, OwnedOp::Read(resp(200, "a")))
+        .push(1, 10, OwnedOp::Write(resp(200, "a")))
+        .push(1, 10, OwnedOp::Dropped(b.clone()))
+        .push(1, 11, OwnedOp::Write(b))
+        .push(1, 11, OwnedOp::Read(resp(201, "bb")))
+        .push(1, 10, OwnedOp::Write(resp(201, "bb")))
+        .push(1, 10, OwnedOp::Read(c.clone()))
+        .push(1, 11, OwnedOp::Write(c))
+        .push(1, 11, OwnedOp::Read(resp(202, "ccc")))
+        .push(1, 10, OwnedOp::Write(resp(202, "ccc")));
+    let out = script.run(&mut tracker);
+    assert_eq!(answers(&out), [("/a".to_owned(), 200, vec![200]), ("/c".to_owned(), 202, vec![202])]);
+    let stats = tracker.stats();
+    // Its backend request is left out by the context the probes handed over.
+    assert_eq!(
+        (stats.requests_dropped_in_probe, stats.sampled_out_requests, stats.sampled_out_backend_requests),
+        (1, 1, 1)
+    );
+    assert_eq!((stats.unlinked_backend_requests, stats.unpaired_responses, stats.parse_errors), (0, 0, 0));
+    assert_eq!(tracker.open_exchanges(), 0);
+}
+
+#[test]
+fn a_dropped_read_inside_a_body_is_that_bodys_bytes() {
+    // A client posts a body whose bytes are a request head the probes drop: the agent, which
+    // knows the body's length, counts them into it instead.
+    let mut tracker = sampling_parent_based();
+    let mut script = Script::default();
+    let inner = traced_req("/inner", TRACE_B, "00");
+    let post = format!("POST /p HTTP/1.1\r\nContent-Length: {}\r\n\r\n", inner.len()).into_bytes();
+    script
+        .push(1, 10, OwnedOp::Accept(client()))
+        .push(1, 10, OwnedOp::Read(post.clone()))
+        .push(1, 10, OwnedOp::Dropped(inner.clone()))
+        .push(1, 11, OwnedOp::Connect(server()))
+        .push(1, 11, OwnedOp::Write([post, inner].concat()))
+        .push(1, 11, OwnedOp::Read(resp(200, "p")))
+        .push(1, 10, OwnedOp::Write(resp(200, "p")))
+        .push(1, 10, OwnedOp::Read(req("/next")))
+        .push(1, 11, OwnedOp::Write(req("/next")))
+        .push(1, 11, OwnedOp::Read(resp(201, "n")))
+        .push(1, 10, OwnedOp::Write(resp(201, "n")));
+    let out = script.run(&mut tracker);
+    assert_eq!(answers(&out), [("/p".to_owned(), 200, vec![200]), ("/next".to_owned(), 201, vec![201])]);
+    let stats = tracker.stats();
+    assert_eq!((stats.requests_dropped_in_probe, stats.sampled_out_requests, stats.parse_errors), (0, 0, 0));
 }

@@ -443,7 +443,8 @@ fn check(what: &str, sent: &[Exchange], seen: &[Continuation], receiver: &Receiv
 
 /// Every forwarded request is handed out as propagated (an unsampled one may still wait in the
 /// tracker for a backend exchange a relay moved), except those whose own unsampled parent
-/// dropped them at their head: left out with their backend request (each reached it once).
+/// dropped them at their head: left out with their backend request (each reached it once), and
+/// dropped in the probes.
 fn check_counts(what: &str, sent: &[Exchange], agent: &Agent, forwarded: usize) {
     let at_head = sent.iter().filter(|e| e.path == "/c" && e.incoming.is_some_and(|tp| !tp.sampled())).count() as u64;
     assert!(at_head > 0, "{what}: some requests come with an unsampled parent");
@@ -462,6 +463,10 @@ fn check_counts(what: &str, sent: &[Exchange], agent: &Agent, forwarded: usize) 
     );
     let (_, fronts, backs) = counts();
     assert_eq!((fronts, backs), (at_head, at_head), "{what}: requests and backend requests dropped at the head");
+    // Each request is one write of the client's and one read of HAProxy's, a plain head the
+    // probes drop themselves.
+    let in_probe = agent.metric("tracetap_requests_sampled_out_in_probe_total");
+    assert_eq!(in_probe, at_head, "{what}: requests dropped in the probes");
 }
 
 /// The response names the forwarded context: each request's own CLIENT span, under the SERVER

@@ -416,6 +416,9 @@ fn a_dropped_exchange_between_two_kept_ones_leaves_both_paired_right() {
             stack.agent.metric("tracetap_backend_requests_sampled_out_at_head_total"),
         );
         assert_eq!(at_head, (1, 1), "{case}: dropped at the head");
+        // In the probes when it came in a read of its own: an HTTP/1.1 request sent in turn.
+        let in_probe = stack.agent.metric("tracetap_requests_sampled_out_in_probe_total");
+        assert_eq!(in_probe, u64::from(!h2 && !all_at_once), "{case}: dropped in the probes");
         let spans: Vec<_> = wait_for(Duration::from_secs(20), || {
             let all = stack.receiver.spans();
             (all.iter().filter(|x| x.is_server()).count() >= 2 && all.iter().filter(|x| !x.is_server()).count() >= 2)

@@ -110,11 +110,16 @@ impl Probes {
         {
             comm[..name.len()].copy_from_slice(name.as_bytes());
         }
+        let (drop_rule, drop_threshold) = config.sampler.sampled_out_rule().in_probes();
         let mut ebpf = EbpfLoader::new()
             .override_global(globals::CAPTURE_BYTES, &config.capture_bytes, true)
             .override_global(globals::TARGET_COMM, &comm, true)
             // Wake the agent early when the ring is an eighth full; otherwise it polls every few ms.
             .override_global(globals::WAKEUP_BYTES, &(config.ring_bytes / 8), true)
+            // Frontend request heads the sampler drops by their own context are dropped in the
+            // probes, when they can tell (`tracetap_ebpf_common::head_drop`).
+            .override_global(globals::DROP_RULE, &drop_rule, true)
+            .override_global(globals::DROP_THRESHOLD, &drop_threshold, true)
             .map_max_entries(maps::EVENTS, config.ring_bytes)
             .load(PROBES)
             .map_err(|e| if seccomp_refuses_bpf() { LoadError::Seccomp } else { LoadError::Load(Box::new(e)) })?;

@@ -562,6 +562,7 @@ fn publish_tracker(tracker: &Tracker, metrics: &Metrics) {
     // capture loop adds to; this is the only writer of `sampled_out_at_head`.
     let before = metrics.sampled_out_at_head.swap(s.sampled_out_requests, Relaxed);
     metrics::add(&metrics.sampled_out, s.sampled_out_requests.saturating_sub(before));
+    metrics::set(&metrics.sampled_out_in_probe, s.requests_dropped_in_probe);
     metrics::set(&metrics.backend_sampled_out_at_head, s.sampled_out_backend_requests);
     metrics::set(&metrics.backend_late, s.late_backend_exchanges);
     metrics::set(&metrics.truncated_heads, s.truncated_heads);

@@ -21,6 +21,8 @@
 //!   ciphertext) are not reported. Those records are numbered in the connection's sequence too.
 #![no_std]
 
+pub mod head_drop;
+
 /// Largest capture window a user may configure (`TRACETAP_CAPTURE_BYTES`).
 pub const MAX_CAPTURE_BYTES: u32 = 16 * 1024;
 /// Size of the per-CPU staging buffer for payload (a per-CPU map value may not exceed 32 KiB).
@@ -71,6 +73,12 @@ pub enum EventKind {
     /// re-executes itself on a reload, then forks new workers): wakes the agent at once, which
     /// readies itself to hook those workers fast (see the agent's `capture/uprobes.rs`).
     ProcessExec = 9,
+    /// The process read `ret` bytes from `fd`, a frontend connection, that the probes found to be
+    /// one whole request head without a body, which the sampler drops by its own `traceparent`
+    /// (see [`head_drop`]): no payload; `addr` holds that context
+    /// ([`head_drop::DroppedContext::to_addr`], `addr_len` is [`head_drop::DROPPED_CONTEXT_BYTES`]).
+    /// Numbered like the `Read` it stands for.
+    DroppedRequest = 10,
 }
 
 impl EventKind {
@@ -87,6 +95,7 @@ impl EventKind {
             7 => Self::ProcessStart,
             8 => Self::ProcessExit,
             9 => Self::ProcessExec,
+            10 => Self::DroppedRequest,
             _ => return None,
         })
     }
@@ -169,6 +178,10 @@ pub mod globals {
     pub const TARGET_COMM: &str = "TARGET_COMM";
     /// `u32`: bytes waiting in the ring buffer before a record wakes the agent up.
     pub const WAKEUP_BYTES: &str = "WAKEUP_BYTES";
+    /// `u32`: which frontend requests the probes drop at their head (`head_drop::RULE_*`).
+    pub const DROP_RULE: &str = "DROP_RULE";
+    /// `u64`: the rejection threshold of `head_drop::RULE_TRACE_ID_BELOW`.
+    pub const DROP_THRESHOLD: &str = "DROP_THRESHOLD";
 }
 
 /// Names of the maps the agent opens.

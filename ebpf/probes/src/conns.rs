@@ -46,6 +46,9 @@ pub(crate) const CONN_TLS_ANNOUNCED: u32 = 2;
 pub(crate) const CONN_H2: u32 = 4;
 /// The first record with payload was seen, and `CONN_H2` decided from its first bytes.
 pub(crate) const CONN_DECIDED: u32 = 8;
+/// The connection came from `accept`: a frontend, whose request heads may be dropped at once
+/// (see the `head` module).
+pub(crate) const CONN_ACCEPTED: u32 = 16;
 
 /// Connections whose bytes the agent does not want (they do not speak HTTP/1: TLS, `mode tcp`,
 /// tunnels), as `tgid << 32 | fd` to the `ts_ns` of their `accept`/`connect` record. Only the
@@ -69,10 +72,11 @@ pub(crate) fn conn_key(tgid: u32, fd: i32) -> u64 {
     (u64::from(tgid) << 32) | u64::from(fd as u32)
 }
 
-/// Starts numbering a new connection's records; its first record carries 1.
+/// Starts numbering a new connection's records (with these `CONN_*` flags); its first record
+/// carries 1.
 #[inline(always)]
-pub(crate) fn open_conn(tgid: u32, fd: i32, opened_ns: u64) -> u32 {
-    let state = ConnState { opened_ns, seq: 1, checked_generation: 0, opaque: 0, flags: 0, ssl: 0 };
+pub(crate) fn open_conn(tgid: u32, fd: i32, opened_ns: u64, flags: u32) -> u32 {
+    let state = ConnState { opened_ns, seq: 1, checked_generation: 0, opaque: 0, flags, ssl: 0 };
     // A full table evicts the least recently used entry; insert fails only on memory pressure.
     u32::from(CONNS.insert(conn_key(tgid, fd), &state, 0).is_ok())
 }
@@ -97,12 +101,12 @@ pub(crate) fn next_seq(tgid: u32, fd: i32) -> u32 {
 
 /// What a read or write on a socket gets: nothing (the bytes are TLS ciphertext, whose plaintext
 /// the TLS probes report), a header without payload (the agent marked the connection opaque), or
-/// a copy of up to `window` bytes.
+/// a copy of up to `window` bytes (on a connection with these `CONN_*` flags).
 #[derive(Copy, Clone)]
 pub(crate) enum DataPlan {
     Skip,
     HeaderOnly { seq: u32 },
-    Copy { seq: u32, window: u64 },
+    Copy { seq: u32, window: u64, flags: u32 },
 }
 
 /// The plan for a read or write of `ret` bytes at `buf` (its first bytes decide `CONN_H2`, see
@@ -111,7 +115,7 @@ pub(crate) enum DataPlan {
 pub(crate) fn plan_data(pid_tgid: u64, tgid: u32, fd: i32, plain_buf: Option<u64>, ret: i64) -> DataPlan {
     let key = conn_key(tgid, fd);
     let Some(state) = CONNS.get_ptr_mut(key) else {
-        return DataPlan::Copy { seq: 0, window: capture_window(0) };
+        return DataPlan::Copy { seq: 0, window: capture_window(0), flags: 0 };
     };
     // SAFETY: map value pointer, see `take_seq`.
     let flags = unsafe { (*state).flags };
@@ -122,7 +126,8 @@ pub(crate) fn plan_data(pid_tgid: u64, tgid: u32, fd: i32, plain_buf: Option<u64
     if payload_unwanted(key, state) {
         DataPlan::HeaderOnly { seq }
     } else {
-        DataPlan::Copy { seq, window: capture_window(decide_h2(state, plain_buf, ret)) }
+        let flags = decide_h2(state, plain_buf, ret);
+        DataPlan::Copy { seq, window: capture_window(flags), flags }
     }
 }
 

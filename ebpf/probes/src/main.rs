@@ -29,7 +29,7 @@
 //!
 //! Modules, one job each: `syscalls` (the two syscall hooks), `process` (process start, exec and
 //! exit), `targets` (which processes are traced), `conns` (per connection state: numbering, opaque
-//! marks, TLS and HTTP/2 flags), `payload` (copying a call's bytes), `ring` (staging, the ring
+//! marks, TLS and HTTP/2 flags), `payload` (copying a call's bytes), `head` (frontend request heads dropped in the probe), `ring` (staging, the ring
 //! buffer, losses, wake-ups), `arch` (each architecture's syscall numbers and registers), `tls` (the TLS
 //! library's uprobes). The globals the agent sets at load time stay here.
 #![no_std]
@@ -47,6 +47,7 @@
 
 mod arch;
 mod conns;
+mod head;
 mod payload;
 mod process;
 mod ring;
@@ -68,6 +69,15 @@ static TARGET_COMM: [u8; COMM_BYTES] = [0; COMM_BYTES];
 /// Bytes waiting in the ring buffer before a record wakes the agent. Set by the agent at load time.
 #[unsafe(no_mangle)]
 static WAKEUP_BYTES: u32 = 1024 * 1024;
+
+/// Which frontend requests are dropped at their head (`head_drop::RULE_*`; none by default). Set
+/// by the agent at load time, from its sampler.
+#[unsafe(no_mangle)]
+static DROP_RULE: u32 = 0;
+
+/// The rejection threshold of `head_drop::RULE_TRACE_ID_BELOW`. Set by the agent at load time.
+#[unsafe(no_mangle)]
+static DROP_THRESHOLD: u64 = 0;
 
 /// The floor of `make bench`: the same hooks with nothing done, so that a measurement can tell
 /// what the hooks cost from what the work in them costs (`TRACETAP_PROBE_MODE=floor`).

@@ -12,7 +12,7 @@ use aya_ebpf::{
     macros::map,
     maps::{PerCpuArray, RingBuf},
 };
-use tracetap_ebpf_common::{EventHeader, EventKind, LOSS_SLOTS, Loss, STAGING_BYTES};
+use tracetap_ebpf_common::{EventHeader, EventKind, LOSS_SLOTS, Loss, STAGING_BYTES, head_drop::HeadScan};
 
 use crate::WAKEUP_BYTES;
 
@@ -25,11 +25,14 @@ pub(crate) static EVENTS: RingBuf = RingBuf::with_byte_size(DEFAULT_RING_BYTES, 
 #[map]
 pub(crate) static LOSSES: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOSS_SLOTS, 0);
 
-/// A record being built: header, then payload.
+/// A record being built: header, then payload; and the scan of a staged request head (see the
+/// `head` module), which lives here rather than on the stack so that the verifier does not follow
+/// its every value through the scan's loop.
 #[repr(C)]
 pub(crate) struct Staging {
     pub(crate) header: EventHeader,
     pub(crate) data: [u8; STAGING_BYTES],
+    pub(crate) scan: HeadScan,
 }
 
 #[map]

@@ -5,11 +5,12 @@ use aya_ebpf::{helpers::bpf_get_current_pid_tgid, macros::btf_tracepoint, progra
 use tracetap_ebpf_common::EventKind;
 
 use crate::arch::{Arg, arg, is_fork, nr, syscall_nr};
-use crate::conns::{CONN_TLS, CONNS, DataPlan, conn_key, next_seq, open_conn, plan_data, take_seq};
+use crate::conns::{CONN_ACCEPTED, CONN_TLS, CONNS, DataPlan, conn_key, next_seq, open_conn, plan_data, take_seq};
 use crate::payload::{BufShape, emit_data, read_addr};
 use crate::process::{process_forked, process_started};
 use crate::ring::{emit, emit_header_only, stage};
 use crate::targets::is_target;
+use crate::head;
 use crate::tls;
 
 /// `recv` flag: look at the data without taking it (HAProxy peeks at a PROXY protocol header).
@@ -75,13 +76,13 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> i32 {
         EventKind::Accept => {
             // `fd` is the new connection; `ret` carries the listening fd for the bind address.
             let Some(staging) = stage(EventKind::Accept, ret as i32, i64::from(fd)) else { return 0 };
-            staging.header.seq = open_conn(tgid, ret as i32, staging.header.ts_ns);
+            staging.header.seq = open_conn(tgid, ret as i32, staging.header.ts_ns, CONN_ACCEPTED);
             read_addr(staging, second);
             emit(staging, 0);
         }
         EventKind::Connect => {
             let Some(staging) = stage(EventKind::Connect, fd, 0) else { return 0 };
-            staging.header.seq = open_conn(tgid, fd, staging.header.ts_ns);
+            staging.header.seq = open_conn(tgid, fd, staging.header.ts_ns, 0);
             read_addr(staging, second);
             emit(staging, 0);
         }
@@ -89,7 +90,8 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> i32 {
         | EventKind::TlsOpen
         | EventKind::ProcessStart
         | EventKind::ProcessExit
-        | EventKind::ProcessExec => {}
+        | EventKind::ProcessExec
+        | EventKind::DroppedRequest => {}
         EventKind::Read | EventKind::Write if nr == nr::SPLICE => {
             // splice(fd_in, off_in, fd_out, ...): bytes moved in the kernel (HAProxy's
             // `option splice-*`); the process read them from one fd and wrote them to the other
@@ -111,7 +113,12 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> i32 {
             match plan_data(pid_tgid, tgid, fd, plain_buf, ret) {
                 DataPlan::Skip => {}
                 DataPlan::HeaderOnly { seq } => emit_header_only(kind, fd, ret, seq),
-                DataPlan::Copy { seq, window } => emit_data(kind, fd, ret, seq, shape, second, third, window),
+                DataPlan::Copy { seq, window, flags }
+                    if kind == EventKind::Read && shape == BufShape::Plain && head::scans(flags, ret, window) =>
+                {
+                    head::emit_request_read(fd, ret, seq, second);
+                }
+                DataPlan::Copy { seq, window, .. } => emit_data(kind, fd, ret, seq, shape, second, third, window),
             }
         }
     }

@@ -10,9 +10,10 @@ use crate::head::{self, ResponseHead};
 use crate::rejected::{Rejected, is_rejection_status};
 
 use super::{
-    AtHead, Chunk, Connection, Ctx, Direction, Kind, MAX_UNANSWERED_RECORDS, OpaqueCause, Role, Tracker, at_head,
-    classify, mark_opaque,
+    AtHead, Chunk, Connection, Ctx, Direction, Kind, MAX_UNANSWERED_RECORDS, OpaqueCause, Role, SAMPLED_OUT,
+    SyscallEvent, Tracker, at_head, classify, mark_opaque,
 };
+use crate::trace_context::TraceParent;
 
 /// What the framing loop does after a step: go on with the call's bytes, or stop there.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -125,6 +126,45 @@ impl Tracker {
             }
             self.linker.return_head(request);
         }
+    }
+
+    /// A frontend read the probes dropped at its head ([`Op::DroppedRequest`](super::Op)): one whole
+    /// request head without a body, not copied. At a message start it is that request, paired
+    /// like one dropped here; inside a message (a body whose bytes looked like a head) its bytes are
+    /// that message's, unseen, as those of a read the capture window cut.
+    pub(super) fn dropped_request(&mut self, key: (u32, i32), ev: &SyscallEvent<'_>, len: u64, context: TraceParent) {
+        // The probes drop heads on accepted connections only: one whose accept record was lost is a
+        // frontend too.
+        let conn = self.conns.entry(key).or_insert_with(|| Connection::new(Role::Frontend, None));
+        if conn.take_seq(ev.seq, &mut self.stats) {
+            self.capture_gap(key, ev.ts_ns);
+        }
+        let conn = self.conns.get_mut(&key).expect("present");
+        if conn.role == Role::Unknown {
+            conn.role = Role::Frontend;
+        }
+        if conn.role != Role::Frontend || conn.h2.is_some() {
+            // Bytes of a connection this tracker does not frame as HTTP/1 (opaque: not wanted).
+            self.stats.parse_errors += u64::from(conn.role != Role::Opaque);
+            return;
+        }
+        let ctx = Ctx { key, tid: ev.tid, ts: ev.ts_ns };
+        conn.expect_proxy_header = false;
+        let (framer, start) = conn.direction(Direction::Ingress);
+        if framer.is_desynced() {
+            // The probes saw a request line: a message start.
+            framer.resync();
+        }
+        if !framer.is_idle() {
+            if !self.frame(ctx, Chunk { known: &[], total: len, tail: &[] }, Direction::Ingress, Kind::Request) {
+                self.touch(key, Role::Frontend, ev.ts_ns);
+            }
+            return;
+        }
+        *start = None;
+        self.stats.requests_dropped_in_probe += 1;
+        self.sample_out_front(ctx, 0, context);
+        self.conns.get_mut(&key).expect("present").fronts.push_back(SAMPLED_OUT);
     }
 
     /// Requests that do not frame: what a client sent is kept for `HAProxy`'s answer to it (the

@@ -136,7 +136,8 @@ impl Tracker {
                 let decided = at_head(self.limits.sampled_out, &self.sampled_out, &self.linker, role, ctx.key.0, &head);
                 let id = match (role, decided) {
                     (Role::Frontend, AtHead::SampledOut(context)) => {
-                        self.sample_out_front(ctx, head, stream, context);
+                        self.linker.return_head(head);
+                        self.sample_out_front(ctx, stream, context);
                         SAMPLED_OUT
                     }
                     (Role::Frontend, _) => self.new_front(ctx, head, ctx.ts),

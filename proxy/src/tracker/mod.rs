@@ -315,6 +315,10 @@ impl Tracker {
                 self.end_of_stream(key, ev.ts_ns, false);
                 return;
             }
+            Op::DroppedRequest { len, context } => {
+                self.dropped_request(key, ev, len, context);
+                return;
+            }
             Op::Read(_) | Op::Write(_) => {}
         }
         match ev.op {
@@ -464,14 +468,14 @@ impl Tracker {
             self.new_front(ctx, request, started);
             return;
         };
-        self.sample_out_front(ctx, request, 0, context);
+        self.linker.return_head(request);
+        self.sample_out_front(ctx, 0, context);
         self.conns.get_mut(&ctx.key).expect("present").fronts.push_back(SAMPLED_OUT);
     }
 
     /// A frontend request dropped at its head (on HTTP/2, on `stream`): counted, its context
-    /// waiting until it is answered, its head back to the pool.
-    fn sample_out_front(&mut self, ctx: Ctx, request: RequestHead, stream: u32, context: TraceParent) {
-        self.linker.return_head(request);
+    /// waiting until it is answered.
+    fn sample_out_front(&mut self, ctx: Ctx, stream: u32, context: TraceParent) {
         self.stats.frontend_requests += 1;
         self.stats.sampled_out_requests += 1;
         self.sampled_out.add(ctx.key.0, &context);

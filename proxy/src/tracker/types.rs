@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 
 use crate::framing::Chunk;
 use crate::sampled_out::SampledOutRule;
+use crate::trace_context::TraceParent;
 
 /// One syscall of a watched process, as the tracker needs it.
 #[derive(Clone, Copy, Debug)]
@@ -38,6 +39,10 @@ pub enum Op<'a> {
     PeerGone,
     /// The process wrote these bytes.
     Write(Chunk<'a>),
+    /// The process read `len` bytes on a frontend connection that the probes found to be one
+    /// whole request head without a body, dropped by its own `context` (see
+    /// `tracetap_ebpf_common::head_drop`): not copied.
+    DroppedRequest { len: u64, context: TraceParent },
     Close,
     /// Stop parsing this connection until it closes (it belongs to a `mode tcp` proxy).
     Ignore,
@@ -92,6 +97,8 @@ pub struct TrackerStats {
     /// Frontend requests dropped by their own trace context ([`Limits::sampled_out`]) as their
     /// head was parsed: framed and paired, never an exchange. Also in `frontend_requests`.
     pub sampled_out_requests: u64,
+    /// Those of them the probes dropped at their head, not copied ([`Op::DroppedRequest`]).
+    pub requests_dropped_in_probe: u64,
     /// Backend requests left out with them: they carried the trace of a frontend request sampled
     /// out, and their own context drops them too. Also in `backend_requests`.
     pub sampled_out_backend_requests: u64,

@@ -1,0 +1,87 @@
+//! Frontend requests dropped at their head, in the probe (the decision is the common crate's
+//! `head_drop`): a small plain read on an accepted HTTP/1 connection is staged, scanned a word at
+//! a time, and sent either as a `DroppedRequest` record (the same sequence number, no payload,
+//! the context in `addr`) or as the `Read` it is. Only reads the agent would drop at their head
+//! are left out, so the agent still sees every other byte and every record's place in its
+//! connection's sequence.
+
+use core::ffi::c_void;
+
+use aya_ebpf::helpers::generated::bpf_loop;
+use tracetap_ebpf_common::{
+    EventKind,
+    head_drop::{DROPPED_CONTEXT_BYTES, HeadScan, MAX_SCANNED_BYTES, RULE_NONE},
+};
+
+use crate::conns::{CONN_ACCEPTED, CONN_H2};
+use crate::payload::copy_segment;
+use crate::ring::{STAGING, emit, stage};
+use crate::{DROP_RULE, DROP_THRESHOLD};
+
+/// The rule the agent set (`head_drop::RULE_*`).
+#[inline(always)]
+fn rule() -> u32 {
+    // SAFETY: the agent writes this global before load.
+    unsafe { core::ptr::read_volatile(&raw const DROP_RULE) }
+}
+
+/// Whether a plain read of `ret` bytes, copied up to `window`, on a connection with these
+/// `CONN_*` flags is scanned: a frontend's HTTP/1 read small enough, with a rule set.
+#[inline(always)]
+pub(crate) fn scans(flags: u32, ret: i64, window: u64) -> bool {
+    flags & CONN_ACCEPTED != 0
+        && flags & CONN_H2 == 0
+        && ret > 0
+        && ret <= i64::from(MAX_SCANNED_BYTES)
+        && ret as u64 <= window
+        && rule() != RULE_NONE
+}
+
+/// Emits a frontend read of `ret` bytes at `buf` (see [`scans`]): dropped, or as it is.
+#[inline(always)]
+pub(crate) fn emit_request_read(fd: i32, ret: i64, seq: u32, buf: u64) {
+    let Some(staging) = stage(EventKind::Read, fd, ret) else { return };
+    staging.header.seq = seq;
+    let copied = copy_segment(staging, 0, buf, ret as u64);
+    if copied == ret as u64 {
+        staging.scan = HeadScan::default();
+        let mut len = copied;
+        // A loop helper, as for the iovecs: the verifier checks the word's steps once.
+        // SAFETY: the callback only reads `len` through the pointer given here.
+        unsafe {
+            bpf_loop(copied.div_ceil(8) as u32, scan_word as *mut c_void, (&raw mut len).cast(), 0);
+        }
+        // SAFETY: the agent writes this global before load.
+        let threshold = unsafe { core::ptr::read_volatile(&raw const DROP_THRESHOLD) };
+        if let Some(context) = staging.scan.dropped(rule(), threshold) {
+            staging.header.kind = EventKind::DroppedRequest as u32;
+            staging.header.addr = context.to_addr();
+            staging.header.addr_len = DROPPED_CONTEXT_BYTES;
+            emit(staging, 0);
+            return;
+        }
+    }
+    staging.header.captured = copied as u32;
+    emit(staging, copied);
+}
+
+/// Steps the scan (in the staging buffer) over the `i`th 8 staged bytes of `len` (fewer at the
+/// end). Returns 1 to stop: the bytes are no head the probe drops.
+extern "C" fn scan_word(i: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: `ctx` is the length on the caller's stack, alive for the whole loop.
+    let len = unsafe { *ctx.cast::<u64>() };
+    let Some(staging) = STAGING.get_ptr_mut(0) else { return 1 };
+    // SAFETY: per-CPU buffer, exclusively ours for the duration of this program run.
+    let staging = unsafe { &mut *staging };
+    let offset = (i * 8) & u64::from(MAX_SCANNED_BYTES - 8);
+    // SAFETY: `offset + 8` stays inside the staging buffer (masked above), which is ours for this
+    // program run; the data starts 8-aligned after the header.
+    let word = unsafe { core::ptr::read(staging.data.as_ptr().add(offset as usize).cast::<u64>()) };
+    let valid = len.saturating_sub(offset);
+    for k in 0..8 {
+        if k < valid {
+            staging.scan.step((word >> (8 * k)) as u8);
+        }
+    }
+    i64::from(staging.scan.failed())
+}

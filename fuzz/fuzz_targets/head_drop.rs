@@ -1,0 +1,21 @@
+//! The probes' request head scan on arbitrary bytes, under each rule: never panics, and what it
+//! drops the tracker drops too, by the same context (`SampledOutRule::dropped_whole_head`).
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use tracetap_ebpf_common::head_drop::HeadScan;
+use tracetap_proxy::sampled_out::SampledOutRule;
+
+fuzz_target!(|input: (u8, u64, &[u8])| {
+    let (which, threshold, bytes) = input;
+    let rule = match which % 3 {
+        0 => SampledOutRule::UnsampledParent,
+        1 => SampledOutRule::RandomnessBelow(threshold >> 8),
+        _ => SampledOutRule::Never,
+    };
+    let (kind, threshold) = rule.in_probes();
+    if let Some(dropped) = HeadScan::scan(bytes, kind, threshold) {
+        let agent = rule.dropped_whole_head(bytes).expect("the tracker drops it too");
+        assert_eq!((agent.trace_id, agent.parent_id, agent.flags), (dropped.trace_id, dropped.parent_id, dropped.flags));
+    }
+});
