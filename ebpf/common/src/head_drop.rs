@@ -178,6 +178,17 @@ impl ByteSet {
     }
 }
 
+/// Every byte of `word` is in `0x20..=0x7e` (the "hasless" and "hasmore" tests of Sean Anderson's
+/// bit twiddling hacks, exact for whether any byte is outside).
+#[inline(always)]
+const fn all_visible_or_space(word: u64) -> bool {
+    const ONES: u64 = u64::MAX / 255;
+    const HIGH: u64 = ONES * 0x80;
+    let below_space = word.wrapping_sub(ONES * 0x20) & !word & HIGH;
+    let above_tilde = (word.wrapping_add(ONES * (0x7f - 0x7e)) | word) & HIGH;
+    below_space | above_tilde == 0
+}
+
 /// Header name bytes the scan accepts (all of them are `tchar`s).
 const NAME_BYTES: ByteSet = ByteSet::of(b"-_.").range(b'0', b'9').range(b'A', b'Z').range(b'a', b'z');
 /// Target bytes the scan accepts: RFC 3986's unreserved, sub-delims, `:`, `@`, `/`, `?`, `%`.
@@ -216,6 +227,23 @@ impl HeadScan {
     #[must_use]
     pub const fn failed(&self) -> bool {
         self.state == FAILED
+    }
+
+    /// Reads the next 8 bytes, `word` little endian (the first byte lowest), of which only the
+    /// first `valid` are the read's. Inside a header value, a whole word of plain value bytes
+    /// (visible ASCII and space: no line end) is taken at once, which is most of a head.
+    #[inline(always)]
+    pub fn feed_word(&mut self, word: u64, valid: u64) {
+        if valid >= 8 && self.state == VALUE && all_visible_or_space(word) {
+            return;
+        }
+        let mut k = 0;
+        while k < 8 {
+            if k < valid {
+                self.step((word >> (8 * k)) as u8);
+            }
+            k += 1;
+        }
     }
 
     /// Reads the next byte.
@@ -382,8 +410,12 @@ impl HeadScan {
             return None;
         }
         let mut scan = Self::default();
-        for &b in bytes {
-            scan.step(b);
+        for chunk in bytes.chunks(8) {
+            let mut word = [0; 8];
+            if let Some(start) = word.get_mut(..chunk.len()) {
+                start.copy_from_slice(chunk);
+            }
+            scan.feed_word(u64::from_le_bytes(word), chunk.len() as u64);
         }
         scan.dropped(rule, threshold)
     }
@@ -411,6 +443,18 @@ mod tests {
 
     fn traceparent(value: &[u8]) -> Vec<u8> {
         [b"traceparent: ".as_slice(), value].concat()
+    }
+
+    #[test]
+    fn a_word_is_taken_at_once_exactly_when_all_its_bytes_are_visible_or_space() {
+        for b in 0..=255u8 {
+            for at in 0..8 {
+                let mut bytes = *b"abc ~xyz";
+                bytes[at] = b;
+                let plain = bytes.iter().all(|b| (0x20..=0x7e).contains(b));
+                assert_eq!(all_visible_or_space(u64::from_le_bytes(bytes)), plain, "{bytes:?}");
+            }
+        }
     }
 
     #[test]

@@ -77,11 +77,6 @@ extern "C" fn scan_word(i: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: `offset + 8` stays inside the staging buffer (masked above), which is ours for this
     // program run; the data starts 8-aligned after the header.
     let word = unsafe { core::ptr::read(staging.data.as_ptr().add(offset as usize).cast::<u64>()) };
-    let valid = len.saturating_sub(offset);
-    for k in 0..8 {
-        if k < valid {
-            staging.scan.step((word >> (8 * k)) as u8);
-        }
-    }
+    staging.scan.feed_word(word, len.saturating_sub(offset));
     i64::from(staging.scan.failed())
 }
