@@ -28,8 +28,8 @@ use tracetap::batch::Batcher;
 use tracetap::capture::decode;
 use tracetap::sampling::Sampler;
 use tracetap::spans::SpanBuilder;
-use tracetap_ebpf_common::{EventHeader, EventKind};
 use tracetap_ebpf_common::head_drop::HeadScan;
+use tracetap_ebpf_common::{EventHeader, EventKind};
 use tracetap_proxy::sampled_out::SampledOutRule;
 use tracetap_proxy::{Limits, Tracker};
 

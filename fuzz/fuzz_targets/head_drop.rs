@@ -5,6 +5,7 @@
 use libfuzzer_sys::fuzz_target;
 use tracetap_ebpf_common::head_drop::HeadScan;
 use tracetap_proxy::sampled_out::SampledOutRule;
+use tracetap_proxy::trace_context::TraceParent;
 
 fuzz_target!(|input: (u8, u64, &[u8])| {
     let (which, threshold, bytes) = input;
@@ -16,6 +17,6 @@ fuzz_target!(|input: (u8, u64, &[u8])| {
     let (kind, threshold) = rule.in_probes();
     if let Some(dropped) = HeadScan::scan(bytes, kind, threshold) {
         let agent = rule.dropped_whole_head(bytes).expect("the tracker drops it too");
-        assert_eq!((agent.trace_id, agent.parent_id, agent.flags), (dropped.trace_id, dropped.parent_id, dropped.flags));
+        assert_eq!(agent, TraceParent::from(dropped));
     }
 });

@@ -4,6 +4,7 @@
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
+use tracetap_proxy::trace_context::TraceParent;
 use tracetap_proxy::{Chunk, Op, SyscallEvent, Tracker};
 
 #[derive(Arbitrary, Debug)]
@@ -21,6 +22,8 @@ enum FuzzOp {
     H2Read { bytes: Vec<u8> },
     /// A read or write that failed because the peer was gone.
     PeerGone,
+    /// A frontend read the probes dropped at its head: its size and context only.
+    DroppedRequest { len: u16, trace_id: [u8; 16], parent_id: [u8; 8], flags: u8 },
     Expire,
 }
 
@@ -56,6 +59,10 @@ fuzz_target!(|calls: Vec<Call>| {
             FuzzOp::Eof => Op::Read(Chunk { known: &[], total: 0, tail: &[] }),
             FuzzOp::Close => Op::Close,
             FuzzOp::PeerGone => Op::PeerGone,
+            FuzzOp::DroppedRequest { len, trace_id, parent_id, flags } => Op::DroppedRequest {
+                len: u64::from(*len).max(1),
+                context: TraceParent { trace_id: *trace_id, parent_id: *parent_id, flags: *flags },
+            },
             FuzzOp::Ignore => Op::Ignore,
             FuzzOp::Tls { version } => Op::Tls { version: *version },
             FuzzOp::H2Read { bytes } => {

@@ -78,9 +78,7 @@ impl SampledOutRule {
         parse_request_into(framer.head_bytes(), &mut head).ok()?;
         framer.set_body(head.framing);
         let whole = cursor.is_empty() && framer.is_idle();
-        // As the tracker: `HEAD` and `CONNECT` frame their answers otherwise (see its `at_head`).
-        let frames_like_get = head.method != "HEAD" && head.method != "CONNECT";
-        if !whole || !frames_like_get {
+        if !whole || !answer_frames_like_get(&head.method) {
             return None;
         }
         self.dropped_parent(&head)
@@ -96,6 +94,14 @@ impl SampledOutRule {
             Self::RandomnessBelow(threshold) => (RULE_TRACE_ID_BELOW, threshold),
         }
     }
+}
+
+/// Whether the answer to a request of this method frames as a `GET`'s: not `HEAD` (no body
+/// whatever its length says) or `CONNECT` (a tunnel). Only such requests are dropped at their head,
+/// as a request sampled out keeps no method to frame its answer by.
+#[must_use]
+pub fn answer_frames_like_get(method: &str) -> bool {
+    method != "HEAD" && method != "CONNECT"
 }
 
 #[cfg(test)]

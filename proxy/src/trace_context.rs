@@ -1,6 +1,6 @@
 //! W3C Trace Context: parsing the `traceparent` header that clients send and HAProxy forwards.
 
-use tracetap_ebpf_common::head_drop::trace_id_randomness;
+use tracetap_ebpf_common::head_drop::{DroppedContext, trace_id_randomness};
 
 /// A valid `traceparent` value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -8,6 +8,13 @@ pub struct TraceParent {
     pub trace_id: [u8; 16],
     pub parent_id: [u8; 8],
     pub flags: u8,
+}
+
+/// The context the probes found in a request head they dropped.
+impl From<DroppedContext> for TraceParent {
+    fn from(context: DroppedContext) -> Self {
+        Self { trace_id: context.trace_id, parent_id: context.parent_id, flags: context.flags }
+    }
 }
 
 impl TraceParent {

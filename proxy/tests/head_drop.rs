@@ -6,6 +6,8 @@
 //! targets and versions, bare line ends, duplicated or malformed `traceparent`s, bodies, folded
 //! lines, control and non-ASCII bytes, a second request behind the first.
 
+use std::fmt::Write as _;
+
 use proptest::prelude::*;
 use tracetap_ebpf_common::head_drop::HeadScan;
 use tracetap_proxy::sampled_out::SampledOutRule;
@@ -17,15 +19,14 @@ fn agent_drops(bytes: &[u8], rule: SampledOutRule) -> Option<TraceParent> {
 
 fn probe_drops(bytes: &[u8], rule: SampledOutRule) -> Option<TraceParent> {
     let (kind, threshold) = rule.in_probes();
-    HeadScan::scan(bytes, kind, threshold).map(|c| TraceParent {
-        trace_id: c.trace_id,
-        parent_id: c.parent_id,
-        flags: c.flags,
-    })
+    HeadScan::scan(bytes, kind, threshold).map(TraceParent::from)
 }
 
 fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    bytes.iter().fold(String::new(), |mut out, b| {
+        let _ = write!(out, "{b:02x}");
+        out
+    })
 }
 
 fn rules() -> impl Strategy<Value = SampledOutRule> {
@@ -139,14 +140,15 @@ proptest! {
 
 #[test]
 fn the_w3c_example_is_dropped_alike_by_both() {
-    let bytes = b"GET /x HTTP/1.1\r\nhost: a\r\ntraceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00\r\n\r\n";
+    let bytes =
+        b"GET /x HTTP/1.1\r\nhost: a\r\ntraceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00\r\n\r\n";
     let dropped = probe_drops(bytes, SampledOutRule::UnsampledParent);
     assert!(dropped.is_some());
     assert_eq!(dropped, agent_drops(bytes, SampledOutRule::UnsampledParent));
-    // Its randomness is 0x48eb211c80319c: a ratio drops it only below a higher threshold.
-    for threshold in [0x48eb211c80319c, 0x48eb211c80319d] {
+    // Its randomness is 0x0048_eb21_1c80_319c: a ratio drops it only below a higher threshold.
+    for threshold in [0x0048_eb21_1c80_319c, 0x0048_eb21_1c80_319d] {
         let rule = SampledOutRule::RandomnessBelow(threshold);
         assert_eq!(probe_drops(bytes, rule), agent_drops(bytes, rule));
-        assert_eq!(probe_drops(bytes, rule).is_some(), threshold > 0x48eb211c80319c);
+        assert_eq!(probe_drops(bytes, rule).is_some(), threshold > 0x0048_eb21_1c80_319c);
     }
 }

@@ -4,9 +4,9 @@
 use std::net::SocketAddr;
 
 use proptest::prelude::*;
-use tracetap_proxy::sampled_out::SampledOutRule;
 use tracetap_ebpf_common::head_drop::HeadScan;
-use tracetap_proxy::trace_context::{TraceParent, parse_traceparent};
+use tracetap_proxy::sampled_out::SampledOutRule;
+use tracetap_proxy::trace_context::parse_traceparent;
 use tracetap_proxy::{Chunk, Limits, Op, OpaqueMark, Outcome, ServerExchange, SyscallEvent, TraceparentField, Tracker};
 
 const PID: u32 = 100;
@@ -40,8 +40,7 @@ impl OwnedOp {
             Self::Write(b) => Op::Write(Chunk::complete(b)),
             Self::Dropped(b) => {
                 let (rule, threshold) = SampledOutRule::UnsampledParent.in_probes();
-                let c = HeadScan::scan(b, rule, threshold).expect("a head the probes drop");
-                let context = TraceParent { trace_id: c.trace_id, parent_id: c.parent_id, flags: c.flags };
+                let context = HeadScan::scan(b, rule, threshold).expect("a head the probes drop").into();
                 Op::DroppedRequest { len: b.len() as u64, context }
             }
             Self::Eof => Op::Read(Chunk { known: &[], total: 0, tail: &[] }),
@@ -1654,4 +1653,24 @@ fn a_dropped_read_inside_a_body_is_that_bodys_bytes() {
     assert_eq!(answers(&out), [("/p".to_owned(), 200, vec![200]), ("/next".to_owned(), 201, vec![201])]);
     let stats = tracker.stats();
     assert_eq!((stats.requests_dropped_in_probe, stats.sampled_out_requests, stats.parse_errors), (0, 0, 0));
+}
+
+#[test]
+fn a_dropped_read_that_ends_a_body_and_starts_a_head_is_a_capture_gap() {
+    // A body's last bytes and a pipelined head in one read, which the probes took for one head
+    // (`ABCGET`): where the head starts is not known, so the tracker counts a gap rather than
+    // guess, and frames the next request again.
+    let mut tracker = sampling_parent_based();
+    let mut script = Script::default();
+    let post = b"POST /p HTTP/1.1\r\nContent-Length: 3\r\n\r\n".to_vec();
+    let pipelined = [b"ABC".to_vec(), traced_req("/x", TRACE_B, "00")].concat();
+    script
+        .push(1, 10, OwnedOp::Accept(client()))
+        .push(1, 10, OwnedOp::Read(post))
+        .push(1, 10, OwnedOp::Dropped(pipelined))
+        .push(1, 10, OwnedOp::Read(req("/next")));
+    script.run(&mut tracker);
+    let stats = tracker.stats();
+    assert_eq!((stats.capture_gaps, stats.requests_dropped_in_probe, stats.sampled_out_requests), (1, 0, 0));
+    assert_eq!(stats.frontend_requests, 2, "the POST and the request after the gap");
 }

@@ -4,7 +4,7 @@
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 
 use tracetap_ebpf_common::{EventHeader, EventKind, TAIL_BYTES, head_drop::DroppedContext};
-use tracetap_proxy::{Chunk, Op, SyscallEvent, trace_context::TraceParent};
+use tracetap_proxy::{Chunk, Op, SyscallEvent};
 
 const AF_INET: u16 = 2;
 const AF_INET6: u16 = 10;
@@ -67,12 +67,10 @@ pub fn event<'a>(h: &'a EventHeader, record: &'a [u8]) -> Result<SyscallEvent<'a
         EventKind::Read | EventKind::Write if h.ret < 0 => Op::PeerGone,
         EventKind::Read => Op::Read(chunk),
         EventKind::Write => Op::Write(chunk),
-        EventKind::DroppedRequest => {
-            let context = DroppedContext::from_addr(&h.addr);
-            let context =
-                TraceParent { trace_id: context.trace_id, parent_id: context.parent_id, flags: context.flags };
-            Op::DroppedRequest { len: u64::try_from(h.ret).unwrap_or(0), context }
-        }
+        EventKind::DroppedRequest => Op::DroppedRequest {
+            len: u64::try_from(h.ret).unwrap_or(0),
+            context: DroppedContext::from_addr(&h.addr).into(),
+        },
         EventKind::TlsOpen => Op::Tls { version: u16::try_from(h.ret).unwrap_or(0) },
         // Not the tracker's: the capture loop takes them first (see [`lifecycle`]).
         EventKind::ProcessStart | EventKind::ProcessExit | EventKind::ProcessExec => Op::Ignore,

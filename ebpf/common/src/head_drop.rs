@@ -12,8 +12,17 @@
 //! the head ending exactly where the read ends. Anything else goes to the agent whole, which
 //! decides as it always did. A property test in the proxy crate holds the two to this.
 //!
+//! That holds for a read at a message start: the agent checks that it is one before it takes a
+//! dropped head as a request (a read in the middle of a message is that message's bytes to it).
+//!
 //! The code is written for the probes' verifier as much as for the agent: no indexing, no
-//! panics, one byte at a time through [`HeadScan::step`] with its state in plain integers.
+//! panics, plain integers for the state; 8 bytes at a time through [`HeadScan::feed_word`], which
+//! takes a word of plain header value bytes at once and steps through the others a byte at a time.
+
+#![expect(
+    clippy::inline_always,
+    reason = "the probes build this code too, where every helper is inlined on purpose (see ebpf/probes/src/main.rs)"
+)]
 
 /// `DROP_RULE` global: the probes drop no request at its head (`always_on`, or a ratio of 1).
 pub const RULE_NONE: u32 = 0;
@@ -22,7 +31,7 @@ pub const RULE_NONE: u32 = 0;
 pub const RULE_UNSAMPLED_PARENT: u32 = 1;
 /// `DROP_RULE` global: a request whose valid `traceparent`'s trace id has a randomness below
 /// `DROP_THRESHOLD` is dropped, unless it carries a `tracestate` (whose `ot=rv:` would decide
-/// instead): `traceidratio` and `always_off`.
+/// instead): `traceidratio` below 1 (`always_off` loads no probe at all).
 pub const RULE_TRACE_ID_BELOW: u32 = 2;
 
 /// The randomness of a trace id as W3C Trace Context level 2 defines it: its lowest 56 bits
@@ -46,7 +55,7 @@ pub const fn randomness_drops(randomness: u64, threshold: u64) -> bool {
 pub const MAX_SCANNED_BYTES: u32 = 512;
 /// Bytes of `EventHeader::addr` a [`crate::EventKind::DroppedRequest`] record fills with its
 /// context (trace id, parent id, flags).
-pub const DROPPED_CONTEXT_BYTES: u32 = 25;
+pub const DROPPED_CONTEXT_BYTES: u32 = 16 + 8 + 1;
 
 /// The context of a request dropped at its head, as the probes found it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -185,7 +194,8 @@ const fn all_visible_or_space(word: u64) -> bool {
     const ONES: u64 = u64::MAX / 255;
     const HIGH: u64 = ONES * 0x80;
     let below_space = word.wrapping_sub(ONES * 0x20) & !word & HIGH;
-    let above_tilde = (word.wrapping_add(ONES * (0x7f - 0x7e)) | word) & HIGH;
+    // Adding 0x7f - 0x7e to each byte sets its high bit exactly when it was above 0x7e.
+    let above_tilde = (word.wrapping_add(ONES) | word) & HIGH;
     below_space | above_tilde == 0
 }
 
@@ -287,7 +297,7 @@ impl HeadScan {
     #[inline(always)]
     fn method_byte(&mut self, b: u8) -> u32 {
         if b.is_ascii_uppercase() && self.pos < MAX_METHOD {
-            self.method = (self.method << 8) | b as u64;
+            self.method = (self.method << 8) | u64::from(b);
             self.pos += 1;
             METHOD
         } else if b == b' ' && self.pos > 0 && self.method != HEAD && self.method != CONNECT {
@@ -302,7 +312,7 @@ impl HeadScan {
         let pos = self.pos;
         self.pos += 1;
         let fits = match pos {
-            0..=6 => (HTTP_1 >> (8 * pos)) & 0xff == b as u64,
+            0..=6 => (HTTP_1 >> (8 * pos)) & 0xff == u64::from(b),
             7 => b == b'0' || b == b'1',
             8 => return if b == b'\r' { EXPECT_LF } else { FAILED },
             _ => false,
@@ -312,7 +322,7 @@ impl HeadScan {
 
     #[inline(always)]
     fn name_byte(&mut self, b: u8) {
-        let lower = if b.is_ascii_uppercase() { b | 0x20 } else { b } as u64;
+        let lower = u64::from(if b.is_ascii_uppercase() { b | 0x20 } else { b });
         let pos = self.pos;
         if pos < 8 {
             self.name_low |= lower << (8 * pos);
@@ -359,11 +369,11 @@ impl HeadScan {
             0 | 1 => b == b'0',
             2 | 35 | 52 => b == b'-',
             _ => {
-                let nibble = match b {
+                let nibble = u64::from(match b {
                     b'0'..=b'9' => b - b'0',
                     b'a'..=b'f' => b - b'a' + 10,
                     _ => return FAILED,
-                } as u64;
+                });
                 match pos {
                     3..=18 => self.trace_high = (self.trace_high << 4) | nibble,
                     19..=34 => self.trace_low = (self.trace_low << 4) | nibble,
@@ -381,8 +391,7 @@ impl HeadScan {
     #[inline(always)]
     #[must_use]
     pub fn dropped(&self, rule: u32, threshold: u64) -> Option<DroppedContext> {
-        if self.state != DONE || self.traceparents != 1 || self.parent == 0 || (self.trace_high | self.trace_low) == 0
-        {
+        if self.state != DONE || self.traceparents != 1 || self.parent == 0 || (self.trace_high | self.trace_low) == 0 {
             return None;
         }
         let drops = match rule {
@@ -461,8 +470,8 @@ mod tests {
     fn the_w3c_example_unsampled_is_dropped_with_its_context() {
         let bytes = head(&[b"Host: x", &traceparent(UNSAMPLED), b"Accept: */*"]);
         let context = HeadScan::scan(&bytes, RULE_UNSAMPLED_PARENT, 0).expect("dropped");
-        assert_eq!(context.trace_id, 0x0af7651916cd43dd8448eb211c80319c_u128.to_be_bytes());
-        assert_eq!(context.parent_id, 0xb7ad6b7169203331_u64.to_be_bytes());
+        assert_eq!(context.trace_id, 0x0af7_6519_16cd_43dd_8448_eb21_1c80_319c_u128.to_be_bytes());
+        assert_eq!(context.parent_id, 0xb7ad_6b71_6920_3331_u64.to_be_bytes());
         assert_eq!(context.flags, 0);
         assert_eq!(DroppedContext::from_addr(&context.to_addr()), context);
         assert_eq!(HeadScan::scan(&head(&[&traceparent(SAMPLED)]), RULE_UNSAMPLED_PARENT, 0), None);
@@ -472,7 +481,7 @@ mod tests {
     #[test]
     fn a_ratio_drops_by_the_trace_ids_low_56_bits_unless_a_tracestate_may_say_otherwise() {
         let bytes = head(&[&traceparent(SAMPLED)]);
-        let randomness = 0x48eb211c80319c;
+        let randomness = 0x0048_eb21_1c80_319c;
         assert_eq!(HeadScan::scan(&bytes, RULE_TRACE_ID_BELOW, randomness), None);
         assert!(HeadScan::scan(&bytes, RULE_TRACE_ID_BELOW, randomness + 1).is_some());
         let with_state = head(&[&traceparent(SAMPLED), b"tracestate: ot=rv:ffffffffffffff"]);

@@ -10,12 +10,12 @@ use core::ffi::c_void;
 use aya_ebpf::helpers::generated::bpf_loop;
 use tracetap_ebpf_common::{
     EventKind,
-    head_drop::{DROPPED_CONTEXT_BYTES, HeadScan, MAX_SCANNED_BYTES, RULE_NONE},
+    head_drop::{DROPPED_CONTEXT_BYTES, DroppedContext, HeadScan, MAX_SCANNED_BYTES, RULE_NONE},
 };
 
 use crate::conns::{CONN_ACCEPTED, CONN_H2};
 use crate::payload::copy_segment;
-use crate::ring::{STAGING, emit, stage};
+use crate::ring::{STAGING, Staging, emit, stage};
 use crate::{DROP_RULE, DROP_THRESHOLD};
 
 /// The rule the agent set (`head_drop::RULE_*`).
@@ -23,6 +23,13 @@ use crate::{DROP_RULE, DROP_THRESHOLD};
 fn rule() -> u32 {
     // SAFETY: the agent writes this global before load.
     unsafe { core::ptr::read_volatile(&raw const DROP_RULE) }
+}
+
+/// The rule's threshold the agent set.
+#[inline(always)]
+fn threshold() -> u64 {
+    // SAFETY: the agent writes this global before load.
+    unsafe { core::ptr::read_volatile(&raw const DROP_THRESHOLD) }
 }
 
 /// Whether a plain read of `ret` bytes, copied up to `window`, on a connection with these
@@ -43,27 +50,42 @@ pub(crate) fn emit_request_read(fd: i32, ret: i64, seq: u32, buf: u64) {
     let Some(staging) = stage(EventKind::Read, fd, ret) else { return };
     staging.header.seq = seq;
     let copied = copy_segment(staging, 0, buf, ret as u64);
-    if copied == ret as u64 {
-        staging.scan = HeadScan::default();
-        let mut len = copied;
-        // A loop helper, as for the iovecs: the verifier checks the word's steps once.
-        // SAFETY: the callback only reads `len` through the pointer given here.
-        unsafe {
-            bpf_loop(copied.div_ceil(8) as u32, scan_word as *mut c_void, (&raw mut len).cast(), 0);
-        }
-        // SAFETY: the agent writes this global before load.
-        let threshold = unsafe { core::ptr::read_volatile(&raw const DROP_THRESHOLD) };
-        if let Some(context) = staging.scan.dropped(rule(), threshold) {
-            staging.header.kind = EventKind::DroppedRequest as u32;
-            staging.header.addr = context.to_addr();
-            staging.header.addr_len = DROPPED_CONTEXT_BYTES;
-            emit(staging, 0);
-            return;
-        }
+    // The scan's loop reaches the staging buffer by its own lookup: no reference to it is held
+    // across the loop.
+    let dropped = if copied == ret as u64 { scan_staged(copied) } else { None };
+    let Some(staging) = STAGING.get_ptr_mut(0) else { return };
+    // SAFETY: per-CPU buffer, exclusively ours for the duration of this program run.
+    let staging = unsafe { &mut *staging };
+    if let Some(context) = dropped {
+        staging.header.kind = EventKind::DroppedRequest as u32;
+        staging.header.addr = context.to_addr();
+        staging.header.addr_len = DROPPED_CONTEXT_BYTES;
+        emit(staging, 0);
+    } else {
+        staging.header.captured = copied as u32;
+        emit(staging, copied);
     }
-    staging.header.captured = copied as u32;
-    emit(staging, copied);
 }
+
+/// Scans the first `len` staged bytes; the context of a head the rule drops.
+#[inline(always)]
+fn scan_staged(len: u64) -> Option<DroppedContext> {
+    let staging = STAGING.get_ptr_mut(0)?;
+    // SAFETY: per-CPU buffer, ours for this program run; written through the pointer, no
+    // reference kept.
+    unsafe { (*staging).scan = HeadScan::default() };
+    let mut len = len;
+    // A loop helper, as for the iovecs: the verifier checks the word's steps once.
+    // SAFETY: the callback only reads `len` through the pointer given here.
+    unsafe {
+        bpf_loop(len.div_ceil(8) as u32, scan_word as *mut c_void, (&raw mut len).cast(), 0);
+    }
+    // SAFETY: as above.
+    unsafe { (*staging).scan.dropped(rule(), threshold()) }
+}
+
+// One load per word of the staged bytes: they start 8-aligned in a map value.
+const _: () = assert!(core::mem::offset_of!(Staging, data) % 8 == 0);
 
 /// Steps the scan (in the staging buffer) over the `i`th 8 staged bytes of `len` (fewer at the
 /// end). Returns 1 to stop: the bytes are no head the probe drops.
@@ -75,7 +97,8 @@ extern "C" fn scan_word(i: u64, ctx: *mut c_void) -> i64 {
     let staging = unsafe { &mut *staging };
     let offset = (i * 8) & u64::from(MAX_SCANNED_BYTES - 8);
     // SAFETY: `offset + 8` stays inside the staging buffer (masked above), which is ours for this
-    // program run; the data starts 8-aligned after the header.
+    // program run; the data starts 8-aligned (below) and `offset` is a multiple of 8.
+    #[expect(clippy::cast_ptr_alignment, reason = "an aligned load: see the assertion on the data's offset")]
     let word = unsafe { core::ptr::read(staging.data.as_ptr().add(offset as usize).cast::<u64>()) };
     staging.scan.feed_word(word, len.saturating_sub(offset));
     i64::from(staging.scan.failed())

@@ -35,6 +35,9 @@ pub(crate) struct Staging {
     pub(crate) scan: HeadScan,
 }
 
+// A per-CPU map value may not exceed 32 KiB.
+const _: () = assert!(size_of::<Staging>() <= 32 * 1024);
+
 #[map]
 pub(crate) static STAGING: PerCpuArray<Staging> = PerCpuArray::with_max_entries(1, 0);
 

@@ -6,11 +6,11 @@ use tracetap_ebpf_common::EventKind;
 
 use crate::arch::{Arg, arg, is_fork, nr, syscall_nr};
 use crate::conns::{CONN_ACCEPTED, CONN_TLS, CONNS, DataPlan, conn_key, next_seq, open_conn, plan_data, take_seq};
+use crate::head;
 use crate::payload::{BufShape, emit_data, read_addr};
 use crate::process::{process_forked, process_started};
 use crate::ring::{emit, emit_header_only, stage};
 use crate::targets::is_target;
-use crate::head;
 use crate::tls;
 
 /// `recv` flag: look at the data without taking it (HAProxy peeks at a PROXY protocol header).

@@ -212,6 +212,18 @@ impl Framer {
         self.state == State::Head && self.buf.is_empty()
     }
 
+    /// True when `len` bytes the caller did not see all fall inside the current message (a body
+    /// of a length not reached by them, one that runs until close, or a tunnel): counted into it,
+    /// they leave the framing right. False when they may hold a message's end and what follows.
+    #[must_use]
+    pub fn takes_unseen(&self, len: u64) -> bool {
+        match self.state {
+            State::Body(BodyState::Length(left)) => left >= len,
+            State::Body(BodyState::UntilClose) | State::Tunnel => true,
+            State::Head | State::AwaitingFraming | State::Body(_) | State::Desync => false,
+        }
+    }
+
     /// True when the direction carries opaque tunnel bytes.
     #[must_use]
     pub fn is_tunnel(&self) -> bool {

@@ -130,8 +130,10 @@ impl Tracker {
 
     /// A frontend read the probes dropped at its head ([`Op::DroppedRequest`](super::Op)): one whole
     /// request head without a body, not copied. At a message start it is that request, paired
-    /// like one dropped here; inside a message (a body whose bytes looked like a head) its bytes are
-    /// that message's, unseen, as those of a read the capture window cut.
+    /// like one dropped here. Inside a body that has room for them (a body whose bytes looked like a
+    /// head), its bytes are that body's, unseen, as those of a read the capture window cut.
+    /// Otherwise (the end of a head or body, then a head, the probes could not tell) it is a gap:
+    /// where the next message starts is not known, and the gap is counted.
     pub(super) fn dropped_request(&mut self, key: (u32, i32), ev: &SyscallEvent<'_>, len: u64, context: TraceParent) {
         // The probes drop heads on accepted connections only: one whose accept record was lost is a
         // frontend too.
@@ -156,7 +158,9 @@ impl Tracker {
             framer.resync();
         }
         if !framer.is_idle() {
-            if !self.frame(ctx, Chunk { known: &[], total: len, tail: &[] }, Direction::Ingress, Kind::Request) {
+            if !framer.takes_unseen(len) {
+                self.capture_gap(key, ev.ts_ns);
+            } else if !self.frame(ctx, Chunk { known: &[], total: len, tail: &[] }, Direction::Ingress, Kind::Request) {
                 self.touch(key, Role::Frontend, ev.ts_ns);
             }
             return;

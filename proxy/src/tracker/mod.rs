@@ -53,7 +53,7 @@ use crate::framing::Chunk;
 use crate::h2;
 use crate::head::RequestHead;
 use crate::proxy_protocol;
-use crate::sampled_out::SampledOutRule;
+use crate::sampled_out::{SampledOutRule, answer_frames_like_get};
 use crate::trace_context::TraceParent;
 
 mod connection;
@@ -187,7 +187,7 @@ fn at_head(
     tgid: u32,
     request: &RequestHead,
 ) -> AtHead {
-    if request.method == "HEAD" || request.method == "CONNECT" {
+    if !answer_frames_like_get(&request.method) {
         return AtHead::Kept;
     }
     if role == Role::Frontend {

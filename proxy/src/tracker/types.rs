@@ -42,7 +42,10 @@ pub enum Op<'a> {
     /// The process read `len` bytes on a frontend connection that the probes found to be one
     /// whole request head without a body, dropped by its own `context` (see
     /// `tracetap_ebpf_common::head_drop`): not copied.
-    DroppedRequest { len: u64, context: TraceParent },
+    DroppedRequest {
+        len: u64,
+        context: TraceParent,
+    },
     Close,
     /// Stop parsing this connection until it closes (it belongs to a `mode tcp` proxy).
     Ignore,
