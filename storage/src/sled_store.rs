@@ -542,17 +542,21 @@ mod tests {
 
     /// Opens the store in `dir`. A store just dropped may still hold its file lock for a moment
     /// (sled's flusher thread lets go of it last), so a lock refusal is tried again, for 10 s at
-    /// most.
-    fn open(dir: &Path) -> SledStore {
+    /// most; any other outcome is returned.
+    fn try_open(dir: &Path) -> Result<SledStore, StoreError> {
         for _ in 0..500 {
             match SledStore::open(dir, SledOptions::default()) {
                 Err(e) if e.to_string().contains("could not acquire lock") => {
                     std::thread::sleep(std::time::Duration::from_millis(20));
                 }
-                opened => return opened.unwrap(),
+                opened => return opened,
             }
         }
         panic!("the store in {} stayed locked", dir.display());
+    }
+
+    fn open(dir: &Path) -> SledStore {
+        try_open(dir).unwrap()
     }
 
     fn fragment<'a>(trace: u8, first_seen: u64, root_ended: Option<u64>, spans: &'a [&'a [u8]]) -> Fragment<'a> {
@@ -567,7 +571,7 @@ mod tests {
             s.db.open_tree(META_TREE).unwrap().insert(FORMAT_KEY, &2u32.to_be_bytes()).unwrap();
             s.db.flush().unwrap();
         }
-        match SledStore::open(dir.path(), SledOptions::default()) {
+        match try_open(dir.path()) {
             Err(StoreError::Version { found: 2, expected: FORMAT }) => {}
             other => panic!("a store of format 2 must be refused: {other:?}"),
         }

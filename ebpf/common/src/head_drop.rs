@@ -199,6 +199,30 @@ const fn all_visible_or_space(word: u64) -> bool {
     below_space | above_tilde == 0
 }
 
+/// The value of 8 lower-case hex digits, `word` little endian (the first digit lowest), or `None`
+/// when a byte is not one: every byte tested at once, then the nibbles gathered in three steps.
+#[inline(always)]
+fn hex_digits(word: u64) -> Option<u32> {
+    const ONES: u64 = u64::MAX / 255;
+    const HIGH: u64 = ONES * 0x80;
+    // For bytes below 0x80, the high bit of `(byte | 0x80) - c` says `byte >= c` (no borrow
+    // crosses into the next byte).
+    let at_least = |c: u64| ((word | HIGH).wrapping_sub(ONES * c)) & HIGH;
+    let digit = at_least(0x30) & !at_least(0x3a);
+    let letter = at_least(0x61) & !at_least(0x67);
+    if word & HIGH != 0 || (digit | letter) != HIGH {
+        return None;
+    }
+    // `0`-`9` are 0x30-0x39 and `a`-`f` 0x61-0x66: the low nibble, plus 9 for letters (bit 6).
+    let nibbles = (word & (ONES * 0x0f)) + ((word >> 6) & ONES) * 9;
+    // The first digit most significant: bytes reversed, then pairs, quads and halves joined.
+    let n = nibbles.swap_bytes();
+    let n = ((n >> 4) | n) & 0x00ff_00ff_00ff_00ff;
+    let n = ((n >> 8) | n) & 0x0000_ffff_0000_ffff;
+    let n = ((n >> 16) | n) & 0xffff_ffff;
+    Some(n as u32)
+}
+
 /// Header name bytes the scan accepts (all of them are `tchar`s).
 const NAME_BYTES: ByteSet = ByteSet::of(b"-_.").range(b'0', b'9').range(b'A', b'Z').range(b'a', b'z');
 /// Target bytes the scan accepts: RFC 3986's unreserved, sub-delims, `:`, `@`, `/`, `?`, `%`.
@@ -240,11 +264,15 @@ impl HeadScan {
     }
 
     /// Reads the next 8 bytes, `word` little endian (the first byte lowest), of which only the
-    /// first `valid` are the read's. Inside a header value, a whole word of plain value bytes
-    /// (visible ASCII and space: no line end) is taken at once, which is most of a head.
+    /// first `valid` are the read's. Two kinds of whole word are taken at once: plain value bytes
+    /// (visible ASCII and space: no line end) inside a header value, which is most of a head, and
+    /// 8 lower-case hex digits inside one id of the `traceparent`.
     #[inline(always)]
     pub fn feed_word(&mut self, word: u64, valid: u64) {
         if valid >= 8 && self.state == VALUE && all_visible_or_space(word) {
+            return;
+        }
+        if valid >= 8 && self.state == TRACEPARENT && self.hex_word(word) {
             return;
         }
         let mut k = 0;
@@ -352,6 +380,28 @@ impl HeadScan {
             self.tracestates += 1;
         }
         VALUE
+    }
+
+    /// Takes 8 hex digits of the `traceparent` at once when they all lie in one id (of the trace
+    /// id's two halves, or the parent id) and all are lower-case hex; false otherwise.
+    #[inline(always)]
+    fn hex_word(&mut self, word: u64) -> bool {
+        let pos = self.pos;
+        let in_one_id = (3..=11).contains(&pos) || (19..=27).contains(&pos) || (36..=44).contains(&pos);
+        if !in_one_id {
+            return false;
+        }
+        let Some(digits) = hex_digits(word) else { return false };
+        let digits = u64::from(digits);
+        if pos < 19 {
+            self.trace_high = (self.trace_high << 32) | digits;
+        } else if pos < 35 {
+            self.trace_low = (self.trace_low << 32) | digits;
+        } else {
+            self.parent = (self.parent << 32) | digits;
+        }
+        self.pos = pos + 8;
+        true
     }
 
     #[inline(always)]
@@ -462,6 +512,24 @@ mod tests {
                 bytes[at] = b;
                 let plain = bytes.iter().all(|b| (0x20..=0x7e).contains(b));
                 assert_eq!(all_visible_or_space(u64::from_le_bytes(bytes)), plain, "{bytes:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn eight_hex_digits_are_read_at_once_exactly_as_one_at_a_time() {
+        let digits = *b"0af76519";
+        assert_eq!(hex_digits(u64::from_le_bytes(digits)), Some(0x0af7_6519));
+        assert_eq!(hex_digits(u64::from_le_bytes(*b"fedcba98")), Some(0xfedc_ba98));
+        for b in 0..=255u8 {
+            for at in 0..8 {
+                let mut bytes = digits;
+                bytes[at] = b;
+                let one_at_a_time = core::str::from_utf8(&bytes)
+                    .ok()
+                    .filter(|s| s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+                    .and_then(|s| u32::from_str_radix(s, 16).ok());
+                assert_eq!(hex_digits(u64::from_le_bytes(bytes)), one_at_a_time, "{bytes:?}");
             }
         }
     }
