@@ -17,7 +17,8 @@
 //!
 //! The code is written for the probes' verifier as much as for the agent: no indexing, no
 //! panics, plain integers for the state; 8 bytes at a time through [`HeadScan::feed_word`], which
-//! takes a word of plain header value bytes at once and steps through the others a byte at a time.
+//! takes a word of plain header value bytes, or of 8 hex digits inside one id of the
+//! `traceparent`, at once, and steps through the others a byte at a time.
 
 #![expect(
     clippy::inline_always,
@@ -147,16 +148,20 @@ const HTTP_1: u64 = pack(b"HTTP/1.");
 struct ByteSet(u64, u64);
 
 impl ByteSet {
+    const fn with(mut self, b: u8) -> Self {
+        if b < 64 {
+            self.0 |= 1 << b;
+        } else {
+            self.1 |= 1 << (b - 64);
+        }
+        self
+    }
+
     const fn of(bytes: &[u8]) -> Self {
         let mut set = Self(0, 0);
         let mut i = 0;
         while i < bytes.len() {
-            let b = bytes[i];
-            if b < 64 {
-                set.0 |= 1 << b;
-            } else {
-                set.1 |= 1 << (b - 64);
-            }
+            set = set.with(bytes[i]);
             i += 1;
         }
         set
@@ -165,11 +170,7 @@ impl ByteSet {
     const fn range(mut self, from: u8, to: u8) -> Self {
         let mut b = from;
         while b <= to {
-            if b < 64 {
-                self.0 |= 1 << b;
-            } else {
-                self.1 |= 1 << (b - 64);
-            }
+            self = self.with(b);
             b += 1;
         }
         self
