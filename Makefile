@@ -35,7 +35,7 @@ TOOLS := $(CURDIR)/.tools/venv
 KUBERNETES_VALIDATE_VERSION := 1.37.0
 CHECKOV_VERSION := 3.3.30
 
-.PHONY: setup build test lint demo fuzz soak bench clean cross-arm64 cross-arm64-agent
+.PHONY: setup build test lint demo fuzz soak bench profile-probes clean cross-arm64 cross-arm64-agent
 
 setup:
 	@scripts/apt_install.sh $(APT_PACKAGES)
@@ -133,6 +133,14 @@ bench: setup
 	cargo bench -p tracetap --bench tail
 	cargo bench -p tracetap --bench record_path
 	python3 scripts/record_path_instructions.py
+
+# Where the probes' time goes inside HAProxy: clock samples of its CPU at the bench's fixed rate,
+# per mode (PROFILE_MODES), summed into ns per request for the tracepoint dispatch, the programs,
+# the head scan, user-memory copies, the ring and hash lookups (scripts/profile_probes.py).
+profile-probes: setup
+	@scripts/apt_install.sh $(BENCH_PACKAGES) linux-perf
+	cargo build --release -p tracetap -p tracetap-tests --bin tracetap --bin otlp-discard
+	python3 scripts/profile_probes.py
 
 # 5 minutes of mixed traffic; prints the agent's RSS after the first minute and at the end.
 SOAK_SECONDS ?= 300

@@ -255,38 +255,56 @@ fn tls_towards_the_server() {
     if !require_root() {
         return;
     }
+    tls_hop("tls towards the server", "", "");
+}
+
+/// As [`tls_towards_the_server`], with a PROXY protocol (v1) header before each TLS handshake:
+/// `send-proxy` on the server line, `accept-proxy` on the TLS bind. The header is plaintext that
+/// begins with upper-case letters, read and written outside any `SSL_*` call, so the probes must
+/// not take those connections for cleartext HTTP (`CONN_CLEARTEXT`): they would stop binding them
+/// to their TLS calls, and report their ciphertext as plain bytes.
+#[test]
+fn tls_towards_the_server_after_a_proxy_protocol_header() {
+    if !require_root() {
+        return;
+    }
+    tls_hop("tls after a proxy header", "send-proxy", "accept-proxy");
+}
+
+/// `fe_main` (cleartext) -> `be_app` -> `server ... ssl <server_options>` -> `listen tls_in` (TLS,
+/// `<bind_options>`) -> the backend: identical requests, and every hop's spans, linked right.
+fn tls_hop(label: &str, server_options: &str, bind_options: &str) {
     let version = Version::from_env();
     let pem = tls::certificate(version);
     let inner = free_port();
-    // fe_main (cleartext) -> be_app -> `server ... ssl` -> listen tls_in (TLS) -> the backend.
     let stack = Stack::with_config_on(
         version,
         |port, backend| {
             format!(
                 "global\n    maxconn 4096\n\ndefaults\n    mode http\n    timeout connect 2s\n    timeout client 10s\n    timeout server 10s\n\n\
                  frontend fe_main\n    bind 127.0.0.1:{port}\n    default_backend be_app\n\n\
-                 backend be_app\n    server tls_hop 127.0.0.1:{inner} ssl verify none\n\n\
-                 listen tls_in\n    bind 127.0.0.1:{inner} ssl crt {pem}\n    server s0 {backend}\n"
+                 backend be_app\n    server tls_hop 127.0.0.1:{inner} ssl verify none {server_options}\n\n\
+                 listen tls_in\n    bind 127.0.0.1:{inner} ssl crt {pem} {bind_options}\n    server s0 {backend}\n"
             )
         },
         &linking::agent_env(),
     );
     let n = 200;
     // Two SERVER spans per request (fe_main, tls_in), each with its CLIENT span.
-    let spans = load_identical("tls towards the server", &stack, "http", &["--h1", "-c", "4"], n, 2);
+    let spans = load_identical(label, &stack, "http", &["--h1", "-c", "4"], n, 2);
     let acc = linking::accuracy(&spans, "/same");
-    println!("[tls towards the server] answered {n}, {acc:?}");
-    assert_eq!(acc.server, 2 * n, "two SERVER spans per request\n{}", stack.agent.log());
-    assert_eq!(acc.client, 2 * n, "two CLIENT spans per request");
-    assert_eq!(acc.linked_right, acc.client, "{acc:?}");
+    println!("[{label}] answered {n}, {acc:?}");
+    assert_eq!(acc.server, 2 * n, "[{label}] two SERVER spans per request\n{}", stack.agent.log());
+    assert_eq!(acc.client, 2 * n, "[{label}] two CLIENT spans per request");
+    assert_eq!(acc.linked_right, acc.client, "[{label}] {acc:?}");
     let tls_clients: Vec<_> =
         spans.iter().filter(|s| s.is_client() && s.int_attr("server.port") == Some(i64::from(inner))).collect();
-    assert_eq!(tls_clients.len(), n, "CLIENT spans towards the TLS server");
+    assert_eq!(tls_clients.len(), n, "[{label}] CLIENT spans towards the TLS server");
     for c in &tls_clients {
-        assert!(c.str_attr("url.full").is_some_and(|u| u.starts_with("https://")), "url.full of {c:?}");
+        assert!(c.str_attr("url.full").is_some_and(|u| u.starts_with("https://")), "[{label}] url.full of {c:?}");
     }
     let tls_servers = spans.iter().filter(|s| s.is_server() && s.str_attr("url.scheme") == Some("https")).count();
-    assert_eq!(tls_servers, n, "the TLS listener's SERVER spans say https");
+    assert_eq!(tls_servers, n, "[{label}] the TLS listener's SERVER spans say https");
 }
 
 /// `proto h2` on a server line: HAProxy speaks HTTP/2 to the server (here a second section of the

@@ -49,6 +49,11 @@ pub(crate) const CONN_DECIDED: u32 = 8;
 /// The connection came from `accept`: a frontend, whose request heads may be dropped at once
 /// (see the `head` module).
 pub(crate) const CONN_ACCEPTED: u32 = 16;
+/// The first record with payload, read or written outside any TLS call, began like HTTP (see
+/// [`looks_like_http`]): the socket carries plaintext, and no TLS handshake starts on it later
+/// (`HAProxy` upgrades no connection to TLS), so `tls::bind` is not asked again: it costs a hash
+/// lookup on every record.
+pub(crate) const CONN_CLEARTEXT: u32 = 32;
 
 /// Connections whose bytes the agent does not want (they do not speak HTTP/1: TLS, `mode tcp`,
 /// tunnels), as `tgid << 32 | fd` to the `ts_ns` of their `accept`/`connect` record. Only the
@@ -119,7 +124,7 @@ pub(crate) fn plan_data(pid_tgid: u64, tgid: u32, fd: i32, plain_buf: Option<u64
     };
     // SAFETY: map value pointer, see `take_seq`.
     let flags = unsafe { (*state).flags };
-    if flags & CONN_TLS != 0 || tls::bind(pid_tgid, tgid, fd, state) {
+    if flags & CONN_TLS != 0 || (flags & CONN_CLEARTEXT == 0 && tls::bind(pid_tgid, tgid, fd, state)) {
         return DataPlan::Skip;
     }
     let seq = take_seq(state);
@@ -151,10 +156,27 @@ pub(crate) fn capture_window(flags: u32) -> u64 {
 /// does.
 pub(crate) const H2_PREFACE_START: u32 = u32::from_le_bytes(*b"PRI ");
 
+/// `PROX`, how a PROXY protocol v1 header starts (little endian): plaintext that a TLS handshake
+/// may follow.
+const PROXY_V1_START: u32 = u32::from_le_bytes(*b"PROX");
+
+/// Whether a record's first 4 bytes (little endian) begin like HTTP/1 or HTTP/2 plaintext: an
+/// upper-case letter, then upper-case letters or spaces (`GET `, `POST`, `HTTP`, `PRI `), and
+/// not `PROX`. No TLS record starts so (its first byte is a content type, 20 to 24, or 0x80 and
+/// up for the hello of SSL version 2).
+#[inline(always)]
+pub(crate) fn looks_like_http(first: u32) -> bool {
+    let [a, b, c, d] = first.to_le_bytes();
+    let upper_or_space = |x: u8| x.is_ascii_uppercase() || x == b' ';
+    a.is_ascii_uppercase() && upper_or_space(b) && upper_or_space(c) && upper_or_space(d) && first != PROXY_V1_START
+}
+
 /// On a connection's first record with payload (`ret` bytes at `buf`, a plain buffer; `None`
 /// for vectored calls, which `HAProxy` does not start connections with), decides `CONN_H2` from
 /// its first bytes: one 4-byte read per connection, before the window of that very record is
-/// chosen, so that the preface's flight is copied whole too. Returns the connection's flags.
+/// chosen, so that the preface's flight is copied whole too; and `CONN_CLEARTEXT` on a connection
+/// not bound to TLS whose first bytes [look like HTTP](looks_like_http). Returns the
+/// connection's flags.
 #[inline(always)]
 pub(crate) fn decide_h2(state: *mut ConnState, buf: Option<u64>, ret: i64) -> u32 {
     // SAFETY: map value pointer, see `take_seq`.
@@ -166,9 +188,14 @@ pub(crate) fn decide_h2(state: *mut ConnState, buf: Option<u64>, ret: i64) -> u3
     if ret >= 4
         && let Some(buf) = buf
         // SAFETY: a helper read of user memory, which faults safely.
-        && unsafe { bpf_probe_read_user(buf as *const u32) }.is_ok_and(|first| first == H2_PREFACE_START)
+        && let Ok(first) = unsafe { bpf_probe_read_user(buf as *const u32) }
     {
-        decided |= CONN_H2;
+        if first == H2_PREFACE_START {
+            decided |= CONN_H2;
+        }
+        if flags & CONN_TLS == 0 && looks_like_http(first) {
+            decided |= CONN_CLEARTEXT;
+        }
     }
     // SAFETY: as above.
     unsafe { (*state).flags = decided };
