@@ -16,6 +16,9 @@ modes add only the `filter` line):
 - `ratio 1.0` / `ratio 0.0`: the agent with head sampling `traceidratio` 1.0 / 0.0, spans sent over
   OTLP/HTTP to `otlp-discard`. A sampler that keeps nothing (`traceidratio` 0.0 among them) loads no
   probe at all, so `ratio 0.0` measures an agent that traces nothing.
+- `parent`: the agent as it starts by default (`parentbased_always_on`) on the plain requests of
+  `none`, which carry no `traceparent`: every request is kept, and the probes look at each
+  frontend read for a `traceparent` they could drop it by.
 - `unsampled none` / `unsampled parent` (unless BENCH_UNSAMPLED=0): every request carries a
   `traceparent` whose sampled flag is off; untraced, and with the agent at `parentbased_always_on`
   (its default), which drops every request by that flag after the probes copied and the agent
@@ -121,7 +124,7 @@ UNSAMPLED = os.environ.get("BENCH_UNSAMPLED", "1") == "1"
 UNSAMPLED_MODES = ["unsampled none", "unsampled parent"]
 # The parent every request of the `unsampled` modes carries: valid, sampled flag off.
 UNSAMPLED_TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"
-MODES = (["none", "floor", "ratio 1.0", "ratio 0.0", "ot 100", "ot 0"] + (["tail 1%"] if TAIL else [])
+MODES = (["none", "floor", "ratio 1.0", "parent", "ratio 0.0", "ot 100", "ot 0"] + (["tail 1%"] if TAIL else [])
          + (LINES_MODES if LINES else []) + (UNSAMPLED_MODES if UNSAMPLED else []) + (EDGE_MODES if EDGE else []))
 if os.environ.get("BENCH_MODES"):
     # A subset, for a quicker run (the untraced run is always kept: every ratio is taken against it).
@@ -138,6 +141,7 @@ LABELS = {
     "floor": "tracetap floor (empty programs)",
     "ratio 1.0": "tracetap, ratio 1.0",
     "ratio 0.0": "tracetap, ratio 0.0",
+    "parent": "tracetap, `parentbased_always_on` (the default), requests without `traceparent`",
     "ot 100": "OpenTracing filter (Datadog tracer, `cmp` scopes), rate-limit 100",
     "ot 0": "same filter, rate-limit 0",
     "tail 1%": "tracetap, ratio 1.0, tail keeps errors + 1%",
@@ -434,7 +438,7 @@ backend be_origin
             env["TRACETAP_PROBE_MODE"] = "floor"
         if mode == "lines ratio 1.0":
             env.update(LINES_SAMPLER)
-        if mode == "unsampled parent":
+        if mode in ("parent", "unsampled parent"):
             env["OTEL_TRACES_SAMPLER"] = "parentbased_always_on"
             del env["OTEL_TRACES_SAMPLER_ARG"]
         if mode == "tls entry":

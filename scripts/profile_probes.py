@@ -6,7 +6,7 @@ load runs. A sample is 1/PROFILE_HZ s of CPU 0, idle included, so a symbol's sam
 requests served give its nanoseconds per request directly, without the BPF run-time statistics
 (which add two clock reads to every probe run).
 
-Per mode (PROFILE_MODES, comma-separated, default `ratio 1.0,unsampled parent`; `bench_overhead.py`
+Per mode (PROFILE_MODES, comma-separated, default `floor,ratio 1.0,parent,unsampled parent`; `bench_overhead.py`
 says what each is), one run of PROFILE_SECONDS (default 8), and one table row:
 - HAProxy µs/req: its CPU time (utime+stime from /proc) per request during the profile;
 - probes: everything under the tracepoints' BPF dispatch (`bpf_trace_run2`, children included),
@@ -32,8 +32,8 @@ import bench_overhead as bench  # noqa: E402  (the setup is the bench's own)
 
 HZ = int(os.environ.get("PROFILE_HZ", "4999"))
 SECONDS = int(os.environ.get("PROFILE_SECONDS", "8"))
-MODES = [m.strip() for m in os.environ.get("PROFILE_MODES", "ratio 1.0,unsampled parent").split(",")]
-TRACED = ["floor", "ratio 1.0", "unsampled parent", "lines ratio 1.0"]
+MODES = [m.strip() for m in os.environ.get("PROFILE_MODES", "floor,ratio 1.0,parent,unsampled parent").split(",")]
+TRACED = ["floor", "ratio 1.0", "parent", "unsampled parent", "lines ratio 1.0"]
 
 # (column, how a `perf report --children` line's symbol is matched, which of its counts is taken)
 PARTS = [

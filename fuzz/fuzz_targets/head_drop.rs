@@ -1,9 +1,10 @@
-//! The probes' request head scan on arbitrary bytes, under each rule: never panics, and what it
-//! drops the tracker drops too, by the same context (`SampledOutRule::dropped_whole_head`).
+//! The probes' request head scan on arbitrary bytes, under each rule: never panics, what it drops
+//! the tracker drops too, by the same context (`SampledOutRule::dropped_whole_head`), and it drops
+//! nothing in which the look before it (`LineStarts`) found no line starting with `t`.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tracetap_ebpf_common::head_drop::HeadScan;
+use tracetap_ebpf_common::head_drop::{HeadScan, LineStarts};
 use tracetap_proxy::sampled_out::SampledOutRule;
 use tracetap_proxy::trace_context::TraceParent;
 
@@ -16,6 +17,7 @@ fuzz_target!(|input: (u8, u64, &[u8])| {
     };
     let (kind, threshold) = rule.in_probes();
     if let Some(dropped) = HeadScan::scan(bytes, kind, threshold) {
+        assert!(LineStarts::of(bytes), "the look before the scan would have skipped it");
         let agent = rule.dropped_whole_head(bytes).expect("the tracker drops it too");
         assert_eq!(agent, TraceParent::from(dropped));
     }

@@ -9,7 +9,7 @@
 use std::fmt::Write as _;
 
 use proptest::prelude::*;
-use tracetap_ebpf_common::head_drop::HeadScan;
+use tracetap_ebpf_common::head_drop::{HeadScan, LineStarts};
 use tracetap_proxy::sampled_out::SampledOutRule;
 use tracetap_proxy::trace_context::{MAX_THRESHOLD, TraceParent};
 
@@ -113,6 +113,13 @@ proptest! {
     fn what_the_probes_drop_the_agent_drops_by_the_same_context(bytes in heads(), rule in rules()) {
         if let Some(context) = probe_drops(&bytes, rule) {
             prop_assert_eq!(agent_drops(&bytes, rule), Some(context), "{}", String::from_utf8_lossy(&bytes));
+        }
+    }
+
+    #[test]
+    fn a_read_without_a_line_starting_with_t_is_never_dropped(bytes in heads(), rule in rules()) {
+        if !LineStarts::of(&bytes) {
+            prop_assert_eq!(probe_drops(&bytes, rule), None, "{}", String::from_utf8_lossy(&bytes));
         }
     }
 

@@ -237,6 +237,61 @@ const CONTENT_LENGTH_NAME: (u64, u64) = (pack(b"content-"), pack(b"length"));
 /// `transfer-encoding` is 17 bytes: a name whose first 16 are these is taken for it.
 const TRANSFER_ENCODING_START: (u64, u64) = (pack(b"transfer"), pack(b"-encodin"));
 
+/// A cheap look before the scan: whether some line of a read may start with `t` or `T`, as a
+/// `traceparent` line must (the scan takes a header name only right after a line feed). A read in
+/// which no line feed is followed by either is no head the scan drops, whatever its other bytes:
+/// the probes send it as it is without scanning it, which spares most requests without a
+/// `traceparent` the scan's cost. Fed the read's words in order ([`LineStarts::feed_word`]);
+/// bytes past the read's end may only add a false "maybe".
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LineStarts {
+    /// The high bit of the last byte of the word before, when it was a line feed.
+    carry: u64,
+    maybe: bool,
+}
+
+impl LineStarts {
+    /// Reads the next 8 bytes, little endian (the first byte lowest).
+    #[inline(always)]
+    pub const fn feed_word(&mut self, word: u64) {
+        const ONES: u64 = u64::MAX / 255;
+        const HIGH: u64 = ONES * 0x80;
+        // The high bit of each byte equal to `c` (below 0x80): exact for every byte, as
+        // `(byte | 0x80) - c` never borrows.
+        const fn equal(word: u64, c: u64) -> u64 {
+            let at_least_c = (word | HIGH).wrapping_sub(ONES * c) & HIGH;
+            let above_c = (word | HIGH).wrapping_sub(ONES * (c + 1)) & HIGH;
+            at_least_c & !above_c & !word
+        }
+        let line_feeds = equal(word, b'\n' as u64);
+        let t = equal(word | (ONES * 0x20), b't' as u64);
+        // A line feed's flag moved onto the byte after it, the last one's onto the next word.
+        self.maybe |= ((line_feeds << 8) | self.carry) & t != 0;
+        self.carry = line_feeds >> 56;
+    }
+
+    /// Whether a line may start with `t` or `T`: the read must be scanned.
+    #[inline(always)]
+    #[must_use]
+    pub const fn maybe(&self) -> bool {
+        self.maybe
+    }
+
+    /// [`LineStarts::maybe`] over `bytes` whole (the tests' way).
+    #[must_use]
+    pub fn of(bytes: &[u8]) -> bool {
+        let mut starts = Self::default();
+        for chunk in bytes.chunks(8) {
+            let mut word = [0; 8];
+            if let Some(start) = word.get_mut(..chunk.len()) {
+                start.copy_from_slice(chunk);
+            }
+            starts.feed_word(u64::from_le_bytes(word));
+        }
+        starts.maybe()
+    }
+}
+
 /// The scan of one read's bytes, a byte at a time ([`HeadScan::step`]), then [`HeadScan::dropped`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -532,6 +587,24 @@ mod tests {
                     .and_then(|s| u32::from_str_radix(s, 16).ok());
                 assert_eq!(hex_digits(u64::from_le_bytes(bytes)), one_at_a_time, "{bytes:?}");
             }
+        }
+    }
+
+    #[test]
+    fn a_line_starting_with_t_is_seen_wherever_it_falls() {
+        let plain = head(&[b"Host: x", b"Accept: */*"]);
+        assert!(!LineStarts::of(&plain));
+        // A header line of every length before it puts the line feed at every place in a word.
+        for pad in 0..16 {
+            let line = [vec![b'a'; pad], b"x: y".to_vec()].concat();
+            let padded = head(&[&line, &traceparent(UNSAMPLED)]);
+            assert!(LineStarts::of(&padded), "{}", String::from_utf8_lossy(&padded));
+            let upper = head(&[&line, b"TE: trailers"]);
+            assert!(LineStarts::of(&upper), "{}", String::from_utf8_lossy(&upper));
+        }
+        for b in 0..=255u8 {
+            let bytes = [b'\n', b, b'\n', b'a', b'\r', b'\n', b'x', b'\n', b];
+            assert_eq!(LineStarts::of(&bytes), b == b't' || b == b'T', "{bytes:?}");
         }
     }
 

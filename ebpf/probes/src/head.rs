@@ -1,6 +1,7 @@
 //! Frontend requests dropped at their head, in the probe (the decision is the common crate's
-//! `head_drop`): a small plain read on an accepted HTTP/1 connection is staged, scanned a word at
-//! a time, and sent either as a `DroppedRequest` record (the same sequence number, no payload,
+//! `head_drop`): a small plain read on an accepted HTTP/1 connection is staged, looked over for a
+//! line that may hold a `traceparent` (most requests have none, and skip the rest), scanned a word
+//! at a time, and sent either as a `DroppedRequest` record (the same sequence number, no payload,
 //! the context in `addr`) or as the `Read` it is. Only reads the agent would drop at their head
 //! are left out, so the agent still sees every other byte and every record's place in its
 //! connection's sequence.
@@ -10,7 +11,7 @@ use core::ffi::c_void;
 use aya_ebpf::helpers::generated::bpf_loop;
 use tracetap_ebpf_common::{
     EventKind,
-    head_drop::{DROPPED_CONTEXT_BYTES, DroppedContext, HeadScan, MAX_SCANNED_BYTES, RULE_NONE},
+    head_drop::{DROPPED_CONTEXT_BYTES, DroppedContext, HeadScan, LineStarts, MAX_SCANNED_BYTES, RULE_NONE},
 };
 
 use crate::conns::{CONN_ACCEPTED, CONN_H2};
@@ -52,7 +53,8 @@ pub(crate) fn emit_request_read(fd: i32, ret: i64, seq: u32, buf: u64) {
     let copied = copy_segment(staging, 0, buf, ret as u64);
     // The scan's loop reaches the staging buffer by its own lookup: no reference to it is held
     // across the loop.
-    let dropped = if copied == ret as u64 { scan_staged(copied) } else { None };
+    let dropped =
+        if copied == ret as u64 && may_hold_traceparent(staging, copied) { scan_staged(copied) } else { None };
     let Some(staging) = STAGING.get_ptr_mut(0) else { return };
     // SAFETY: per-CPU buffer, exclusively ours for the duration of this program run.
     let staging = unsafe { &mut *staging };
@@ -65,6 +67,25 @@ pub(crate) fn emit_request_read(fd: i32, ret: i64, seq: u32, buf: u64) {
         staging.header.captured = copied as u32;
         emit(staging, copied);
     }
+}
+
+/// Whether a line of the first `len` staged bytes may start with a `traceparent` (see
+/// [`LineStarts`]): a plain loop over their words, which costs far less than the scan's, so
+/// that reads without one (most requests, under the default sampler) skip the scan.
+#[inline(always)]
+fn may_hold_traceparent(staging: &Staging, len: u64) -> bool {
+    let mut starts = LineStarts::default();
+    #[expect(clippy::cast_ptr_alignment, reason = "aligned loads: see the assertion on the data's offset")]
+    let words = staging.data.as_ptr().cast::<u64>();
+    for i in 0..(MAX_SCANNED_BYTES / 8) as usize {
+        if (i * 8) as u64 >= len {
+            break;
+        }
+        // SAFETY: word `i` lies in the first `MAX_SCANNED_BYTES` of the staging buffer, which is
+        // ours for this program run; the data starts 8-aligned (see the assertion below).
+        starts.feed_word(unsafe { core::ptr::read(words.add(i)) });
+    }
+    starts.maybe()
 }
 
 /// Scans the first `len` staged bytes; the context of a head the rule drops.
