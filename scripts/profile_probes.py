@@ -6,8 +6,10 @@ load runs. A sample is 1/PROFILE_HZ s of CPU 0, idle included, so a symbol's sam
 requests served give its nanoseconds per request directly, without the BPF run-time statistics
 (which add two clock reads to every probe run).
 
-Per mode (PROFILE_MODES, comma-separated, default `floor,ratio 1.0,parent,unsampled parent`; `bench_overhead.py`
-says what each is), one run of PROFILE_SECONDS (default 8), and one table row:
+Per mode (PROFILE_MODES, comma-separated, default `floor,ratio 1.0,parent,unsampled parent`;
+`bench_overhead.py` says what each is), PROFILE_ROUNDS runs (default 5, the modes rotated as the
+bench rotates them) of PROFILE_SECONDS (default 8) each, and one table row of medians over the
+runs with their ranges:
 - HAProxy µs/req: its CPU time (utime+stime from /proc) per request during the profile;
 - probes: everything under the tracepoints' BPF dispatch (`bpf_trace_run2`, children included),
   then its parts: the dispatch itself, the programs' own code (`bpf_prog_*` other than the scan's
@@ -31,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_overhead as bench  # noqa: E402  (the setup is the bench's own)
 
 HZ = int(os.environ.get("PROFILE_HZ", "4999"))
+ROUNDS = int(os.environ.get("PROFILE_ROUNDS", "5"))
 SECONDS = int(os.environ.get("PROFILE_SECONDS", "8"))
 MODES = [m.strip() for m in os.environ.get("PROFILE_MODES", "floor,ratio 1.0,parent,unsampled parent").split(",")]
 TRACED = ["floor", "ratio 1.0", "parent", "unsampled parent", "lines ratio 1.0"]
@@ -109,21 +112,34 @@ def main():
     b = bench.Bench(work)
     # The bench's configurations include the OpenTracing filter's; none is used here.
     b.plugin = os.path.join(work, "no-plugin.so")
+    runs = {mode: [] for mode in MODES}
     try:
         b.write_configs()
         b.start_support()
-        rows = [profile(b, mode, work) for mode in MODES]
+        for r in range(ROUNDS):
+            for mode in MODES[r % len(MODES):] + MODES[:r % len(MODES)]:
+                row = profile(b, mode, work)
+                runs[mode].append(row)
+                bench.log(f"round {r + 1}/{ROUNDS} {mode}: " + ", ".join(
+                    f"{k} {v[0]:.0f}" if isinstance(v, tuple) else f"{k} {v}" for k, v in row.items() if k != "mode"))
     finally:
         b.stop_all()
     names = [name for name, _, _ in PARTS]
-    print(f"Profiled at {bench.FIXED_RATE} req/s for {SECONDS - 1} s per mode, {HZ} Hz on CPU 0 "
-          f"({bench.machine()}). ns per request (samples):")
+    print(f"Command: `PROFILE_ROUNDS={ROUNDS} PROFILE_SECONDS={SECONDS} PROFILE_MODES=\"{','.join(MODES)}\" "
+          f"python3 scripts/profile_probes.py`; {bench.FIXED_RATE:,} req/s offered for {SECONDS - 1} s per run, CPU 0 "
+          f"sampled at {HZ} Hz ({bench.machine()}). ns per request, medians over {ROUNDS} rounds [min–max]:")
     print()
     print("| mode | HAProxy µs/req | " + " | ".join(names) + " |")
     print("|---|---|" + "---|" * len(names))
-    for r in rows:
-        print(f"| {r['mode']} | {r['haproxy_us']:.1f} | "
-              + " | ".join(f"{r[k][0]:.0f} ({r[k][1]:.0f})" for k in names) + " |")
+    for mode in MODES:
+        rows = runs[mode]
+        print(f"| {mode} | {bench.med_range([r['haproxy_us'] for r in rows], '.1f')} | "
+              + " | ".join(bench.med_range([r[k][0] for r in rows], '.0f') for k in names) + " |")
+    samples = {k: min(r[k][1] for rows in runs.values() for r in rows if r[k][1]) for k in names
+               if any(r[k][1] for rows in runs.values() for r in rows)}
+    print()
+    print("- Fewest samples behind a non-zero figure, per part: "
+          + ", ".join(f"{k} {v:.0f}" for k, v in samples.items()) + ".")
     shutil.rmtree(work, ignore_errors=True)
 
 

@@ -22,6 +22,7 @@
 #![no_std]
 
 pub mod head_drop;
+pub mod plaintext;
 
 /// Largest capture window a user may configure (`TRACETAP_CAPTURE_BYTES`).
 pub const MAX_CAPTURE_BYTES: u32 = 16 * 1024;

@@ -8,7 +8,7 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, LruHashMap},
 };
-use tracetap_ebpf_common::{MAX_NUMBERED_CONNECTIONS, STAGING_BYTES};
+use tracetap_ebpf_common::{MAX_NUMBERED_CONNECTIONS, STAGING_BYTES, plaintext::starts_like_http};
 
 use crate::{CAPTURE_BYTES, tls};
 
@@ -44,15 +44,16 @@ pub(crate) const CONN_TLS_ANNOUNCED: u32 = 2;
 /// frame headers and header blocks is needed to keep the HPACK state, so its records are copied
 /// up to the staging buffer's size whatever the capture window says.
 pub(crate) const CONN_H2: u32 = 4;
-/// The first record with payload was seen, and `CONN_H2` decided from its first bytes.
+/// The first record with payload was seen, and `CONN_H2` and `CONN_CLEARTEXT` decided from its
+/// first bytes.
 pub(crate) const CONN_DECIDED: u32 = 8;
 /// The connection came from `accept`: a frontend, whose request heads may be dropped at once
 /// (see the `head` module).
 pub(crate) const CONN_ACCEPTED: u32 = 16;
-/// The first record with payload, read or written outside any TLS call, began like HTTP (see
-/// [`looks_like_http`]): the socket carries plaintext, and no TLS handshake starts on it later
-/// (`HAProxy` upgrades no connection to TLS), so `tls::bind` is not asked again: it costs a hash
-/// lookup on every record.
+/// The first record with payload, not bound to a TLS call (`tls::bind` said no), started like
+/// HTTP (`plaintext::starts_like_http`): the socket carries HTTP in the clear, and no TLS
+/// handshake starts on it later (`HAProxy` upgrades no connection to TLS), so `tls::bind` is not
+/// asked again: it costs a hash lookup on every record.
 pub(crate) const CONN_CLEARTEXT: u32 = 32;
 
 /// Connections whose bytes the agent does not want (they do not speak HTTP/1: TLS, `mode tcp`,
@@ -156,27 +157,12 @@ pub(crate) fn capture_window(flags: u32) -> u64 {
 /// does.
 pub(crate) const H2_PREFACE_START: u32 = u32::from_le_bytes(*b"PRI ");
 
-/// `PROX`, how a PROXY protocol v1 header starts (little endian): plaintext that a TLS handshake
-/// may follow.
-const PROXY_V1_START: u32 = u32::from_le_bytes(*b"PROX");
-
-/// Whether a record's first 4 bytes (little endian) begin like HTTP/1 or HTTP/2 plaintext: an
-/// upper-case letter, then upper-case letters or spaces (`GET `, `POST`, `HTTP`, `PRI `), and
-/// not `PROX`. No TLS record starts so (its first byte is a content type, 20 to 24, or 0x80 and
-/// up for the hello of SSL version 2).
-#[inline(always)]
-pub(crate) fn looks_like_http(first: u32) -> bool {
-    let [a, b, c, d] = first.to_le_bytes();
-    let upper_or_space = |x: u8| x.is_ascii_uppercase() || x == b' ';
-    a.is_ascii_uppercase() && upper_or_space(b) && upper_or_space(c) && upper_or_space(d) && first != PROXY_V1_START
-}
-
 /// On a connection's first record with payload (`ret` bytes at `buf`, a plain buffer; `None`
 /// for vectored calls, which `HAProxy` does not start connections with), decides `CONN_H2` from
 /// its first bytes: one 4-byte read per connection, before the window of that very record is
 /// chosen, so that the preface's flight is copied whole too; and `CONN_CLEARTEXT` on a connection
-/// not bound to TLS whose first bytes [look like HTTP](looks_like_http). Returns the
-/// connection's flags.
+/// not bound to TLS whose first bytes start like HTTP (`plaintext::starts_like_http`). Returns
+/// the connection's flags.
 #[inline(always)]
 pub(crate) fn decide_h2(state: *mut ConnState, buf: Option<u64>, ret: i64) -> u32 {
     // SAFETY: map value pointer, see `take_seq`.
@@ -193,7 +179,7 @@ pub(crate) fn decide_h2(state: *mut ConnState, buf: Option<u64>, ret: i64) -> u3
         if first == H2_PREFACE_START {
             decided |= CONN_H2;
         }
-        if flags & CONN_TLS == 0 && looks_like_http(first) {
+        if flags & CONN_TLS == 0 && starts_like_http(first) {
             decided |= CONN_CLEARTEXT;
         }
     }

@@ -24,8 +24,10 @@
 //!   emulates calls and conditional jumps, so each costs one breakpoint trap and nothing else.
 //!   The byte count is then the `size_t` the internal call wrote through its fourth argument.
 //!
-//! The handshake is the first I/O of a TLS connection and always reaches the socket, so every
-//! connection is bound before its first plaintext. Plaintext whose `SSL *` names no live
+//! The handshake is the first I/O of a TLS connection (after a PROXY protocol, SOCKS4 or CIP
+//! header, if any) and always reaches the socket, so every connection is bound before its first
+//! plaintext. A connection whose first record started like HTTP instead is cleartext and never
+//! asked again (`CONN_CLEARTEXT`, see `plaintext` in the common crate). Plaintext whose `SSL *` names no live
 //! connection (opened before the probes, or closed since) is counted in `LOSSES`, never guessed.
 //! Only sockets numbered in `CONNS` are bound (the others carry no identity to check against).
 
