@@ -115,7 +115,7 @@ demo: setup
 
 # End-to-end overhead, one alternated run (BENCH_ROUNDS rounds, default 5; BENCH_SECONDS per
 # measurement, default 8): no tracing, the agent's empty-program floor, the agent at ratio 1.0 and
-# 0.0, and HAProxy's own OpenTracing filter (Datadog tracer) at rate-limit 100 and 0; saturated
+# 0.0 and at its default sampler, and HAProxy's own OpenTracing filter (Datadog tracer) at rate-limit 100 and 0; saturated
 # req/s (wrk) and CPU per request at 12 000 req/s (h2load). Prints a markdown table for
 # docs/PERFORMANCE.md (scripts/bench_overhead.py says what is measured and why). Then the criterion
 # micro-benchmarks of span encoding, the tail store (sled against an in-memory store), the agent's
@@ -151,7 +151,7 @@ soak: setup
 # Runs every fuzz target for FUZZ_SECONDS (default 60) each, from the seeds in fuzz/seeds; new
 # inputs collect in fuzz/corpus (not committed), crashes in fuzz/artifacts.
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := tracker traceparent haproxy_config haproxy_runtime cgroup proxy_protocol head_drop
+FUZZ_TARGETS := tracker traceparent haproxy_config haproxy_runtime cgroup proxy_protocol head_drop h2
 fuzz: setup
 	@cargo fuzz --version >/dev/null 2>&1 || cargo install cargo-fuzz --locked
 	@for t in $(FUZZ_TARGETS); do \

@@ -15,6 +15,9 @@ runs with their ranges:
   then its parts: the dispatch itself, the programs' own code (`bpf_prog_*` other than the scan's
   loop callback), the frontend head scan (`bpf_prog_*_scan_word`), user-memory copies
   (`bpf_probe_read_user` and what it calls), ring-buffer helpers, and hash-map lookups.
+With PROFILE_BASE (the path of another build of the agent, say of an earlier commit), every
+traced mode also runs with that build, as `<mode> @base`, in the same rotation: a baseline measured
+in the same run.
 The parts do not add up to the whole: smaller helpers (the pid, the clock, array lookups the JIT
 does not inline) are left out. Sampling error is about sqrt(samples): a part of 100 samples is
 known to within about 10%.
@@ -36,6 +39,8 @@ HZ = int(os.environ.get("PROFILE_HZ", "4999"))
 ROUNDS = int(os.environ.get("PROFILE_ROUNDS", "5"))
 SECONDS = int(os.environ.get("PROFILE_SECONDS", "8"))
 MODES = [m.strip() for m in os.environ.get("PROFILE_MODES", "floor,ratio 1.0,parent,unsampled parent").split(",")]
+BASE = os.environ.get("PROFILE_BASE")
+BASE_SUFFIX = " @base"
 TRACED = ["floor", "ratio 1.0", "parent", "unsampled parent", "lines ratio 1.0"]
 
 # (column, how a `perf report --children` line's symbol is matched, which of its counts is taken)
@@ -69,16 +74,22 @@ def symbol_samples(data):
     return total, counts
 
 
-def profile(b, mode, work):
+def profile(b, run_mode, work):
+    mode = run_mode.removesuffix(BASE_SUFFIX)
     if mode not in bench.MODES and mode not in TRACED:
         bench.fail(f"profile_probes: unknown mode {mode!r}")
     haproxy, _ = b.start_haproxy(mode)
     headers = ["-H", f"traceparent: {bench.UNSAMPLED_TRACEPARENT}"] if mode in bench.UNSAMPLED_MODES else []
     agent = None
     if mode in TRACED:
-        agent, _ = b.start_agent(mode, haproxy.pid)
+        built = bench.AGENT
+        bench.AGENT = BASE if run_mode.endswith(BASE_SUFFIX) else built
+        try:
+            agent, _ = b.start_agent(mode, haproxy.pid)
+        finally:
+            bench.AGENT = built
     bench.h2load(b.front_port, bench.FIXED_RATE, 1, None, headers)  # warm-up
-    data = os.path.join(work, f"{mode.replace(' ', '-')}.perf")
+    data = os.path.join(work, f"{run_mode.replace(' ', '-')}.perf")
     perf = subprocess.Popen(["perf", "record", "-q", "-C", "0", "-e", "cpu-clock", "-F", str(HZ), "-g",
                              "-o", data, "--", "sleep", str(SECONDS)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -92,7 +103,7 @@ def profile(b, mode, work):
     n = load["requests"]
     total, counts = symbol_samples(data)
     ns = lambda samples: samples * 1e9 / HZ / n  # noqa: E731
-    row = {"mode": mode, "haproxy_us": cpu * 1e6 / n, "samples": total}
+    row = {"mode": run_mode, "haproxy_us": cpu * 1e6 / n, "samples": total}
     for name, match, which in PARTS:
         samples = sum(c[0 if which == "children" else 1] for s, c in counts.items() if match(s))
         row[name] = (ns(samples), samples)
@@ -112,12 +123,15 @@ def main():
     b = bench.Bench(work)
     # The bench's configurations include the OpenTracing filter's; none is used here.
     b.plugin = os.path.join(work, "no-plugin.so")
-    runs = {mode: [] for mode in MODES}
+    modes = MODES + ([m + BASE_SUFFIX for m in MODES if m in TRACED] if BASE else [])
+    if BASE and not os.access(BASE, os.X_OK):
+        bench.fail(f"PROFILE_BASE={BASE} is not an executable")
+    runs = {mode: [] for mode in modes}
     try:
         b.write_configs()
         b.start_support()
         for r in range(ROUNDS):
-            for mode in MODES[r % len(MODES):] + MODES[:r % len(MODES)]:
+            for mode in modes[r % len(modes):] + modes[:r % len(modes)]:
                 row = profile(b, mode, work)
                 runs[mode].append(row)
                 bench.log(f"round {r + 1}/{ROUNDS} {mode}: " + ", ".join(
@@ -125,13 +139,14 @@ def main():
     finally:
         b.stop_all()
     names = [name for name, _, _ in PARTS]
-    print(f"Command: `PROFILE_ROUNDS={ROUNDS} PROFILE_SECONDS={SECONDS} PROFILE_MODES=\"{','.join(MODES)}\" "
+    base = f"PROFILE_BASE={BASE} " if BASE else ""
+    print(f"Command: `{base}PROFILE_ROUNDS={ROUNDS} PROFILE_SECONDS={SECONDS} PROFILE_MODES=\"{','.join(MODES)}\" "
           f"python3 scripts/profile_probes.py`; {bench.FIXED_RATE:,} req/s offered for {SECONDS - 1} s per run, CPU 0 "
           f"sampled at {HZ} Hz ({bench.machine()}). ns per request, medians over {ROUNDS} rounds [min–max]:")
     print()
     print("| mode | HAProxy µs/req | " + " | ".join(names) + " |")
     print("|---|---|" + "---|" * len(names))
-    for mode in MODES:
+    for mode in modes:
         rows = runs[mode]
         print(f"| {mode} | {bench.med_range([r['haproxy_us'] for r in rows], '.1f')} | "
               + " | ".join(bench.med_range([r[k][0] for r in rows], '.0f') for k in names) + " |")
