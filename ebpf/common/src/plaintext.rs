@@ -7,9 +7,8 @@
 //! `accept-netscaler-cip` (its magic number, whatever the configuration says). So the test is a
 //! list of the 4-byte starts of HTTP/1 requests and responses and of the HTTP/2 preface, not a
 //! character class: only a CIP magic number configured to spell one of them could be taken for
-//! HTTP. No TLS record
-//! starts with a letter (its first byte is a content type, 20 to 24, or 0x80 and up for the hello
-//! of SSL version 2).
+//! HTTP. No TLS record starts with a letter (its first byte is a content type, 20 to 24, or 0x80
+//! and up for the hello of SSL version 2).
 
 #![expect(
     clippy::inline_always,
