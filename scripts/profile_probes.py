@@ -13,8 +13,10 @@ runs with their ranges:
 - HAProxy µs/req: its CPU time (utime+stime from /proc) per request during the profile;
 - probes: everything under the tracepoints' BPF dispatch (`bpf_trace_run2`, children included),
   then its parts: the dispatch itself, the programs' own code (`bpf_prog_*` other than the scan's
-  loop callback), the frontend head scan (`bpf_prog_*_scan_word`), user-memory copies
-  (`bpf_probe_read_user` and what it calls), ring-buffer helpers, and hash-map lookups.
+  loop callback), the frontend head scan (`bpf_prog_*_scan_round`; `_scan_word` before
+  9103266's successor), user-memory copies (`bpf_probe_read_user` and what it calls),
+  ring-buffer helpers, and hash-map lookups. The scan's loop itself (the calls into its
+  callback) counts as the programs' code.
 With PROFILE_BASE (the path of another build of the agent, say of an earlier commit), every
 traced mode also runs with that build, as `<mode> @base`, in the same rotation: a baseline measured
 in the same run.
@@ -47,8 +49,8 @@ TRACED = ["floor", "ratio 1.0", "parent", "unsampled parent", "lines ratio 1.0"]
 PARTS = [
     ("probes", lambda s: s == "bpf_trace_run2", "children"),
     ("dispatch", lambda s: s == "bpf_trace_run2", "self"),
-    ("programs", lambda s: s.startswith("bpf_prog_") and not s.endswith("_scan_word"), "self"),
-    ("head scan", lambda s: s.startswith("bpf_prog_") and s.endswith("_scan_word"), "self"),
+    ("programs", lambda s: s.startswith("bpf_prog_") and not s.endswith(("_scan_word", "_scan_round")), "self"),
+    ("head scan", lambda s: s.startswith("bpf_prog_") and s.endswith(("_scan_word", "_scan_round")), "self"),
     ("user copies", lambda s: s == "bpf_probe_read_user", "children"),
     ("ring", lambda s: "ringbuf" in s, "self"),
     ("hash lookups", lambda s: s in ("lookup_nulls_elem_raw", "__htab_map_lookup_elem", "htab_map_hash"), "self"),

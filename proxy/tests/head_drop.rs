@@ -4,7 +4,8 @@
 //! a plain head with an unsampled or low-randomness `traceparent` is dropped by the scan (the
 //! subset is not empty). Heads are built from parts a hostile client may send: odd methods,
 //! targets and versions, bare line ends, duplicated or malformed `traceparent`s, bodies, folded
-//! lines, control and non-ASCII bytes, a second request behind the first.
+//! lines, control and non-ASCII bytes, a second request behind the first. The scan's rounds, which
+//! take runs of bytes and whole tokens at once, are held to its byte-at-a-time model.
 
 use std::fmt::Write as _;
 
@@ -114,6 +115,13 @@ proptest! {
         if let Some(context) = probe_drops(&bytes, rule) {
             prop_assert_eq!(agent_drops(&bytes, rule), Some(context), "{}", String::from_utf8_lossy(&bytes));
         }
+    }
+
+    #[test]
+    fn the_rounds_find_what_stepping_byte_by_byte_finds(
+        bytes in prop_oneof![4 => heads(), 1 => proptest::collection::vec(any::<u8>(), 0..80)],
+    ) {
+        prop_assert_eq!(HeadScan::fed(&bytes).found(), HeadScan::stepped(&bytes).found(), "{}", String::from_utf8_lossy(&bytes));
     }
 
     #[test]

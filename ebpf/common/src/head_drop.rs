@@ -6,7 +6,8 @@
 //! whenever [`HeadScan`] drops a head, the agent, given the same bytes, would have parsed them as
 //! one whole request head without a body and dropped it at its head by its own context, the same
 //! one. The scan therefore accepts only a plain grammar (upper-case method of at most 8 letters,
-//! not `HEAD` or `CONNECT`; an origin-form target; `HTTP/1.0` or `HTTP/1.1`; CRLF line ends;
+//! not `HEAD` or `CONNECT`; an origin-form target of visible ASCII; `HTTP/1.0` or `HTTP/1.1`;
+//! CRLF line ends;
 //! header names of letters, digits, `-`, `_` and `.`; values of visible ASCII, space and tab),
 //! exactly one valid version-00 `traceparent`, no `Content-Length` or `Transfer-Encoding`, and
 //! the head ending exactly where the read ends. Anything else goes to the agent whole, which
@@ -16,9 +17,17 @@
 //! dropped head as a request (a read in the middle of a message is that message's bytes to it).
 //!
 //! The code is written for the probes' verifier as much as for the agent: no indexing, no
-//! panics, plain integers for the state; 8 bytes at a time through [`HeadScan::feed_word`], which
-//! takes a word of plain header value bytes, or of 8 hex digits inside one id of the
-//! `traceparent`, at once, and steps through the others a byte at a time.
+//! panics, plain integers for the state. The grammar is a byte-at-a-time machine
+//! ([`HeadScan::step`]); the probes read in rounds ([`HeadScan::feed`], one `bpf_loop` iteration
+//! each, which the verifier checks once): a whole version or `traceparent` value, or a run of
+//! bytes that leave the state as it is (tested 8 at a time, SWAR) with the byte that ends it, a
+//! line end and the next line's start. A round's bytes go through the same transitions as
+//! stepping them, and a property test in the proxy crate holds what the rounds find to what the
+//! machine finds (about 20 rounds for a 160-byte head, where stepping takes 160).
+//!
+//! The rounds keep no state in registers from one to the next: a loop of rounds inside one
+//! iteration makes the verifier follow every path through every round (it refused such a loop,
+//! "infinite loop detected", then "the sequence of 8193 jumps is too complex").
 
 #![expect(
     clippy::inline_always,
@@ -128,90 +137,90 @@ const fn pack(bytes: &[u8]) -> u64 {
     word
 }
 
-/// Methods are packed the other way (first byte highest), as they are read.
-const fn pack_method(bytes: &[u8]) -> u64 {
-    let mut word = 0u64;
-    let mut i = 0;
-    while i < bytes.len() {
-        word = (word << 8) | bytes[i] as u64;
-        i += 1;
-    }
-    word
-}
-
-const HEAD: u64 = pack_method(b"HEAD");
-const CONNECT: u64 = pack_method(b"CONNECT");
+const HEAD: u64 = pack(b"HEAD");
+const CONNECT: u64 = pack(b"CONNECT");
 const HTTP_1: u64 = pack(b"HTTP/1.");
+const HTTP_1_0: u64 = pack(b"HTTP/1.0");
+const HTTP_1_1: u64 = pack(b"HTTP/1.1");
+const CRLF: u64 = pack(b"\r\n");
+/// A version-00 `traceparent` value's first 3 bytes.
+const VERSION_00: u64 = pack(b"00-");
 
-/// A set of ASCII bytes as a 128-bit map (two words).
-#[derive(Clone, Copy)]
-struct ByteSet(u64, u64);
+const ONES: u64 = u64::MAX / 255;
+const HIGH: u64 = ONES * 0x80;
 
-impl ByteSet {
-    const fn with(mut self, b: u8) -> Self {
-        if b < 64 {
-            self.0 |= 1 << b;
-        } else {
-            self.1 |= 1 << (b - 64);
-        }
-        self
-    }
-
-    const fn of(bytes: &[u8]) -> Self {
-        let mut set = Self(0, 0);
-        let mut i = 0;
-        while i < bytes.len() {
-            set = set.with(bytes[i]);
-            i += 1;
-        }
-        set
-    }
-
-    const fn range(mut self, from: u8, to: u8) -> Self {
-        let mut b = from;
-        while b <= to {
-            self = self.with(b);
-            b += 1;
-        }
-        self
-    }
-
-    #[inline(always)]
-    const fn has(self, b: u8) -> bool {
-        if b < 64 {
-            (self.0 >> b) & 1 != 0
-        } else if b < 128 {
-            (self.1 >> (b - 64)) & 1 != 0
-        } else {
-            false
-        }
-    }
+/// The high bit of each byte of `word` in `from..=to` (both below 0x80): exact for every byte, as
+/// `(byte | 0x80) - c` never borrows; bytes from 0x80 up are never in.
+#[inline(always)]
+const fn in_range(word: u64, from: u8, to: u8) -> u64 {
+    let at_least_from = (word | HIGH).wrapping_sub(ONES * from as u64) & HIGH;
+    let above_to = (word | HIGH).wrapping_sub(ONES * (to as u64 + 1)) & HIGH;
+    at_least_from & !above_to & !word
 }
 
-/// Every byte of `word` is in `0x20..=0x7e` (the "hasless" and "hasmore" tests of Sean Anderson's
-/// bit twiddling hacks, exact for whether any byte is outside).
+/// How many bytes of `word`, from the first (lowest), come before the first whose flag (high
+/// bit) is set in `flags`: 8 when none is.
 #[inline(always)]
-const fn all_visible_or_space(word: u64) -> bool {
-    const ONES: u64 = u64::MAX / 255;
-    const HIGH: u64 = ONES * 0x80;
-    let below_space = word.wrapping_sub(ONES * 0x20) & !word & HIGH;
-    // Adding 0x7f - 0x7e to each byte sets its high bit exactly when it was above 0x7e.
-    let above_tilde = (word.wrapping_add(ONES) | word) & HIGH;
-    below_space | above_tilde == 0
+const fn before_first(flags: u64) -> u32 {
+    flags.trailing_zeros() / 8
+}
+
+/// The first `n` bytes of a word (`n` at most 8).
+#[inline(always)]
+const fn first_bytes(n: u32) -> u64 {
+    if n >= 8 { u64::MAX } else { (1 << (8 * n)) - 1 }
+}
+
+/// How many bytes of `word`, from the first, are in `lowest..=0x7e`.
+#[inline(always)]
+const fn run_from(word: u64, lowest: u8) -> u32 {
+    before_first(!in_range(word, lowest, 0x7e) & HIGH)
+}
+
+/// How many bytes of `word`, from the first, are header name bytes the scan accepts (letters,
+/// digits, `-`, `.`, `_`).
+#[inline(always)]
+const fn name_run(word: u64) -> u32 {
+    let letters = in_range(word | (ONES * 0x20), b'a', b'z');
+    let others = in_range(word, b'0', b'9') | in_range(word, b'-', b'.') | in_range(word, b'_', b'_');
+    before_first(!(letters | others) & HIGH)
+}
+
+/// How many bytes of `word`, from the first, are spaces or tabs.
+#[inline(always)]
+const fn blank_run(word: u64) -> u32 {
+    before_first(!(in_range(word, b' ', b' ') | in_range(word, b'\t', b'\t')) & HIGH)
+}
+
+/// How many bytes of `word`, from the first, are upper-case letters.
+#[inline(always)]
+const fn upper_run(word: u64) -> u32 {
+    before_first(!in_range(word, b'A', b'Z') & HIGH)
+}
+
+/// `word` with its upper-case letters made lower case.
+#[inline(always)]
+const fn lower_case(word: u64) -> u64 {
+    word | (in_range(word, b'A', b'Z') >> 2)
+}
+
+/// Whether `b` is a header name byte the scan accepts (see [`name_run`]).
+#[inline(always)]
+const fn is_name_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_')
+}
+
+/// The `k`th byte of `word` (`k` below 8).
+#[inline(always)]
+const fn byte_at(word: u64, k: u32) -> u8 {
+    (word >> (8 * k)) as u8
 }
 
 /// The value of 8 lower-case hex digits, `word` little endian (the first digit lowest), or `None`
 /// when a byte is not one: every byte tested at once, then the nibbles gathered in three steps.
 #[inline(always)]
-fn hex_digits(word: u64) -> Option<u32> {
-    const ONES: u64 = u64::MAX / 255;
-    const HIGH: u64 = ONES * 0x80;
-    // For bytes below 0x80, the high bit of `(byte | 0x80) - c` says `byte >= c` (no borrow
-    // crosses into the next byte).
-    let at_least = |c: u64| ((word | HIGH).wrapping_sub(ONES * c)) & HIGH;
-    let digit = at_least(0x30) & !at_least(0x3a);
-    let letter = at_least(0x61) & !at_least(0x67);
-    if word & HIGH != 0 || (digit | letter) != HIGH {
+const fn hex_digits(word: u64) -> Option<u64> {
+    if (in_range(word, b'0', b'9') | in_range(word, b'a', b'f')) != HIGH {
         return None;
     }
     // `0`-`9` are 0x30-0x39 and `a`-`f` 0x61-0x66: the low nibble, plus 9 for letters (bit 6).
@@ -221,14 +230,18 @@ fn hex_digits(word: u64) -> Option<u32> {
     let n = ((n >> 4) | n) & 0x00ff_00ff_00ff_00ff;
     let n = ((n >> 8) | n) & 0x0000_ffff_0000_ffff;
     let n = ((n >> 16) | n) & 0xffff_ffff;
-    Some(n as u32)
+    Some(n)
 }
 
-/// Header name bytes the scan accepts (all of them are `tchar`s).
-const NAME_BYTES: ByteSet = ByteSet::of(b"-_.").range(b'0', b'9').range(b'A', b'Z').range(b'a', b'z');
-/// Target bytes the scan accepts: RFC 3986's unreserved, sub-delims, `:`, `@`, `/`, `?`, `%`.
-const TARGET_BYTES: ByteSet =
-    ByteSet::of(b"-._~!$&'()*+,;=:@/?%").range(b'0', b'9').range(b'A', b'Z').range(b'a', b'z');
+/// The value of the 2 lower-case hex digits `word` starts with, or `None`.
+#[inline(always)]
+const fn two_hex_digits(word: u64) -> Option<u64> {
+    // The other 6 bytes are made `0` digits, which shift out below.
+    match hex_digits((word & 0xffff) | ((ONES * b'0' as u64) & !0xffff)) {
+        Some(digits) => Some(digits >> 24),
+        None => None,
+    }
+}
 
 /// Header names the scan tells apart, packed lower case: the first 8 bytes and the next 8.
 const TRACEPARENT_NAME: (u64, u64) = (pack(b"tracepar"), pack(b"ent"));
@@ -292,11 +305,55 @@ impl LineStarts {
     }
 }
 
-/// The scan of one read's bytes, a byte at a time ([`HeadScan::step`]), then [`HeadScan::dropped`].
+/// The bytes of one read as the scan reads them: 8 at a time from any offset.
+pub trait ReadBytes {
+    /// How many bytes the read has (at most [`MAX_SCANNED_BYTES`]).
+    fn read_len(&self) -> u32;
+    /// The 8 bytes from `at`, little endian (the first lowest); those past the read's end may be
+    /// anything.
+    fn word(&self, at: u32) -> u64;
+}
+
+/// A read in memory, for the agent and the tests: past its end, [`ReadBytes::word`] gives name,
+/// value and hex bytes, which no round may take for the read's.
+#[derive(Clone, Copy, Debug)]
+pub struct Padded<'a>(pub &'a [u8]);
+
+impl ReadBytes for Padded<'_> {
+    fn read_len(&self) -> u32 {
+        u32::try_from(self.0.len()).unwrap_or(u32::MAX)
+    }
+
+    fn word(&self, at: u32) -> u64 {
+        let mut word = [b'a'; 8];
+        for (k, out) in word.iter_mut().enumerate() {
+            if let Some(b) = self.0.get(at as usize + k) {
+                *out = *b;
+            }
+        }
+        u64::from_le_bytes(word)
+    }
+}
+
+/// What a scan found in a head it read to its end: the same from [`HeadScan::fed`] and
+/// [`HeadScan::stepped`] (the tests hold them to it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Found {
+    pub traceparents: u32,
+    pub tracestates: u32,
+    pub trace_id: (u64, u64),
+    pub parent_id: u64,
+    pub flags: u32,
+}
+
+/// The scan of one read's bytes, in rounds ([`HeadScan::feed`]) or a byte at a time
+/// ([`HeadScan::step`], the model the rounds are held to), then [`HeadScan::dropped`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct HeadScan {
     state: u32,
+    /// Bytes read by the rounds.
+    at: u32,
     /// Bytes into the current method, name, version or `traceparent` value.
     pos: u32,
     lines: u32,
@@ -319,25 +376,169 @@ impl HeadScan {
         self.state == FAILED
     }
 
-    /// Reads the next 8 bytes, `word` little endian (the first byte lowest), of which only the
-    /// first `valid` are the read's. Two kinds of whole word are taken at once: plain value bytes
-    /// (visible ASCII and space: no line end) inside a header value, which is most of a head, and
-    /// 8 lower-case hex digits inside one id of the `traceparent`.
+    /// Bytes the rounds read so far.
     #[inline(always)]
-    pub fn feed_word(&mut self, word: u64, valid: u64) {
-        if valid >= 8 && self.state == VALUE && all_visible_or_space(word) {
+    #[must_use]
+    pub const fn read(&self) -> u32 {
+        self.at
+    }
+
+    /// One round of the scan of `bytes`, from where it stands: at least one byte, at most the
+    /// read's end. A whole version (`HTTP/1.1` and its line end) or `traceparent` value is taken at
+    /// once; otherwise the run of bytes that leave the state as it is (method, target, name or
+    /// value bytes, tested 8 at a time), the byte that ends it, a line end and the next line's
+    /// first byte, and a run of that name or value. Each byte goes through the same transitions as
+    /// [`HeadScan::step`], so the rounds leave what stepping leaves.
+    #[inline(always)]
+    pub fn feed(&mut self, bytes: &impl ReadBytes) {
+        let len = bytes.read_len();
+        let at = self.at;
+        if at >= len {
             return;
         }
-        if valid >= 8 && self.state == TRACEPARENT && self.hex_word(word) {
+        if self.whole_version(bytes, at, len) || self.whole_traceparent(bytes, at, len) {
             return;
         }
-        let mut k = 0;
-        while k < 8 {
-            if k < valid {
-                self.step((word >> (8 * k)) as u8);
-            }
+        let word = bytes.word(at);
+        let room = if len - at < 8 { len - at } else { 8 };
+        let run = match self.state {
+            METHOD => self.method_run(word, room),
+            TARGET => run_from(word, b'!'),
+            NAME => self.name_bytes(word, room),
+            VALUE => run_from(word, b' '),
+            _ => 0,
+        };
+        let mut k = if run < room { run } else { room };
+        if k < room {
+            self.step(byte_at(word, k));
             k += 1;
         }
+        // A line end, and the next line's first byte (a name's, or the blank line's).
+        if k < room && self.state == EXPECT_LF {
+            self.step(byte_at(word, k));
+            k += 1;
+        }
+        if k < room && self.state == LINE_START {
+            self.step(byte_at(word, k));
+            k += 1;
+        }
+        if k < room && self.state == END_LF {
+            self.step(byte_at(word, k));
+            k += 1;
+        }
+        if k < room {
+            let rest = word >> (8 * k);
+            let run = match self.state {
+                TARGET => run_from(rest, b'!'),
+                NAME => self.name_bytes(rest, room - k),
+                VALUE => run_from(rest, b' '),
+                _ => 0,
+            };
+            k += if run < room - k { run } else { room - k };
+        }
+        self.at = at + k;
+    }
+
+    /// The version and its line end at once (`HTTP/1.1\r\n` or `HTTP/1.0\r\n`), when the
+    /// scan is at the version's start; false otherwise (the bytes are then stepped).
+    #[inline(always)]
+    fn whole_version(&mut self, bytes: &impl ReadBytes, at: u32, len: u32) -> bool {
+        if self.state != VERSION || self.pos != 0 || len - at < 10 {
+            return false;
+        }
+        let version = bytes.word(at);
+        if (version != HTTP_1_1 && version != HTTP_1_0) || bytes.word(at + 8) & 0xffff != CRLF {
+            return false;
+        }
+        self.pos = 9;
+        self.state = LINE_START;
+        self.at = at + 10;
+        true
+    }
+
+    /// The `traceparent` value at once (after its leading blanks, which a round takes first), when
+    /// the scan is at its start and it is a whole valid version-00 value; false otherwise (the
+    /// bytes are then stepped, and fail where stepping fails).
+    #[inline(always)]
+    fn whole_traceparent(&mut self, bytes: &impl ReadBytes, at: u32, len: u32) -> bool {
+        if self.state != TRACEPARENT_LEAD {
+            return false;
+        }
+        let word = bytes.word(at);
+        let room = if len - at < 8 { len - at } else { 8 };
+        let blanks = blank_run(word);
+        if blanks >= room {
+            self.at = at + room;
+            return true;
+        }
+        let v = at + blanks;
+        if len - v < TRACEPARENT_LEN {
+            return false;
+        }
+        let dash = |at: u32| bytes.word(at) & 0xff == u64::from(b'-');
+        let (Some(t0), Some(t1), Some(t2), Some(t3), Some(p0), Some(p1), Some(flags)) = (
+            hex_digits(bytes.word(v + 3)),
+            hex_digits(bytes.word(v + 11)),
+            hex_digits(bytes.word(v + 19)),
+            hex_digits(bytes.word(v + 27)),
+            hex_digits(bytes.word(v + 36)),
+            hex_digits(bytes.word(v + 44)),
+            two_hex_digits(bytes.word(v + 53)),
+        ) else {
+            return false;
+        };
+        if bytes.word(v) & 0x00ff_ffff != VERSION_00 || !dash(v + 35) || !dash(v + 52) {
+            return false;
+        }
+        self.trace_high = (t0 << 32) | t1;
+        self.trace_low = (t2 << 32) | t3;
+        self.parent = (p0 << 32) | p1;
+        self.trace_flags = flags as u32;
+        self.pos = TRACEPARENT_LEN;
+        self.state = TRACEPARENT;
+        self.at = v + TRACEPARENT_LEN;
+        true
+    }
+
+    /// Takes the upper-case letters at the start of `word` (at most `room`, and what the method
+    /// has room for): how many.
+    #[inline(always)]
+    fn method_run(&mut self, word: u64, room: u32) -> u32 {
+        let pos = self.pos;
+        if pos >= MAX_METHOD {
+            return 0;
+        }
+        let run = upper_run(word);
+        let fits = if room < MAX_METHOD - pos { room } else { MAX_METHOD - pos };
+        let run = if run < fits { run } else { fits };
+        self.method |= (word & first_bytes(run)) << (8 * pos);
+        self.pos = pos + run;
+        run
+    }
+
+    /// Takes the name bytes at the start of `word` (at most `room`): how many.
+    #[inline(always)]
+    fn name_bytes(&mut self, word: u64, room: u32) -> u32 {
+        let run = name_run(word);
+        let run = if run < room { run } else { room };
+        self.add_name_bytes(lower_case(word) & first_bytes(run), run);
+        run
+    }
+
+    /// Adds `n` name bytes (lower case, the first lowest) to the name's first 16, which tell the
+    /// names the scan knows apart.
+    #[inline(always)]
+    fn add_name_bytes(&mut self, bytes: u64, n: u32) {
+        let pos = self.pos;
+        if pos < 8 {
+            self.name_low |= bytes << (8 * pos);
+            if pos > 0 {
+                self.name_high |= bytes >> (64 - 8 * pos);
+            }
+        } else if pos < 16 {
+            self.name_high |= bytes << (8 * (pos - 8));
+        }
+        self.pos = pos + n;
     }
 
     /// Reads the next byte.
@@ -346,7 +547,7 @@ impl HeadScan {
         self.state = match self.state {
             METHOD => self.method_byte(b),
             TARGET_START if b == b'/' => TARGET,
-            TARGET if TARGET_BYTES.has(b) => TARGET,
+            TARGET if (b'!'..=b'~').contains(&b) => TARGET,
             TARGET if b == b' ' => {
                 self.pos = 0;
                 VERSION
@@ -354,7 +555,7 @@ impl HeadScan {
             VERSION => self.version_byte(b),
             EXPECT_LF if b == b'\n' => LINE_START,
             LINE_START if b == b'\r' => END_LF,
-            LINE_START if NAME_BYTES.has(b) && self.lines < MAX_LINES => {
+            LINE_START if is_name_byte(b) && self.lines < MAX_LINES => {
                 self.lines += 1;
                 self.name_low = 0;
                 self.name_high = 0;
@@ -362,7 +563,7 @@ impl HeadScan {
                 self.name_byte(b);
                 NAME
             }
-            NAME if NAME_BYTES.has(b) => {
+            NAME if is_name_byte(b) => {
                 self.name_byte(b);
                 NAME
             }
@@ -381,7 +582,7 @@ impl HeadScan {
     #[inline(always)]
     fn method_byte(&mut self, b: u8) -> u32 {
         if b.is_ascii_uppercase() && self.pos < MAX_METHOD {
-            self.method = (self.method << 8) | u64::from(b);
+            self.method |= u64::from(b) << (8 * self.pos);
             self.pos += 1;
             METHOD
         } else if b == b' ' && self.pos > 0 && self.method != HEAD && self.method != CONNECT {
@@ -406,14 +607,7 @@ impl HeadScan {
 
     #[inline(always)]
     fn name_byte(&mut self, b: u8) {
-        let lower = u64::from(if b.is_ascii_uppercase() { b | 0x20 } else { b });
-        let pos = self.pos;
-        if pos < 8 {
-            self.name_low |= lower << (8 * pos);
-        } else if pos < 16 {
-            self.name_high |= lower << (8 * (pos - 8));
-        }
-        self.pos = pos + 1;
+        self.add_name_bytes(u64::from(b.to_ascii_lowercase()), 1);
     }
 
     #[inline(always)]
@@ -436,28 +630,6 @@ impl HeadScan {
             self.tracestates += 1;
         }
         VALUE
-    }
-
-    /// Takes 8 hex digits of the `traceparent` at once when they all lie in one id (of the trace
-    /// id's two halves, or the parent id) and all are lower-case hex; false otherwise.
-    #[inline(always)]
-    fn hex_word(&mut self, word: u64) -> bool {
-        let pos = self.pos;
-        let in_one_id = (3..=11).contains(&pos) || (19..=27).contains(&pos) || (36..=44).contains(&pos);
-        if !in_one_id {
-            return false;
-        }
-        let Some(digits) = hex_digits(word) else { return false };
-        let digits = u64::from(digits);
-        if pos < 19 {
-            self.trace_high = (self.trace_high << 32) | digits;
-        } else if pos < 35 {
-            self.trace_low = (self.trace_low << 32) | digits;
-        } else {
-            self.parent = (self.parent << 32) | digits;
-        }
-        self.pos = pos + 8;
-        true
     }
 
     #[inline(always)]
@@ -517,22 +689,52 @@ impl HeadScan {
         Some(DroppedContext { trace_id, parent_id: self.parent.to_be_bytes(), flags: self.trace_flags as u8 })
     }
 
-    /// Scans `bytes` whole (the agent's and the tests' way; the probes step through a word at a
-    /// time) and says whether this rule drops them.
+    /// What the scan found, once it read a whole head (`None` before, or when it failed).
+    #[must_use]
+    pub const fn found(&self) -> Option<Found> {
+        if self.state != DONE {
+            return None;
+        }
+        Some(Found {
+            traceparents: self.traceparents,
+            tracestates: self.tracestates,
+            trace_id: (self.trace_high, self.trace_low),
+            parent_id: self.parent,
+            flags: self.trace_flags,
+        })
+    }
+
+    /// The scan of `bytes` in rounds, as the probes feed it, until it fails or has read them all.
+    #[must_use]
+    pub fn fed(bytes: &[u8]) -> Self {
+        let read = Padded(bytes);
+        let mut scan = Self::default();
+        while scan.at < read.read_len() && !scan.failed() {
+            scan.feed(&read);
+        }
+        scan
+    }
+
+    /// The scan of `bytes` a byte at a time, until it fails: the model of [`HeadScan::fed`].
+    #[must_use]
+    pub fn stepped(bytes: &[u8]) -> Self {
+        let mut scan = Self::default();
+        for b in bytes {
+            if scan.failed() {
+                break;
+            }
+            scan.step(*b);
+        }
+        scan
+    }
+
+    /// Scans `bytes` whole (the agent's and the tests' way) and says whether this rule drops them.
     #[must_use]
     pub fn scan(bytes: &[u8], rule: u32, threshold: u64) -> Option<DroppedContext> {
         if bytes.len() > MAX_SCANNED_BYTES as usize {
             return None;
         }
-        let mut scan = Self::default();
-        for chunk in bytes.chunks(8) {
-            let mut word = [0; 8];
-            if let Some(start) = word.get_mut(..chunk.len()) {
-                start.copy_from_slice(chunk);
-            }
-            scan.feed_word(u64::from_le_bytes(word), chunk.len() as u64);
-        }
-        scan.dropped(rule, threshold)
+        Self::fed(bytes).dropped(rule, threshold)
     }
 }
 
@@ -561,31 +763,42 @@ mod tests {
     }
 
     #[test]
-    fn a_word_is_taken_at_once_exactly_when_all_its_bytes_are_visible_or_space() {
+    fn every_run_is_told_exactly_wherever_its_end_falls() {
         for b in 0..=255u8 {
             for at in 0..8 {
-                let mut bytes = *b"abc ~xyz";
+                let mut bytes = *b"aZ0-._zA";
                 bytes[at] = b;
-                let plain = bytes.iter().all(|b| (0x20..=0x7e).contains(b));
-                assert_eq!(all_visible_or_space(u64::from_le_bytes(bytes)), plain, "{bytes:?}");
+                let word = u64::from_le_bytes(bytes);
+                let run = |f: &dyn Fn(u8) -> bool| bytes.iter().take_while(|b| f(**b)).count() as u32;
+                assert_eq!(name_run(word), run(&is_name_byte), "{bytes:?}");
+                assert_eq!(run_from(word, b' '), run(&|b| (b' '..=b'~').contains(&b)), "{bytes:?}");
+                assert_eq!(run_from(word, b'!'), run(&|b| (b'!'..=b'~').contains(&b)), "{bytes:?}");
+                assert_eq!(blank_run(word), run(&|b| b == b' ' || b == b'\t'), "{bytes:?}");
+                assert_eq!(upper_run(word), run(&|b| b.is_ascii_uppercase()), "{bytes:?}");
+                let lower: Vec<u8> = bytes.iter().map(u8::to_ascii_lowercase).collect();
+                assert_eq!(lower_case(word).to_le_bytes().as_slice(), lower.as_slice(), "{bytes:?}");
             }
         }
     }
 
     #[test]
-    fn eight_hex_digits_are_read_at_once_exactly_as_one_at_a_time() {
+    fn hex_digits_are_read_at_once_exactly_as_one_at_a_time() {
         let digits = *b"0af76519";
         assert_eq!(hex_digits(u64::from_le_bytes(digits)), Some(0x0af7_6519));
         assert_eq!(hex_digits(u64::from_le_bytes(*b"fedcba98")), Some(0xfedc_ba98));
+        let parse = |bytes: &[u8]| {
+            core::str::from_utf8(bytes)
+                .ok()
+                .filter(|s| s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+                .and_then(|s| u64::from_str_radix(s, 16).ok())
+        };
         for b in 0..=255u8 {
             for at in 0..8 {
                 let mut bytes = digits;
                 bytes[at] = b;
-                let one_at_a_time = core::str::from_utf8(&bytes)
-                    .ok()
-                    .filter(|s| s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
-                    .and_then(|s| u32::from_str_radix(s, 16).ok());
-                assert_eq!(hex_digits(u64::from_le_bytes(bytes)), one_at_a_time, "{bytes:?}");
+                let word = u64::from_le_bytes(bytes);
+                assert_eq!(hex_digits(word), parse(&bytes), "{bytes:?}");
+                assert_eq!(two_hex_digits(word), parse(&bytes[..2]), "{bytes:?}");
             }
         }
     }

@@ -1,7 +1,7 @@
 //! Frontend requests dropped at their head, in the probe (the decision is the common crate's
 //! `head_drop`): a small plain read on an accepted HTTP/1 connection is staged, looked over for a
-//! line that may hold a `traceparent` (most requests have none, and skip the rest), scanned a word
-//! at a time, and sent either as a `DroppedRequest` record (the same sequence number, no payload,
+//! line that may hold a `traceparent` (most requests have none, and skip the rest), scanned in
+//! rounds (a run of bytes or a whole token each), and sent either as a `DroppedRequest` record (the same sequence number, no payload,
 //! the context in `addr`) or as the `Read` it is. Only reads the agent would drop at their head
 //! are left out, so the agent still sees every other byte and every record's place in its
 //! connection's sequence.
@@ -11,7 +11,7 @@ use core::ffi::c_void;
 use aya_ebpf::helpers::generated::bpf_loop;
 use tracetap_ebpf_common::{
     EventKind,
-    head_drop::{DROPPED_CONTEXT_BYTES, DroppedContext, HeadScan, LineStarts, MAX_SCANNED_BYTES, RULE_NONE},
+    head_drop::{DROPPED_CONTEXT_BYTES, DroppedContext, HeadScan, LineStarts, MAX_SCANNED_BYTES, RULE_NONE, ReadBytes},
 };
 
 use crate::conns::{CONN_ACCEPTED, CONN_H2};
@@ -96,31 +96,59 @@ fn scan_staged(len: u64) -> Option<DroppedContext> {
     // reference kept.
     unsafe { (*staging).scan = HeadScan::default() };
     let mut len = len;
-    // A loop helper, as for the iovecs: the verifier checks the word's steps once.
+    // A loop helper, as for the iovecs: the verifier checks a round once. Every round reads at
+    // least one byte, so `len` rounds are enough; the callback stops the loop sooner.
     // SAFETY: the callback only reads `len` through the pointer given here.
     unsafe {
-        bpf_loop(len.div_ceil(8) as u32, scan_word as *mut c_void, (&raw mut len).cast(), 0);
+        bpf_loop(len as u32, scan_round as *mut c_void, (&raw mut len).cast(), 0);
     }
     // SAFETY: as above.
     unsafe { (*staging).scan.dropped(rule(), threshold()) }
 }
 
-// One load per word of the staged bytes: they start 8-aligned in a map value.
+// Aligned loads of the staged bytes: they start 8-aligned in a map value.
 const _: () = assert!(core::mem::offset_of!(Staging, data) % 8 == 0);
+// A round reads at most 8 bytes past the 16 from an offset below twice the scanned bytes.
+const _: () = assert!(2 * MAX_SCANNED_BYTES as usize + 8 <= tracetap_ebpf_common::STAGING_BYTES);
 
-/// Steps the scan (in the staging buffer) over the `i`th 8 staged bytes of `len` (fewer at the
-/// end). Returns 1 to stop: the bytes are no head the probe drops.
-extern "C" fn scan_word(i: u64, ctx: *mut c_void) -> i64 {
+/// The staged bytes of a read, as the scan reads them.
+struct Staged<'a> {
+    data: &'a [u8; tracetap_ebpf_common::STAGING_BYTES],
+    len: u32,
+}
+
+impl ReadBytes for Staged<'_> {
+    fn read_len(&self) -> u32 {
+        self.len
+    }
+
+    #[inline(always)]
+    fn word(&self, at: u32) -> u64 {
+        // Offsets stay below twice the scanned bytes (masked), so both aligned words lie in the
+        // buffer; the 8 bytes from `at` are joined from them (no unaligned load).
+        let at = u64::from(at) & u64::from(2 * MAX_SCANNED_BYTES - 1);
+        let shift = 8 * (at & 7);
+        #[expect(clippy::cast_ptr_alignment, reason = "aligned loads: see the assertion on the data's offset")]
+        let words = self.data.as_ptr().cast::<u64>();
+        // SAFETY: word `at / 8` and the next lie in the staging buffer (see the assertions), which is
+        // ours for this program run; both are 8-aligned.
+        let (first, second) = unsafe {
+            let first = words.add((at / 8) as usize);
+            (core::ptr::read(first), core::ptr::read(first.add(1)))
+        };
+        // `second << (64 - shift)` in two steps: no shift by 64 when `shift` is 0.
+        (first >> shift) | ((second << (63 - shift)) << 1)
+    }
+}
+
+/// One round of the scan (in the staging buffer) of the `len` staged bytes. Returns 1 to stop:
+/// the bytes are read, or are no head the probe drops.
+extern "C" fn scan_round(_: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: `ctx` is the length on the caller's stack, alive for the whole loop.
-    let len = unsafe { *ctx.cast::<u64>() };
+    let len = unsafe { *ctx.cast::<u64>() } as u32;
     let Some(staging) = STAGING.get_ptr_mut(0) else { return 1 };
     // SAFETY: per-CPU buffer, exclusively ours for the duration of this program run.
-    let staging = unsafe { &mut *staging };
-    let offset = (i * 8) & u64::from(MAX_SCANNED_BYTES - 8);
-    // SAFETY: `offset + 8` stays inside the staging buffer (masked above), which is ours for this
-    // program run; the data starts 8-aligned (below) and `offset` is a multiple of 8.
-    #[expect(clippy::cast_ptr_alignment, reason = "an aligned load: see the assertion on the data's offset")]
-    let word = unsafe { core::ptr::read(staging.data.as_ptr().add(offset as usize).cast::<u64>()) };
-    staging.scan.feed_word(word, len.saturating_sub(offset));
-    i64::from(staging.scan.failed())
+    let Staging { scan, data, .. } = unsafe { &mut *staging };
+    scan.feed(&Staged { data, len });
+    i64::from(scan.failed() || scan.read() >= len)
 }
