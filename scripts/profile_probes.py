@@ -13,8 +13,8 @@ runs with their ranges:
 - HAProxy µs/req: its CPU time (utime+stime from /proc) per request during the profile;
 - probes: everything under the tracepoints' BPF dispatch (`bpf_trace_run2`, children included),
   then its parts: the dispatch itself, the programs' own code (`bpf_prog_*` other than the scan's
-  loop callback), the frontend head scan (`bpf_prog_*_scan_round`; `_scan_word` before
-  9103266's successor), user-memory copies (`bpf_probe_read_user` and what it calls),
+  loop callback), the frontend head scan (`bpf_prog_*_scan_round`; `_scan_word` up to
+  a81548a), user-memory copies (`bpf_probe_read_user` and what it calls),
   ring-buffer helpers, and hash-map lookups. The scan's loop itself (the calls into its
   callback) counts as the programs' code.
 With PROFILE_BASE (the path of another build of the agent, say of an earlier commit), every

@@ -1,6 +1,7 @@
 //! The probes' request head scan on arbitrary bytes, under each rule: never panics, what it drops
 //! the tracker drops too, by the same context (`SampledOutRule::dropped_whole_head`), and it drops
-//! nothing in which the look before it (`LineStarts`) found no line starting with `t`.
+//! nothing in which the look before it (`LineStarts`) found no line starting with `t`; its rounds
+//! find what stepping the bytes one at a time finds.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -15,6 +16,7 @@ fuzz_target!(|input: (u8, u64, &[u8])| {
         1 => SampledOutRule::RandomnessBelow(threshold >> 8),
         _ => SampledOutRule::Never,
     };
+    assert_eq!(HeadScan::fed(bytes).found(), HeadScan::stepped(bytes).found());
     let (kind, threshold) = rule.in_probes();
     if let Some(dropped) = HeadScan::scan(bytes, kind, threshold) {
         assert!(LineStarts::of(bytes), "the look before the scan would have skipped it");

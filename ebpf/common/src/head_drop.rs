@@ -21,7 +21,7 @@
 //! ([`HeadScan::step`]); the probes read in rounds ([`HeadScan::feed`], one `bpf_loop` iteration
 //! each, which the verifier checks once): a whole version or `traceparent` value, or a run of
 //! bytes that leave the state as it is (tested 8 at a time, SWAR) with the byte that ends it, a
-//! line end and the next line's start. A round's bytes go through the same transitions as
+//! line end, the next line's start and the run after it. A round's bytes go through the same transitions as
 //! stepping them, and a property test in the proxy crate holds what the rounds find to what the
 //! machine finds (about 20 rounds for a 160-byte head, where stepping takes 160).
 //!
@@ -349,7 +349,7 @@ pub struct Found {
 /// The scan of one read's bytes, in rounds ([`HeadScan::feed`]) or a byte at a time
 /// ([`HeadScan::step`], the model the rounds are held to), then [`HeadScan::dropped`].
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HeadScan {
     state: u32,
     /// Bytes read by the rounds.
@@ -715,7 +715,9 @@ impl HeadScan {
         scan
     }
 
-    /// The scan of `bytes` a byte at a time, until it fails: the model of [`HeadScan::fed`].
+    /// The scan of `bytes` a byte at a time, until it fails (counting the bytes it read as the
+    /// rounds do): the model of [`HeadScan::feed`]. After any round, the rounds' scan equals the
+    /// model's of the bytes they read (the tests hold them to it).
     #[must_use]
     pub fn stepped(bytes: &[u8]) -> Self {
         let mut scan = Self::default();
@@ -724,6 +726,7 @@ impl HeadScan {
                 break;
             }
             scan.step(*b);
+            scan.at += 1;
         }
         scan
     }
@@ -768,15 +771,45 @@ mod tests {
             for at in 0..8 {
                 let mut bytes = *b"aZ0-._zA";
                 bytes[at] = b;
-                let word = u64::from_le_bytes(bytes);
-                let run = |f: &dyn Fn(u8) -> bool| bytes.iter().take_while(|b| f(**b)).count() as u32;
-                assert_eq!(name_run(word), run(&is_name_byte), "{bytes:?}");
-                assert_eq!(run_from(word, b' '), run(&|b| (b' '..=b'~').contains(&b)), "{bytes:?}");
-                assert_eq!(run_from(word, b'!'), run(&|b| (b'!'..=b'~').contains(&b)), "{bytes:?}");
-                assert_eq!(blank_run(word), run(&|b| b == b' ' || b == b'\t'), "{bytes:?}");
-                assert_eq!(upper_run(word), run(&|b| b.is_ascii_uppercase()), "{bytes:?}");
-                let lower: Vec<u8> = bytes.iter().map(u8::to_ascii_lowercase).collect();
-                assert_eq!(lower_case(word).to_le_bytes().as_slice(), lower.as_slice(), "{bytes:?}");
+                // Runs as long as the word, for the blank and capital runs too.
+                for bytes in [bytes, blanks_with(b, at), capitals_with(b, at)] {
+                    let word = u64::from_le_bytes(bytes);
+                    let run = |f: &dyn Fn(u8) -> bool| bytes.iter().take_while(|b| f(**b)).count() as u32;
+                    assert_eq!(name_run(word), run(&is_name_byte), "{bytes:?}");
+                    assert_eq!(run_from(word, b' '), run(&|b| (b' '..=b'~').contains(&b)), "{bytes:?}");
+                    assert_eq!(run_from(word, b'!'), run(&|b| (b'!'..=b'~').contains(&b)), "{bytes:?}");
+                    assert_eq!(blank_run(word), run(&|b| b == b' ' || b == b'\t'), "{bytes:?}");
+                    assert_eq!(upper_run(word), run(&|b| b.is_ascii_uppercase()), "{bytes:?}");
+                    let lower: Vec<u8> = bytes.iter().map(u8::to_ascii_lowercase).collect();
+                    assert_eq!(lower_case(word).to_le_bytes().as_slice(), lower.as_slice(), "{bytes:?}");
+                }
+            }
+        }
+    }
+
+    fn blanks_with(b: u8, at: usize) -> [u8; 8] {
+        let mut bytes = *b" \t \t    ";
+        bytes[at] = b;
+        bytes
+    }
+
+    fn capitals_with(b: u8, at: usize) -> [u8; 8] {
+        let mut bytes = *b"GETPOSTX";
+        bytes[at] = b;
+        bytes
+    }
+
+    #[test]
+    fn every_byte_of_a_traceparent_value_is_checked_as_stepping_checks_it() {
+        for lead in [0, 1, 7, 8, 9] {
+            for at in 0..UNSAMPLED.len() {
+                for b in 0..=255u8 {
+                    let mut value = [vec![b' '; lead], UNSAMPLED.to_vec()].concat();
+                    value[lead + at] = b;
+                    let bytes = head(&[b"Host: x", &traceparent(&value)]);
+                    let fed = HeadScan::fed(&bytes);
+                    assert_eq!(fed, HeadScan::stepped(&bytes), "{}", String::from_utf8_lossy(&bytes));
+                }
             }
         }
     }

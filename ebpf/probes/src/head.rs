@@ -1,8 +1,8 @@
 //! Frontend requests dropped at their head, in the probe (the decision is the common crate's
 //! `head_drop`): a small plain read on an accepted HTTP/1 connection is staged, looked over for a
 //! line that may hold a `traceparent` (most requests have none, and skip the rest), scanned in
-//! rounds (a run of bytes or a whole token each), and sent either as a `DroppedRequest` record (the same sequence number, no payload,
-//! the context in `addr`) or as the `Read` it is. Only reads the agent would drop at their head
+//! rounds (a run of bytes or a whole token each), and sent either as a `DroppedRequest` record
+//! (the same sequence number, no payload, the context in `addr`) or as the `Read` it is. Only reads the agent would drop at their head
 //! are left out, so the agent still sees every other byte and every record's place in its
 //! connection's sequence.
 
@@ -108,7 +108,8 @@ fn scan_staged(len: u64) -> Option<DroppedContext> {
 
 // Aligned loads of the staged bytes: they start 8-aligned in a map value.
 const _: () = assert!(core::mem::offset_of!(Staging, data) % 8 == 0);
-// A round reads at most 8 bytes past the 16 from an offset below twice the scanned bytes.
+// `Staged::word` reads the aligned words `at / 8` and `at / 8 + 1` of an offset masked below
+// twice the scanned bytes: at most byte `2 * MAX_SCANNED_BYTES + 7` of the buffer.
 const _: () = assert!(2 * MAX_SCANNED_BYTES as usize + 8 <= tracetap_ebpf_common::STAGING_BYTES);
 
 /// The staged bytes of a read, as the scan reads them.
