@@ -22,7 +22,9 @@
 #![no_std]
 
 pub mod head_drop;
+mod line_starts;
 pub mod plaintext;
+mod swar;
 
 /// Largest capture window a user may configure (`TRACETAP_CAPTURE_BYTES`).
 pub const MAX_CAPTURE_BYTES: u32 = 16 * 1024;
