@@ -17,6 +17,7 @@ runs with their ranges:
   a81548a), user-memory copies (`bpf_probe_read_user` and what it calls),
   ring-buffer helpers, and hash-map lookups. The scan's loop itself (the calls into its
   callback) counts as the programs' code.
+With PROFILE_BROWSER=1, every request also carries a browser's headers (see BROWSER_HEADERS).
 With PROFILE_BASE (the path of another build of the agent, say of an earlier commit), every
 traced mode also runs with that build, as `<mode> @base`, in the same rotation: a baseline measured
 in the same run.
@@ -42,6 +43,15 @@ ROUNDS = int(os.environ.get("PROFILE_ROUNDS", "5"))
 SECONDS = int(os.environ.get("PROFILE_SECONDS", "8"))
 MODES = [m.strip() for m in os.environ.get("PROFILE_MODES", "floor,ratio 1.0,parent,unsampled parent").split(",")]
 BASE = os.environ.get("PROFILE_BASE")
+# PROFILE_BROWSER=1: every request also carries the headers of a browser (a long user agent, accept
+# lists, a cookie), a 400-byte head where h2load's own is 150 bytes: what the head scan costs on
+# the heads real clients send, where long values take most of its rounds.
+BROWSER_HEADERS = [
+    "user-agent: Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0",
+    "accept: text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8",
+    "accept-language: en-US,en;q=0.5",
+    "cookie: session=abcdef0123456789abcdef0123456789; theme=dark",
+] if os.environ.get("PROFILE_BROWSER", "0") == "1" else []
 BASE_SUFFIX = " @base"
 TRACED = ["floor", "ratio 1.0", "parent", "unsampled parent", "lines ratio 1.0"]
 
@@ -82,6 +92,7 @@ def profile(b, run_mode, work):
         bench.fail(f"profile_probes: unknown mode {mode!r}")
     haproxy, _ = b.start_haproxy(mode)
     headers = ["-H", f"traceparent: {bench.UNSAMPLED_TRACEPARENT}"] if mode in bench.UNSAMPLED_MODES else []
+    headers += [arg for header in BROWSER_HEADERS for arg in ("-H", header)]
     agent = None
     if mode in TRACED:
         built = bench.AGENT
@@ -142,7 +153,8 @@ def main():
         b.stop_all()
     names = [name for name, _, _ in PARTS]
     base = f"PROFILE_BASE={BASE} " if BASE else ""
-    print(f"Command: `{base}PROFILE_ROUNDS={ROUNDS} PROFILE_SECONDS={SECONDS} PROFILE_MODES=\"{','.join(MODES)}\" "
+    browser = "PROFILE_BROWSER=1 " if BROWSER_HEADERS else ""
+    print(f"Command: `{base}{browser}PROFILE_ROUNDS={ROUNDS} PROFILE_SECONDS={SECONDS} PROFILE_MODES=\"{','.join(MODES)}\" "
           f"python3 scripts/profile_probes.py`; {bench.FIXED_RATE:,} req/s offered for {SECONDS - 1} s per run, CPU 0 "
           f"sampled at {HZ} Hz ({bench.machine()}). ns per request, medians over {ROUNDS} rounds [min–max]:")
     print()

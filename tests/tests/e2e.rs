@@ -447,12 +447,17 @@ fn a_dropped_exchange_between_two_kept_ones_leaves_both_paired_right() {
     }
 }
 
-/// The [`BETWEEN`] requests on one HTTP/1.1 connection; the statuses answered, in order.
+/// The [`BETWEEN`] requests on one HTTP/1.1 connection; the statuses answered, in order. They
+/// carry a browser's long user agent and a cookie: the probes' head scan takes such values over
+/// several words a round, and must still drop the unsampled one.
 fn send_between_h1(front: SocketAddr, pipelined: bool) -> Vec<u16> {
     let mut conn = Conn::connect(front).expect("connect");
     let request = |status: &str, traceparent: &str| {
         format!(
-            "GET /between HTTP/1.1\r\nHost: tracetap.test\r\nx-want-status: {status}\r\ntraceparent: {traceparent}\r\n\r\n"
+            "GET /between HTTP/1.1\r\nHost: tracetap.test\r\n\
+             User-Agent: Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0\r\n\
+             Cookie: session=abcdef0123456789abcdef0123456789; theme=dark\r\n\
+             x-want-status: {status}\r\ntraceparent: {traceparent}\r\n\r\n"
         )
     };
     if pipelined {
