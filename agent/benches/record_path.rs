@@ -160,7 +160,8 @@ impl Path {
             match self.builder.decide(&ex) {
                 None => self.tracker.recycle(ex),
                 Some(decision) => {
-                    self.batcher.add(ex, decision, None);
+                    self.batcher.add(&ex, &decision, None, &mut self.builder);
+                    self.tracker.recycle(ex);
                     if self.batcher.is_full() {
                         self.flush();
                     }
@@ -170,8 +171,7 @@ impl Path {
     }
 
     fn flush(&mut self) {
-        let tracker = &mut self.tracker;
-        if let Some(batch) = self.batcher.flush(&mut self.builder, &mut |ex| tracker.recycle(ex)) {
+        if let Some(batch) = self.batcher.flush() {
             self.spans += black_box(batch).spans;
         }
     }

@@ -312,8 +312,8 @@ pub struct BatchEncoder {
     processes: rustc_hash::FxHashMap<u32, Vec<(String, String)>>,
     scope_name: &'static str,
     scope_version: &'static str,
-    /// The encoded length of each span of the group being written, reused across batches.
-    span_lens: Vec<usize>,
+    /// One group's spans, encoded before their `ResourceSpans` (see [`Self::encode`]).
+    spans_buf: Vec<u8>,
 }
 
 impl BatchEncoder {
@@ -325,7 +325,7 @@ impl BatchEncoder {
             processes: rustc_hash::FxHashMap::default(),
             scope_name: SCOPE_NAME,
             scope_version: SCOPE_VERSION,
-            span_lens: Vec::new(),
+            spans_buf: Vec::new(),
         }
     }
 
@@ -360,49 +360,68 @@ impl BatchEncoder {
     pub fn encode<'s>(&mut self, groups: impl IntoIterator<Item = (u32, &'s [SpanView<'s>])>) -> &[u8] {
         let mut buf = std::mem::take(&mut self.buf);
         buf.clear();
-        let mut span_lens = std::mem::take(&mut self.span_lens);
-        let mut pid_text = String::with_capacity(10);
+        let mut spans_buf = std::mem::take(&mut self.spans_buf);
         for (pid, spans) in groups {
-            pid_text.clear();
-            let _ = std::fmt::Write::write_fmt(&mut pid_text, format_args!("{pid}"));
-            let attrs = self.resource_attrs(&pid_text);
-            let resource_len: usize =
-                attrs.clone().map(|a| len_delimited_len(field::RESOURCE_ATTRIBUTES, key_value_len(&a))).sum();
-            let scope_len = bytes_len(field::SCOPE_NAME, self.scope_name.as_bytes())
-                + bytes_len(field::SCOPE_VERSION, self.scope_version.as_bytes());
-            span_lens.clear();
-            span_lens.extend(spans.iter().map(span_len));
-            let spans_len: usize = span_lens.iter().map(|len| len_delimited_len(field::SCOPE_SPANS_SPANS, *len)).sum();
-            let scope_spans_len = len_delimited_len(field::SCOPE_SPANS_SCOPE, scope_len) + spans_len;
-            let resource_spans_len = len_delimited_len(field::RESOURCE_SPANS_RESOURCE, resource_len)
-                + len_delimited_len(field::RESOURCE_SPANS_SCOPE_SPANS, scope_spans_len);
-
-            // The group's size is known: one reservation, no growth while it is written.
-            buf.reserve(len_delimited_len(field::REQUEST_RESOURCE_SPANS, resource_spans_len));
-            write_len_delimited(&mut buf, field::REQUEST_RESOURCE_SPANS, resource_spans_len);
-            write_len_delimited(&mut buf, field::RESOURCE_SPANS_RESOURCE, resource_len);
-            for attr in attrs {
-                write_key_value(&mut buf, field::RESOURCE_ATTRIBUTES, &attr);
-            }
-            write_len_delimited(&mut buf, field::RESOURCE_SPANS_SCOPE_SPANS, scope_spans_len);
-            write_len_delimited(&mut buf, field::SCOPE_SPANS_SCOPE, scope_len);
-            write_bytes(&mut buf, field::SCOPE_NAME, self.scope_name.as_bytes());
-            write_bytes(&mut buf, field::SCOPE_VERSION, self.scope_version.as_bytes());
-            for (span, len) in spans.iter().zip(&span_lens) {
-                write_span(&mut buf, span, *len);
-            }
+            spans_buf.clear();
+            write_spans(&mut spans_buf, spans);
+            self.write_resource_spans(&mut buf, pid, &spans_buf);
         }
-        self.span_lens = span_lens;
+        self.spans_buf = spans_buf;
         self.buf = buf;
         &self.buf
     }
 
-    /// [`Self::encode`], with the bytes handed over in a buffer of their own rather than copied
-    /// out (a batch's bytes go to another thread); the next batch is written into a new buffer
-    /// of the same size.
-    pub fn encode_owned<'s>(&mut self, groups: impl IntoIterator<Item = (u32, &'s [SpanView<'s>])>) -> Vec<u8> {
-        let len = self.encode(groups).len();
-        std::mem::replace(&mut self.buf, Vec::with_capacity(len))
+    /// [`Self::encode`] for spans already encoded, each group's by [`write_spans`] (the batcher
+    /// encodes an exchange's spans as it takes it), with the bytes handed over in a buffer of their
+    /// own rather than copied out (a batch's bytes go to another thread); the next batch is written
+    /// into a new buffer of the same size.
+    pub fn encode_written_owned<'s>(&mut self, groups: impl IntoIterator<Item = (u32, &'s [u8])>) -> Vec<u8> {
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.clear();
+        for (pid, spans) in groups {
+            self.write_resource_spans(&mut buf, pid, spans);
+        }
+        let next = Vec::with_capacity(buf.len());
+        self.buf = next;
+        buf
+    }
+
+    /// Appends one `ResourceSpans` field: process `pid`'s resource, the scope, and `spans` (as
+    /// [`write_spans`] writes them).
+    fn write_resource_spans(&self, buf: &mut Vec<u8>, pid: u32, spans: &[u8]) {
+        let mut pid_text = String::with_capacity(10);
+        let _ = std::fmt::Write::write_fmt(&mut pid_text, format_args!("{pid}"));
+        let attrs = self.resource_attrs(&pid_text);
+        let resource_len: usize =
+            attrs.clone().map(|a| len_delimited_len(field::RESOURCE_ATTRIBUTES, key_value_len(&a))).sum();
+        let scope_len = bytes_len(field::SCOPE_NAME, self.scope_name.as_bytes())
+            + bytes_len(field::SCOPE_VERSION, self.scope_version.as_bytes());
+        let scope_spans_len = len_delimited_len(field::SCOPE_SPANS_SCOPE, scope_len) + spans.len();
+        let resource_spans_len = len_delimited_len(field::RESOURCE_SPANS_RESOURCE, resource_len)
+            + len_delimited_len(field::RESOURCE_SPANS_SCOPE_SPANS, scope_spans_len);
+        // The group's size is known: one reservation, no growth while it is written.
+        buf.reserve(len_delimited_len(field::REQUEST_RESOURCE_SPANS, resource_spans_len));
+        write_len_delimited(buf, field::REQUEST_RESOURCE_SPANS, resource_spans_len);
+        write_len_delimited(buf, field::RESOURCE_SPANS_RESOURCE, resource_len);
+        for attr in attrs {
+            write_key_value(buf, field::RESOURCE_ATTRIBUTES, &attr);
+        }
+        write_len_delimited(buf, field::RESOURCE_SPANS_SCOPE_SPANS, scope_spans_len);
+        write_len_delimited(buf, field::SCOPE_SPANS_SCOPE, scope_len);
+        write_bytes(buf, field::SCOPE_NAME, self.scope_name.as_bytes());
+        write_bytes(buf, field::SCOPE_VERSION, self.scope_version.as_bytes());
+        buf.extend_from_slice(spans);
+    }
+}
+
+/// Appends `spans` as `ScopeSpans.spans` fields: the spans of one process, as
+/// [`BatchEncoder::encode_written_owned`] takes them.
+pub fn write_spans(buf: &mut Vec<u8>, spans: &[SpanView<'_>]) {
+    for span in spans {
+        let len = span_len(span);
+        // The span's size is known: one reservation, no growth while it is written.
+        buf.reserve(len_delimited_len(field::SCOPE_SPANS_SPANS, len));
+        write_span(buf, span, len);
     }
 }
 
@@ -569,15 +588,19 @@ mod tests {
     }
 
     #[test]
-    fn owned_output_is_what_encode_writes_and_leaves_room_for_the_next() {
+    fn spans_written_beforehand_encode_as_views_do_and_leave_room_for_the_next() {
         let mut enc = BatchEncoder::new(Vec::new());
         let attrs = [Attr { key: "k", value: Value::Str("v") }];
-        let spans = [view(&attrs, "n", "")];
-        let borrowed = enc.encode([(1, &spans[..])]).to_vec();
-        let owned = enc.encode_owned([(1, &spans[..])]);
+        let spans = [view(&attrs, "n", ""), view(&[], "second", "x")];
+        let borrowed = enc.encode([(1, &spans[..]), (2, &spans[..1])]).to_vec();
+        let (mut first, mut second) = (Vec::new(), Vec::new());
+        write_spans(&mut first, &spans[..1]);
+        write_spans(&mut first, &spans[1..]);
+        write_spans(&mut second, &spans[..1]);
+        let owned = enc.encode_written_owned([(1, &first[..]), (2, &second[..])]);
         assert_eq!(owned, borrowed);
         assert!(enc.buf.capacity() >= owned.len());
-        assert_eq!(enc.encode_owned([(1, &spans[..])]), borrowed);
+        assert_eq!(enc.encode_written_owned([(1, &first[..]), (2, &second[..])]), borrowed);
     }
 
     #[test]

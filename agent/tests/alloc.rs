@@ -110,9 +110,10 @@ fn kept_spans_cost_at_most_five_hundredths_of_an_allocation() {
             scratch.extend(tracker.drain());
             for ex in scratch.drain(..) {
                 let decision = builder.decide(&ex).expect("kept");
-                *spans += batcher.add(ex, decision, None) as u64;
+                *spans += batcher.add(&ex, &decision, None, &mut builder) as u64;
+                tracker.recycle(ex);
                 if batcher.is_full() {
-                    let batch = batcher.flush(&mut builder, &mut |ex| tracker.recycle(ex)).expect("batch");
+                    let batch = batcher.flush().expect("batch");
                     drop(batch);
                 }
             }

@@ -236,9 +236,9 @@ pub fn run(mut probes: Probes, config: &Config, metrics: &Metrics, queue: Output
     }
     // What waits for its names goes with the best table so far.
     staging.release_all(&mut per_process.names, &mut |ex, decision, n| {
-        add_and_flush(ex, decision, n, &mut per_process.batcher, &mut builder, &mut tracker, &queue);
+        add_and_flush(ex, &decision, n.as_deref(), &mut per_process.batcher, &mut builder, &mut tracker, &queue);
     });
-    flush(&mut per_process.batcher, &mut builder, &mut tracker, &queue);
+    flush(&mut per_process.batcher, &queue);
     publish(&probes, &tracker, metrics);
     if tracker.open_exchanges() > 0 {
         tracing::info!(open = tracker.open_exchanges(), "exchanges still open at shutdown are not exported");
@@ -349,8 +349,13 @@ fn hand_out(
 ) {
     let PerProcess { names, batcher, .. } = per_process;
     names.tick(loader::monotonic_ns());
-    let add = |ex, decision, n, batcher: &mut Batcher, builder: &mut SpanBuilder, tracker: &mut Tracker| {
-        let spans = add_and_flush(ex, decision, n, batcher, builder, tracker, queue);
+    let add = |ex,
+               decision: Decision,
+               n: Option<Arc<ProxyNames>>,
+               batcher: &mut Batcher,
+               builder: &mut SpanBuilder,
+               tracker: &mut Tracker| {
+        let spans = add_and_flush(ex, &decision, n.as_deref(), batcher, builder, tracker, queue);
         metrics::add(&metrics.spans_built, spans as u64);
     };
     staging.release(names, &mut |ex, decision, n| add(ex, decision, n, batcher, builder, tracker));
@@ -379,7 +384,7 @@ fn hand_out(
     }
     staging.scratch = scratch;
     if batcher.is_due(Instant::now()) {
-        flush(batcher, builder, tracker, queue);
+        flush(batcher, queue);
     }
     let decided = builder.stats();
     metrics::set(&metrics.propagated, decided.propagated);
@@ -406,25 +411,27 @@ fn publish_marks(opaque: &opaque::OpaqueMarks, metrics: &Metrics) {
     metrics::set(&metrics.opaque_marks_refused, marks.refused);
 }
 
-/// Adds a kept exchange's spans to the batch (flushed when full); returns how many.
+/// Adds a kept exchange's spans to the batch (flushed when full) and gives the exchange back to
+/// the tracker; returns how many spans.
 fn add_and_flush(
     ex: ServerExchange,
-    decision: Decision,
-    names: Option<Arc<ProxyNames>>,
+    decision: &Decision,
+    names: Option<&ProxyNames>,
     batcher: &mut Batcher,
     builder: &mut SpanBuilder,
     tracker: &mut Tracker,
     queue: &Output,
 ) -> usize {
-    let spans = batcher.add(ex, decision, names);
+    let spans = batcher.add(&ex, decision, names, builder);
+    tracker.recycle(ex);
     if batcher.is_full() {
-        flush(batcher, builder, tracker, queue);
+        flush(batcher, queue);
     }
     spans
 }
 
-fn flush(batcher: &mut Batcher, builder: &mut SpanBuilder, tracker: &mut Tracker, queue: &Output) {
-    if let Some(batch) = batcher.flush(builder, &mut |ex| tracker.recycle(ex)) {
+fn flush(batcher: &mut Batcher, queue: &Output) {
+    if let Some(batch) = batcher.flush() {
         queue.push(batch);
     }
 }
