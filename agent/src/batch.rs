@@ -15,9 +15,10 @@
 //! process in ascending pid order, each process's spans in the order they were added (a process's
 //! resource attributes are read at flush, as before).
 //!
-//! Memory: the arena, the per-process buffers and the encoder's output buffer are reset and reused,
-//! so in steady state a batch costs one allocation (the bytes handed to the exporter) however many
-//! spans and attributes it holds.
+//! Memory: the arena is reset for every exchange; a process's buffer is kept while it has spans in
+//! every batch (one that skips a batch gives its buffer up); the request's bytes are handed to the
+//! exporter in a buffer of their own, and the next batch gets a new one of the same size. So in
+//! steady state a batch costs an allocation or two however many spans and attributes it holds.
 
 use std::time::{Duration, Instant};
 

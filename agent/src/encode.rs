@@ -1,7 +1,7 @@
 //! OTLP protobuf encoding straight from borrowed span views, without building prost structs.
 //!
 //! A [`SpanView`] borrows its strings from the finished exchange (method, path, host, user agent:
-//! the captured bytes) or from a per-batch `bumpalo` arena (formatted addresses, span names); keys
+//! the captured bytes) or from a `bumpalo` arena (formatted addresses, span names); keys
 //! are `'static`. [`BatchEncoder`] writes an `ExportTraceServiceRequest` with prost's encoding
 //! primitives: one `ResourceSpans` per traced process, resource and scope encoded once per
 //! resource, into an output buffer it reuses across batches. Nested messages are length-prefixed,

@@ -3,7 +3,7 @@
 //! `url.full` never carries a user name or password.
 //!
 //! Everything here borrows: a target without anything to hide gives sub-slices of the captured
-//! string, and only a redacted query or a rebuilt URL is written into the batch's arena.
+//! string, and only a redacted query or a rebuilt URL is written into the spans' arena.
 
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};

@@ -75,8 +75,9 @@ fn header_lines() -> impl Strategy<Value = Vec<u8>> {
         1 => (prop_oneof![Just("Content-Length"), Just("content-length"), Just("Transfer-Encoding"),
               Just("transfer-encoding")], "0|5|chunked|x").prop_map(|(n, v)| format!("{n}: {v}").into_bytes()),
         4 => (plain_name, value.clone()).prop_map(|(n, v)| [n.as_bytes(), b": ", &v].concat()),
-        // Long runs of value bytes (user agents, cookies), which a round takes over several words.
-        2 => (plain_name, "[ -~]{8,72}").prop_map(|(n, v)| format!("{n}: {v}").into_bytes()),
+        // Long runs of value bytes (user agents, cookies), which a round takes over several words;
+        // a tab ends a run (stepping keeps it in the value).
+        2 => (plain_name, "[ -~\t]{8,72}").prop_map(|(n, v)| format!("{n}: {v}").into_bytes()),
         1 => (any_name, value).prop_map(|(n, v)| [n.as_slice(), b":", &v].concat()),
         1 => Just(b" folded".to_vec()),
     ]

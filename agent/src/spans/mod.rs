@@ -3,7 +3,7 @@
 //!
 //! Two steps, so a dropped request costs nothing: [`SpanBuilder::decide`] takes the sampling
 //! decision from the request head alone (no span, no attribute, no allocation when it drops), and
-//! [`SpanBuilder::views`] writes the spans of a kept exchange into a per-batch `bumpalo` arena as
+//! [`SpanBuilder::views`] writes the spans of a kept exchange into a `bumpalo` arena as
 //! [`SpanView`]s that borrow the exchange's captured strings; `encode::BatchEncoder` turns them into
 //! OTLP bytes. [`SpanBuilder::build`] makes prost messages from the same views: the reference path,
 //! kept for tests and benchmarks.

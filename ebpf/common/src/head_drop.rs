@@ -21,10 +21,11 @@
 //! ([`HeadScan::step`]); the probes read in rounds ([`HeadScan::feed`], one `bpf_loop` iteration
 //! each, which the verifier checks once): a whole version or `traceparent` value, or a run of
 //! bytes that leave the state as it is (tested 8 at a time, SWAR) with the byte that ends it, a
-//! line end, the next line's start and the run after it; a target or value run goes on over up to
-//! 32 bytes. A round's bytes go through the same transitions as stepping them, and a property test
-//! in the proxy crate holds what the rounds find to what the machine finds (12 rounds for
-//! `h2load`'s 146-byte head, 26 for a 422-byte browser head, where stepping takes one per byte).
+//! line end, the next line's start and the run after it; a target or value run that fills its word
+//! goes on over up to 3 more words (at most 32 bytes of it in a round). A round's bytes go through
+//! the same transitions as stepping them, and a property test in the proxy crate holds what the
+//! rounds find to what the machine finds (12 rounds for `h2load`'s 146-byte head, 26 for a
+//! 422-byte browser head, where stepping takes one per byte).
 //!
 //! The rounds keep no state in registers from one to the next: a loop of rounds inside one
 //! iteration makes the verifier follow every path through every round (it refused such a loop,
