@@ -345,14 +345,14 @@ impl BatchEncoder {
 
     /// The shared attributes (those a process sets itself, such as a pod's `service.name`, give
     /// way), the process's own, then `process.pid`.
-    fn resource_attrs(&self, pid: &str) -> impl Iterator<Item = Attr<'_>> + Clone {
-        let own = pid.parse::<u32>().ok().and_then(|p| self.processes.get(&p)).map_or(&[][..], Vec::as_slice);
+    fn resource_attrs(&self, pid: u32) -> impl Iterator<Item = Attr<'_>> + Clone {
+        let own = self.processes.get(&pid).map_or(&[][..], Vec::as_slice);
         self.resource
             .iter()
             .filter(move |(k, _)| !own.iter().any(|(own_key, _)| own_key == k))
             .chain(own)
             .map(|(k, v)| Attr { key: k, value: Value::Str(v) })
-            .chain(std::iter::once(Attr { key: "process.pid", value: Value::Int(pid.parse().unwrap_or(0)) }))
+            .chain(std::iter::once(Attr { key: "process.pid", value: Value::Int(i64::from(pid)) }))
     }
 
     /// Encodes an `ExportTraceServiceRequest` with one `ResourceSpans` per `(pid, spans)` group and
@@ -389,9 +389,7 @@ impl BatchEncoder {
     /// Appends one `ResourceSpans` field: process `pid`'s resource, the scope, and `spans` (as
     /// [`write_spans`] writes them).
     fn write_resource_spans(&self, buf: &mut Vec<u8>, pid: u32, spans: &[u8]) {
-        let mut pid_text = String::with_capacity(10);
-        let _ = std::fmt::Write::write_fmt(&mut pid_text, format_args!("{pid}"));
-        let attrs = self.resource_attrs(&pid_text);
+        let attrs = self.resource_attrs(pid);
         let resource_len: usize =
             attrs.clone().map(|a| len_delimited_len(field::RESOURCE_ATTRIBUTES, key_value_len(&a))).sum();
         let scope_len = bytes_len(field::SCOPE_NAME, self.scope_name.as_bytes())

@@ -660,13 +660,7 @@ mod tests {
     const UNSAMPLED: &[u8] = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00";
 
     fn head(lines: &[&[u8]]) -> Vec<u8> {
-        let mut out = b"GET /a?b=c HTTP/1.1\r\n".to_vec();
-        for line in lines {
-            out.extend_from_slice(line);
-            out.extend_from_slice(b"\r\n");
-        }
-        out.extend_from_slice(b"\r\n");
-        out
+        crate::test_heads::request_head(b"GET /a?b=c HTTP/1.1", lines)
     }
 
     fn traceparent(value: &[u8]) -> Vec<u8> {

@@ -25,6 +25,8 @@ pub mod head_drop;
 mod line_starts;
 pub mod plaintext;
 mod swar;
+#[cfg(test)]
+mod test_heads;
 
 /// Largest capture window a user may configure (`TRACETAP_CAPTURE_BYTES`).
 pub const MAX_CAPTURE_BYTES: u32 = 16 * 1024;
