@@ -45,7 +45,9 @@ fn quarantine_root(state_dir: &Path) -> PathBuf {
 
 /// Opens the store and recovers the engine from it; a store that cannot be read is quarantined and
 /// a fresh one opened. `None` when even a fresh store cannot be opened (a full or read-only disk):
-/// logged, and the caller counts what it cannot buffer.
+/// logged, and the caller counts what it cannot buffer. The engine's gauges are published before
+/// it is returned: `/metrics` never shows an empty tail stage while recovered traces wait (the
+/// tail thread's first tick comes 100 ms later).
 pub fn open_engine(
     state_dir: &Path,
     options: SledOptions,
@@ -89,8 +91,12 @@ pub fn open_engine(
             Err(panic) => Err((format!("the store library panicked: {}", panic_message(&*panic)), true)),
         }
     };
+    let published = |mut engine: Engine<SledStore>| {
+        engine.publish(metrics);
+        engine
+    };
     let why = match attempt() {
-        Ok(engine) => return Some(engine),
+        Ok(engine) => return Some(published(engine)),
         Err((why, true)) => why,
         Err((why, false)) => {
             tracing::error!(
@@ -114,7 +120,7 @@ pub fn open_engine(
         }
     }
     match attempt() {
-        Ok(engine) => Some(engine),
+        Ok(engine) => Some(published(engine)),
         Err((e, _)) => {
             tracing::error!(reason = %e, dir = %dir.display(), "a fresh tail store cannot be opened: tail sampling is off, every span is counted as lost");
             None
@@ -280,5 +286,7 @@ mod tests {
         let engine = open(state.path(), &metrics).unwrap();
         assert_eq!(engine.pending_traces(), 1, "the older store's pending trace is recovered");
         assert!(!state.path().join("conf").exists());
+        let pending = metrics.tail_traces_pending.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(pending, 1, "the gauges tell what was recovered as soon as the engine is open");
     }
 }
