@@ -222,17 +222,12 @@ fn survives_kill_9_twenty_times_under_load() {
         })
         .collect();
 
-    let mut must_export: BTreeMap<String, usize> = BTreeMap::new();
-    let mut ever_in_outbox: BTreeSet<String> = BTreeSet::new();
-    // What each crash's dump said about each trace, for a failure to tell its story.
-    let mut history: BTreeMap<String, Vec<(usize, Vec<String>)>> = BTreeMap::new();
-    // The killed agents' warnings and errors, for the same.
-    let mut warnings: Vec<String> = Vec::new();
     // What the agents counted as given up (an export refused every time, spans the store lost),
     // read just before each kill: a trace missing at the end is explained by these, or is a bug.
     let counted_losses = |agent: &Agent| {
         agent.metric("tracetap_spans_dropped_export_failed_total") + agent.metric("tracetap_tail_spans_lost_total")
     };
+    let mut crashes = Crashes::default();
     let mut given_up = 0;
     let mut rng = fastrand::Rng::with_seed(42);
     let kills = 20;
@@ -240,22 +235,7 @@ fn survives_kill_9_twenty_times_under_load() {
         std::thread::sleep(Duration::from_millis(rng.u64(300..1500)));
         given_up += counted_losses(&s.agent);
         s.agent.kill();
-        warnings.extend(
-            s.agent
-                .log()
-                .lines()
-                .filter(|l| l.contains("WARN") || l.contains("ERROR"))
-                .map(|l| format!("agent {crash}: {l}")),
-        );
-        let d = dump(&tracetap::tail::store::store_dir(dir.path()));
-        for (trace, n) in d.waiting {
-            let seen = must_export.entry(trace).or_default();
-            *seen = (*seen).max(n);
-        }
-        ever_in_outbox.extend(d.outbox);
-        for (trace, lines) in d.lines {
-            history.entry(trace).or_default().push((crash, lines));
-        }
+        crashes.record(crash, &s.agent, dump(&tracetap::tail::store::store_dir(dir.path())));
         s.agent = Agent::start(&agent_env);
         // The store is opened (and recovered) on the tail thread, alongside the probes: readiness
         // can come first.
@@ -278,16 +258,8 @@ fn survives_kill_9_twenty_times_under_load() {
     // check above passed at once, and a fixed 500 ms pause then made traces still being exported
     // look lost. So each trace found in the store is waited for, up to a minute; one still missing
     // then is lost.
-    let all_out = |spans: &[Received]| {
-        let traces = by_trace(spans);
-        must_export.iter().all(|(trace, stored)| {
-            let distinct: BTreeSet<&Vec<u8>> =
-                traces.get(trace).into_iter().flatten().map(|x| &x.span.span_id).collect();
-            distinct.len() >= *stored
-        })
-    };
     let deadline = Instant::now() + Duration::from_mins(1);
-    while !all_out(&s.receiver.spans()) && Instant::now() < deadline {
+    while !crashes.missing(&by_trace(&s.receiver.spans())).is_empty() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(500));
     }
 
@@ -303,33 +275,69 @@ fn survives_kill_9_twenty_times_under_load() {
     println!(
         "[tail crash] {kills} kill -9 under load: {sent} requests sent, {} traces exported, {} traces found in the store at a crash (all must be exported; {} of them kept but not yet delivered), {} traces exported more than once (all were in the outbox at a crash: at-least-once export)",
         traces.len(),
-        must_export.len(),
-        ever_in_outbox.len(),
+        crashes.must_export.len(),
+        crashes.ever_in_outbox.len(),
         duplicated.len(),
     );
-    let exported = |trace: &String| -> usize {
-        traces.get(trace).into_iter().flatten().map(|x| &x.span.span_id).collect::<BTreeSet<_>>().len()
-    };
-    let missing: Vec<(&String, &usize)> =
-        must_export.iter().filter(|(trace, stored)| exported(trace) < **stored).collect();
-    if let Some(&(trace, stored)) = missing.first() {
+    let missing = crashes.missing(&traces);
+    if let Some(&(trace, stored, exported)) = missing.first() {
         panic!(
-            "{} traces found in the store at a crash were not exported whole (spans the agents counted as given up: {}); the first, {trace}: {stored} spans stored, {} exported; the crashes that found it waiting, and how: {:?}; the killed agents' warnings:\n{}\nthe last agent's log:\n{}",
+            "{} traces found in the store at a crash were not exported whole (spans the agents counted as given up: {}); the first, {trace}: {stored} spans stored, {exported} exported; the crashes that found it waiting, and how: {:?}; the killed agents' warnings:\n{}\nthe last agent's log:\n{}",
             missing.len(),
             given_up + counted_losses(&s.agent),
-            exported(trace),
-            history.get(trace),
-            warnings.join("\n"),
+            crashes.history.get(trace),
+            crashes.warnings.join("\n"),
             s.agent.log(),
         );
     }
     for trace in &duplicated {
         assert!(
-            ever_in_outbox.contains(trace),
+            crashes.ever_in_outbox.contains(trace),
             "trace {trace} was exported twice without being in the outbox at a crash: decided twice"
         );
     }
-    assert!(!must_export.is_empty(), "no crash caught a trace in the store: the test proved nothing");
+    assert!(!crashes.must_export.is_empty(), "no crash caught a trace in the store: the test proved nothing");
+}
+
+/// What the crash test learnt at its kills.
+#[derive(Default)]
+struct Crashes {
+    /// Every trace some crash found waiting in the store, with the most spans it had then.
+    must_export: BTreeMap<String, usize>,
+    ever_in_outbox: BTreeSet<String>,
+    /// What each crash's dump said of each trace, for a failure to tell its story.
+    history: BTreeMap<String, Vec<(usize, Vec<String>)>>,
+    /// The killed agents' warnings and errors, for the same.
+    warnings: Vec<String>,
+}
+
+impl Crashes {
+    fn record(&mut self, crash: usize, killed: &Agent, dump: Dump) {
+        let log = killed.log();
+        let warned = log.lines().filter(|l| l.contains("WARN") || l.contains("ERROR"));
+        self.warnings.extend(warned.map(|l| format!("agent {crash}: {l}")));
+        for (trace, n) in dump.waiting {
+            let seen = self.must_export.entry(trace).or_default();
+            *seen = (*seen).max(n);
+        }
+        self.ever_in_outbox.extend(dump.outbox);
+        for (trace, lines) in dump.lines {
+            self.history.entry(trace).or_default().push((crash, lines));
+        }
+    }
+
+    /// The traces found in the store that `exported` lacks spans of: (trace, spans stored, distinct
+    /// spans exported).
+    fn missing(&self, exported: &BTreeMap<String, Vec<&Received>>) -> Vec<(&String, usize, usize)> {
+        self.must_export
+            .iter()
+            .filter_map(|(trace, &stored)| {
+                let distinct: BTreeSet<&Vec<u8>> =
+                    exported.get(trace).into_iter().flatten().map(|x| &x.span.span_id).collect();
+                (distinct.len() < stored).then_some((trace, stored, distinct.len()))
+            })
+            .collect()
+    }
 }
 
 #[test]
