@@ -14,8 +14,8 @@
 //! [`sled_store::GROUP_BYTES`]), because sled's cost is per insert and grows with the value count
 //! of a leaf (measured: 2 spans per insert gave 80 000 spans/s per core, 64 spans per insert
 //! 340 000). A pending trace has no record of its own: it is pending because its fragments are in
-//! a live partition and it has no decision record; [`TailStore::recover`] derives the pending set
-//! from the partitions.
+//! a live partition and no decision record covers them; [`TailStore::recover`] derives the pending
+//! set from the partitions.
 //!
 //! Decisions are logged in batches: [`TailStore::decide`] records a decision in memory and
 //! [`TailStore::commit`] (every tick of the agent) writes all of them as one value, because a sled
@@ -29,8 +29,12 @@
 
 //! # Invariants (checked by the model test in `tests/model.rs` against [`memory::MemoryStore`])
 //!
-//! - A trace in a partition is pending, or decided (its latest decision counts); a committed
-//!   decision survives a crash, an uncommitted one is lost whole, never half.
+//! - A fragment is decided when a decision of its trace in its partition covers it (the
+//!   decision's span range holds its append), and pending otherwise: a part of a trace appended
+//!   before another part's decision but decided after it (it follows that decision) is pending
+//!   again if a crash comes in between, never taken for decided. A trace's latest decision in a
+//!   partition is its decision there (the outbox's). A committed decision survives a crash, an
+//!   uncommitted one is lost whole, never half.
 //! - Decisions are forgotten in sequence order, and only once their partitions were dropped (else
 //!   the traces would turn pending again); the memory model panics on a violation, so the agent's
 //!   tests catch it.
@@ -87,6 +91,12 @@ impl SpanRange {
     pub fn with(self, seq: u64) -> Self {
         Self { first: self.first.min(seq), last: self.last.max(seq), ..self }
     }
+
+    /// Whether the append at `seq` of this range's partition is in it.
+    #[must_use]
+    pub fn covers(&self, seq: u64) -> bool {
+        (self.first..=self.last.max(self.first)).contains(&seq)
+    }
 }
 
 /// What the store knows about a trace that is not decided yet, from its fragments: the earliest
@@ -137,7 +147,8 @@ pub struct DecisionRecord {
     /// Grows with every decision, across restarts.
     pub seq: u64,
     pub trace: TraceId,
-    pub partition: Partition,
+    /// The appends it decided (its partition, and the range that covers them).
+    pub spans: SpanRange,
     pub outcome: Outcome,
 }
 

@@ -23,7 +23,10 @@ type StoredFragment = (TraceId, u64, Option<u64>, Vec<Vec<u8>>);
 
 #[derive(Debug, Default, Clone)]
 pub struct MemoryStore {
+    /// The latest decision of each trace in each partition.
     decided: BTreeMap<(Partition, TraceId), Decided>,
+    /// Every decision's sequence and span range, until forgotten: what they cover is decided.
+    coverage: BTreeMap<(Partition, TraceId), Vec<(u64, SpanRange)>>,
     partitions: BTreeMap<Partition, BTreeMap<u64, Vec<StoredFragment>>>,
     next_append: u64,
     next_decision: u64,
@@ -79,6 +82,7 @@ impl TailStore for MemoryStore {
         self.next_decision += 1;
         let record = Decided { seq: self.next_decision, outcome, spans: *spans, exported: false };
         self.decided.insert((spans.partition, *trace), record);
+        self.coverage.entry((spans.partition, *trace)).or_default().push((self.next_decision, *spans));
         Ok(self.next_decision)
     }
 
@@ -103,6 +107,10 @@ impl TailStore for MemoryStore {
             );
         }
         self.decided.retain(|_, d| d.seq > up_to);
+        for ranges in self.coverage.values_mut() {
+            ranges.retain(|&(seq, _)| seq > up_to);
+        }
+        self.coverage.retain(|_, ranges| !ranges.is_empty());
         Ok(())
     }
 
@@ -120,7 +128,8 @@ impl TailStore for MemoryStore {
         for (&partition, appends) in &self.partitions {
             for (&seq, fragments) in appends {
                 for &(trace, first_seen, root_ended, _) in fragments {
-                    if self.decided.contains_key(&(partition, trace)) {
+                    let ranges = self.coverage.get(&(partition, trace));
+                    if ranges.is_some_and(|r| r.iter().any(|(_, range)| range.covers(seq))) {
                         continue;
                     }
                     let merged = PendingTrace::merge(
@@ -135,8 +144,8 @@ impl TailStore for MemoryStore {
             }
         }
         out.pending = pending.into_iter().map(|((_, trace), p)| (trace, p)).collect();
-        for (&(partition, trace), d) in &self.decided {
-            out.decisions.push(DecisionRecord { seq: d.seq, trace, partition, outcome: d.outcome });
+        for (&(_, trace), d) in &self.decided {
+            out.decisions.push(DecisionRecord { seq: d.seq, trace, spans: d.spans, outcome: d.outcome });
             if let (Outcome::Kept { threshold }, false) = (d.outcome, d.exported) {
                 out.outbox.push(OutboxEntry { trace, seq: d.seq, spans: d.spans, threshold });
             }

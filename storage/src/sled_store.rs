@@ -87,8 +87,6 @@ pub struct SledStore {
     batches: Sequence,
     /// Decisions made since the last commit.
     uncommitted: Vec<DecisionRecord>,
-    /// Their span ranges (the log keeps them for the outbox).
-    uncommitted_spans: Vec<SpanRange>,
 }
 
 impl SledStore {
@@ -114,7 +112,6 @@ impl SledStore {
             decisions,
             batches,
             uncommitted: Vec::new(),
-            uncommitted_spans: Vec::new(),
         })
     }
 
@@ -168,8 +165,8 @@ fn decode_state_key(k: &[u8]) -> Result<(Partition, TraceId), StoreError> {
     Ok((u64_at(k, 0), k[8..].try_into().expect("16 bytes")))
 }
 
-fn encode_decision(d: &DecisionRecord, spans: &SpanRange, out: &mut Vec<u8>) {
-    out.extend_from_slice(&d.partition.to_be_bytes());
+fn encode_decision(d: &DecisionRecord, out: &mut Vec<u8>) {
+    out.extend_from_slice(&d.spans.partition.to_be_bytes());
     out.extend_from_slice(&d.trace);
     out.extend_from_slice(&d.seq.to_be_bytes());
     let (kind, threshold) = match d.outcome {
@@ -178,19 +175,22 @@ fn encode_decision(d: &DecisionRecord, spans: &SpanRange, out: &mut Vec<u8>) {
     };
     out.push(kind);
     out.extend_from_slice(&threshold.to_be_bytes());
-    out.extend_from_slice(&spans.first.to_be_bytes());
-    out.extend_from_slice(&spans.last.to_be_bytes());
+    out.extend_from_slice(&d.spans.first.to_be_bytes());
+    out.extend_from_slice(&d.spans.last.to_be_bytes());
 }
 
-/// The latest decision of each decided trace, with its span range.
-type CurrentDecisions = BTreeMap<(Partition, TraceId), (DecisionRecord, SpanRange)>;
+/// The latest decision of each decided trace in each partition.
+type CurrentDecisions = BTreeMap<(Partition, TraceId), DecisionRecord>;
+
+/// The span ranges of every decision of each decided trace in each partition.
+type Coverage = HashMap<(Partition, TraceId), Vec<SpanRange>>;
 
 /// Decisions per value of the log: a full leaf (16 values) stays under the 128 KiB at which sled
 /// writes a node as a blob file of its own.
 const DECISIONS_PER_VALUE: usize = 120;
 
 /// Splits a decision batch into its records.
-fn decode_decisions(v: &[u8]) -> Result<Vec<(DecisionRecord, SpanRange)>, StoreError> {
+fn decode_decisions(v: &[u8]) -> Result<Vec<DecisionRecord>, StoreError> {
     if !v.len().is_multiple_of(DECISION_LEN) {
         return Err(StoreError::Corrupt { what: "decision batch", len: v.len() });
     }
@@ -202,13 +202,12 @@ fn decode_decisions(v: &[u8]) -> Result<Vec<(DecisionRecord, SpanRange)>, StoreE
                 DROPPED => Outcome::Dropped,
                 _ => return Err(StoreError::Corrupt { what: "decision batch", len: v.len() }),
             };
-            let record = DecisionRecord {
+            Ok(DecisionRecord {
                 seq: u64_at(r, 24),
                 trace: r[8..24].try_into().expect("16 bytes"),
-                partition,
+                spans: SpanRange { partition, first: u64_at(r, 41), last: u64_at(r, 49) },
                 outcome,
-            };
-            Ok((record, SpanRange { partition, first: u64_at(r, 41), last: u64_at(r, 49) }))
+            })
         })
         .collect()
 }
@@ -294,25 +293,27 @@ fn fragments(mut v: &[u8]) -> impl Iterator<Item = Result<StoredFragment<'_>, St
 }
 
 impl SledStore {
-    /// The current decision of every decided trace (the latest of each), from the log and the
-    /// uncommitted decisions.
-    fn current_decisions(&self) -> Result<CurrentDecisions, StoreError> {
+    /// The current decision of every decided trace (the latest of each), and the span ranges of all
+    /// its decisions, from the log and the uncommitted decisions.
+    fn current_decisions(&self) -> Result<(CurrentDecisions, Coverage), StoreError> {
         let mut current = CurrentDecisions::new();
-        let mut take = |d: DecisionRecord, spans: SpanRange| {
-            let key = (d.partition, d.trace);
-            if current.get(&key).is_none_or(|(old, _)| old.seq < d.seq) {
-                current.insert(key, (d, spans));
+        let mut coverage = Coverage::new();
+        let mut take = |d: DecisionRecord| {
+            let key = (d.spans.partition, d.trace);
+            coverage.entry(key).or_default().push(d.spans);
+            if current.get(&key).is_none_or(|old| old.seq < d.seq) {
+                current.insert(key, d);
             }
         };
         for batch in self.decision_log.iter().values() {
-            for (d, spans) in decode_decisions(&batch?)? {
-                take(d, spans);
+            for d in decode_decisions(&batch?)? {
+                take(d);
             }
         }
-        for (d, spans) in self.uncommitted.iter().zip(&self.uncommitted_spans) {
-            take(*d, *spans);
+        for d in &self.uncommitted {
+            take(*d);
         }
-        Ok(current)
+        Ok((current, coverage))
     }
 
     fn existing_partition(&self, partition: Partition) -> Result<Option<sled::Tree>, StoreError> {
@@ -406,8 +407,7 @@ impl TailStore for SledStore {
 
     fn decide(&mut self, trace: &TraceId, spans: &SpanRange, outcome: Outcome) -> Result<u64, StoreError> {
         let seq = self.decisions.next(&self.db)?;
-        self.uncommitted.push(DecisionRecord { seq, trace: *trace, partition: spans.partition, outcome });
-        self.uncommitted_spans.push(*spans);
+        self.uncommitted.push(DecisionRecord { seq, trace: *trace, spans: *spans, outcome });
         Ok(seq)
     }
 
@@ -415,18 +415,15 @@ impl TailStore for SledStore {
         if self.uncommitted.is_empty() {
             return Ok(());
         }
-        let records: Vec<(&DecisionRecord, &SpanRange)> =
-            self.uncommitted.iter().zip(&self.uncommitted_spans).collect();
-        for chunk in records.chunks(DECISIONS_PER_VALUE) {
+        for chunk in self.uncommitted.chunks(DECISIONS_PER_VALUE) {
             let mut batch = Vec::with_capacity(chunk.len() * DECISION_LEN);
-            for (d, spans) in chunk {
-                encode_decision(d, spans, &mut batch);
+            for d in chunk {
+                encode_decision(d, &mut batch);
             }
             let key = self.batches.next(&self.db)?;
             self.decision_log.insert(key.to_be_bytes(), batch)?;
         }
         self.uncommitted.clear();
-        self.uncommitted_spans.clear();
         Ok(())
     }
 
@@ -443,10 +440,10 @@ impl TailStore for SledStore {
         for entry in &self.decision_log {
             let (key, value) = entry?;
             let records = decode_decisions(&value)?;
-            let (old, keep): (Vec<_>, Vec<_>) = records.into_iter().partition(|(d, _)| d.seq <= up_to);
+            let (old, keep): (Vec<_>, Vec<_>) = records.into_iter().partition(|d| d.seq <= up_to);
             // Only kept traces have exported markers.
-            for (d, _) in old.iter().filter(|(d, _)| matches!(d.outcome, Outcome::Kept { .. })) {
-                let marker = state_key(d.partition, &d.trace);
+            for d in old.iter().filter(|d| matches!(d.outcome, Outcome::Kept { .. })) {
+                let marker = state_key(d.spans.partition, &d.trace);
                 if let Some(v) = self.state.get(marker)?
                     && decode_exported(&v)? == d.seq
                 {
@@ -459,8 +456,8 @@ impl TailStore for SledStore {
             }
             if !old.is_empty() {
                 let mut rest = Vec::with_capacity(keep.len() * DECISION_LEN);
-                for (d, spans) in &keep {
-                    encode_decision(d, spans, &mut rest);
+                for d in &keep {
+                    encode_decision(d, &mut rest);
                 }
                 self.decision_log.insert(key, rest)?;
             }
@@ -482,13 +479,13 @@ impl TailStore for SledStore {
             let (k, v) = entry?;
             exported.insert(decode_state_key(&k)?, decode_exported(&v)?);
         }
-        let current = self.current_decisions()?;
-        for ((partition, trace), (d, spans)) in &current {
+        let (current, coverage) = self.current_decisions()?;
+        for ((partition, trace), d) in &current {
             out.decisions.push(*d);
             if let Outcome::Kept { threshold } = d.outcome
                 && exported.get(&(*partition, *trace)) != Some(&d.seq)
             {
-                out.outbox.push(OutboxEntry { trace: *trace, seq: d.seq, spans: *spans, threshold });
+                out.outbox.push(OutboxEntry { trace: *trace, seq: d.seq, spans: d.spans, threshold });
             }
         }
         out.decisions.sort_by_key(|d| d.seq);
@@ -511,7 +508,10 @@ impl TailStore for SledStore {
                 let seq = u64::from_be_bytes(key);
                 for f in fragments(&v) {
                     let f = f?;
-                    if current.contains_key(&(partition, f.trace)) {
+                    // Decided if a decision of its trace here covers it; a part appended before
+                    // a decision but outside its range was still to follow it (the crate note).
+                    let ranges = coverage.get(&(partition, f.trace));
+                    if ranges.is_some_and(|r| r.iter().any(|range| range.covers(seq))) {
                         continue;
                     }
                     let at = (partition, f.trace);
@@ -605,7 +605,7 @@ mod tests {
         let (trace, pending) = r.pending[0];
         assert_eq!(trace, [1; 16]);
         assert_eq!((pending.first_seen_unix_ns, pending.root_ended_unix_ns), (5, Some(9)), "fragments merged");
-        let decision = DecisionRecord { seq, trace: [2; 16], partition: 3, outcome: Outcome::Kept { threshold: 7 } };
+        let decision = DecisionRecord { seq, trace: [2; 16], spans: kept, outcome: Outcome::Kept { threshold: 7 } };
         assert_eq!(r.decisions.len(), 2);
         assert_eq!(r.decisions[1], decision);
         assert_eq!(r.outbox, vec![OutboxEntry { trace: [2; 16], seq, spans: kept, threshold: 7 }]);
@@ -613,6 +613,44 @@ mod tests {
         let want: Vec<Vec<u8>> = vec![b"a".to_vec(), b"b".to_vec(), b"d".to_vec()];
         assert_eq!(s.spans(&[1; 16], &pending.spans).unwrap(), want);
         assert_eq!(s.spans(&[2; 16], &kept).unwrap(), vec![b"c".to_vec()]);
+    }
+
+    #[test]
+    fn a_part_that_was_to_follow_its_traces_decision_is_pending_after_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let trace = [1; 16];
+        let (client, server, after) = {
+            let mut s = open(dir.path());
+            // Three parts of one trace in three appends; the middle one (its root) is decided
+            // first, as the engine decides a rooted group before a rootless one, and the store is
+            // flushed: the crash comes before the other two follow that decision.
+            let client = s.append(3, &[fragment(1, 5, None, &[b"client"])]).unwrap()[0];
+            let server = s.append(3, &[fragment(1, 6, Some(7), &[b"server"])]).unwrap()[0];
+            let after = s.append(3, &[fragment(1, 8, None, &[b"late"])]).unwrap()[0];
+            s.decide(&trace, &SpanRange::one(3, server), Outcome::Kept { threshold: 0 }).unwrap();
+            s.flush().unwrap();
+            (client, server, after)
+        };
+        let s = open(dir.path());
+        let r = s.recover().unwrap();
+        let [(pending_trace, pending)] = r.pending[..] else { panic!("one pending trace: {:?}", r.pending) };
+        assert_eq!(pending_trace, trace);
+        assert_eq!(pending.spans, SpanRange { partition: 3, first: client, last: after });
+        assert_eq!((pending.first_seen_unix_ns, pending.root_ended_unix_ns), (5, None), "the parts not decided");
+        let want: Vec<Vec<u8>> = vec![b"client".to_vec(), b"late".to_vec()];
+        assert_eq!(
+            s.spans(&trace, &pending.spans).unwrap().into_iter().filter(|x| x != b"server").collect::<Vec<_>>(),
+            want
+        );
+        assert_eq!(r.outbox.len(), 1, "the decided part waits for its export");
+        assert_eq!(s.spans(&trace, &r.outbox[0].spans).unwrap(), vec![b"server".to_vec()]);
+        // Once a decision's range covers every part (the engine's follow), nothing is pending.
+        let mut s = s;
+        s.decide(&trace, &SpanRange { partition: 3, first: client, last: after }, Outcome::Kept { threshold: 0 })
+            .unwrap();
+        s.commit().unwrap();
+        assert!(s.recover().unwrap().pending.is_empty());
+        let _ = server;
     }
 
     #[test]

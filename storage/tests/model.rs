@@ -108,7 +108,7 @@ impl<S: TailStore> Subject<S> {
                 // The oldest decisions, up to the first whose partition still exists.
                 let r = store.recover().unwrap();
                 let up_to =
-                    r.decisions.iter().take_while(|d| !r.partitions.contains(&d.partition)).last().map(|d| d.seq);
+                    r.decisions.iter().take_while(|d| !r.partitions.contains(&d.spans.partition)).last().map(|d| d.seq);
                 if let Some(up_to) = up_to {
                     store.forget_decisions(up_to).unwrap();
                 }
@@ -129,7 +129,7 @@ impl<S: TailStore> Subject<S> {
                 .iter()
                 .map(|(t, p)| (*t, p.first_seen_unix_ns, p.root_ended_unix_ns, p.spans.partition, spans(t, &p.spans)))
                 .collect(),
-            decisions: r.decisions.iter().map(|d| (d.trace, d.partition, d.outcome)).collect(),
+            decisions: r.decisions.iter().map(|d| (d.trace, d.spans.partition, d.outcome)).collect(),
             outbox: r
                 .outbox
                 .iter()

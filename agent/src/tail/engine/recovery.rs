@@ -181,8 +181,10 @@ impl<S: TailStore> Engine<S> {
                 Outcome::Kept { threshold } => (true, threshold),
                 Outcome::Dropped => (false, 0),
             };
-            self.cache
-                .remember(d.trace, Cached { partition: d.partition, seq: d.seq, kept, threshold, first: 0, last: 0 });
+            // With its range: a part of the trace that follows it is recorded with both (see
+            // `follow`), so that the record covers every part it decided.
+            let (partition, first, last) = (d.spans.partition, d.spans.first, d.spans.last);
+            self.cache.remember(d.trace, Cached { partition, seq: d.seq, kept, threshold, first, last });
         }
         for (trace, p) in &recovered.pending {
             if self.pending.contains_key(trace) {

@@ -791,3 +791,32 @@ fn the_decision_cache_is_bounded_on_disk_once_partitions_are_gone() {
     e.tick(T0 + 6 * S);
     assert_eq!(on_disk(e).0, 2);
 }
+
+#[test]
+fn a_part_stored_before_its_traces_decision_and_decided_after_survives_a_crash() {
+    let t = trace(1, false);
+    let mut e = open(MemoryStore::new(), T0);
+    // Two batches, two appends: the CLIENT span first (rootless: due at the decision wait), then
+    // its root (due at the grace). The root's group is decided first; the crash comes before the
+    // CLIENT span's group follows that decision.
+    e.ingest(&request(vec![span(t, 2, SpanKind::Client, T0, false)]).encode_to_vec(), T0).unwrap();
+    e.ingest(&request(vec![span(t, 1, SpanKind::Server, T0, true)]).encode_to_vec(), T0).unwrap();
+    e.tick(T0 + 2 * S);
+    let root_only = e.take_export().expect("the root's group is decided at the grace");
+    assert_eq!(root_only.spans, 1);
+    let store = e.into_store();
+    let r = store.recover().unwrap();
+    assert_eq!(r.pending.len(), 1, "the CLIENT span is not covered by the root's decision: still pending");
+    // After the restart the root is exported again (its export was never reported done), and the
+    // CLIENT span follows the decision when it is due: both spans, each once after the restart.
+    let mut e = open(store, T0 + 3 * S);
+    let mut spans = exported(&mut e);
+    e.tick(T0 + 31 * S);
+    spans.extend(exported(&mut e));
+    let ids: BTreeSet<Vec<u8>> = spans.iter().map(|s| s.span_id.clone()).collect();
+    assert_eq!((spans.len(), ids.len()), (2, 2), "the root again and the CLIENT span: {spans:?}");
+    // The second decision covers both parts: after another restart nothing waits or goes again.
+    let mut e = open(e.into_store(), T0 + 32 * S);
+    assert_eq!(e.pending_traces(), 0);
+    assert!(exported(&mut e).is_empty(), "nothing decided or exported twice");
+}
