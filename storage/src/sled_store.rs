@@ -329,6 +329,25 @@ impl SledStore {
 }
 
 impl SledStore {
+    /// How many spans the store holds of each trace, decided or not, in every live partition: what
+    /// a crash left on disk, for inspection tools (the crash test's `tail-store-dump`), whatever the
+    /// decisions say of it.
+    pub fn stored_spans(&self) -> Result<BTreeMap<TraceId, usize>, StoreError> {
+        let mut out: BTreeMap<TraceId, usize> = BTreeMap::new();
+        for name in self.db.tree_names() {
+            if !name.starts_with(SPANS_TREE_PREFIX.as_bytes()) {
+                continue;
+            }
+            for value in self.db.open_tree(name)?.iter().values() {
+                for f in fragments(&value?) {
+                    let f = f?;
+                    *out.entry(f.trace).or_default() += f.count as usize;
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// The values of one append, each fragment in the value it lands in; `written` gets the key of
     /// every value written, for [`TailStore::append`] to take back on an error.
     fn append_values(

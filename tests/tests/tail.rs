@@ -150,10 +150,11 @@ fn keeps_every_error_and_slow_trace_and_one_percent_of_the_rest() {
 /// What the store held at a crash, read by `tail-store-dump` (a separate process).
 #[derive(Default)]
 struct Dump {
-    /// Traces pending or kept-but-not-exported, with their stored span count.
-    waiting: BTreeMap<String, usize>,
+    /// Traces kept but not exported.
     outbox: BTreeSet<String>,
-    /// What the dump said of each trace it held waiting (`pending N`, `outbox N`).
+    /// Every trace with spans on disk, decided or not, with their count.
+    stored: BTreeMap<String, usize>,
+    /// What the dump said of each trace it held (`stored N`, `pending N`, `outbox N`).
     lines: BTreeMap<String, Vec<String>>,
 }
 
@@ -166,15 +167,14 @@ fn dump(dir: &Path) -> Dump {
     let mut d = Dump::default();
     for line in String::from_utf8(out.stdout).expect("utf-8").lines() {
         let fields: Vec<&str> = line.split_whitespace().collect();
-        if let [kind @ ("pending" | "outbox"), trace, spans] = fields[..] {
+        if let [kind @ ("stored" | "pending" | "outbox"), trace, spans] = fields[..] {
             d.lines.entry(trace.to_owned()).or_default().push(format!("{kind} {spans}"));
         }
         match fields[..] {
-            ["pending", trace, n] => {
-                d.waiting.insert(trace.to_owned(), n.parse().expect("count"));
+            ["stored", trace, n] => {
+                d.stored.insert(trace.to_owned(), n.parse().expect("count"));
             }
-            ["outbox", trace, n] => {
-                d.waiting.insert(trace.to_owned(), n.parse().expect("count"));
+            ["outbox", trace, _] => {
                 d.outbox.insert(trace.to_owned());
             }
             _ => {}
@@ -185,6 +185,22 @@ fn dump(dir: &Path) -> Dump {
 
 #[test]
 fn survives_kill_9_twenty_times_under_load() {
+    crash_twenty_times(false);
+}
+
+/// [`survives_kill_9_twenty_times_under_load`] through two `HAProxy` processes in a chain: each
+/// trace reaches the tail stage as two fragments in different batches, which go to the store in
+/// different appends and are decided apart (the first one decided, the other following it), so
+/// that kills land between the two.
+#[test]
+fn a_chain_of_two_processes_survives_kill_9_twenty_times_under_load() {
+    crash_twenty_times(true);
+}
+
+/// Kills the agent 20 times under load, each time reading what the store held; in the end every
+/// span that was on disk at a crash must have been exported (at least once), and only traces that
+/// were in the outbox at a crash may have been exported twice.
+fn crash_twenty_times(chain: bool) {
     if !require_root() {
         return;
     }
@@ -199,7 +215,7 @@ fn survives_kill_9_twenty_times_under_load() {
             ("TRACETAP_TAIL_MAX_MEMORY_BYTES", "0"),
         ],
     );
-    let mut s = Stack::start("", &env);
+    let (mut s, _back) = crash_stack(chain, &env);
     // A collector that refuses two exports in three keeps kept traces in flight (in the outbox)
     // for a few hundred ms each, so that kills land between decision and delivery.
     s.receiver.refuse_two_in_three();
@@ -273,7 +289,8 @@ fn survives_kill_9_twenty_times_under_load() {
         spans.iter().filter(|x| deliveries[&x.span.span_id] > 1).map(|x| hex(&x.span.trace_id)).collect();
     let sent = sent.lock().expect("sent").len();
     println!(
-        "[tail crash] {kills} kill -9 under load: {sent} requests sent, {} traces exported, {} traces found in the store at a crash (all must be exported; {} of them kept but not yet delivered), {} traces exported more than once (all were in the outbox at a crash: at-least-once export)",
+        "[tail crash{}] {kills} kill -9 under load: {sent} requests sent, {} traces exported, {} traces found in the store at a crash (all must be exported; {} of them kept but not yet delivered), {} traces exported more than once (all were in the outbox at a crash: at-least-once export)",
+        if chain { ", a chain of two processes" } else { "" },
         traces.len(),
         crashes.must_export.len(),
         crashes.ever_in_outbox.len(),
@@ -282,7 +299,7 @@ fn survives_kill_9_twenty_times_under_load() {
     let missing = crashes.missing(&traces);
     if let Some(&(trace, stored, exported)) = missing.first() {
         panic!(
-            "{} traces found in the store at a crash were not exported whole (spans the agents counted as given up: {}); the first, {trace}: {stored} spans stored, {exported} exported; the crashes that found it waiting, and how: {:?}; the killed agents' warnings:\n{}\nthe last agent's log:\n{}",
+            "{} traces found in the store at a crash were not exported whole (spans the agents counted as given up: {}); the first, {trace}: {stored} spans stored, {exported} exported; what each crash found of it: {:?}; the killed agents' warnings:\n{}\nthe last agent's log:\n{}",
             missing.len(),
             given_up + counted_losses(&s.agent),
             crashes.history.get(trace),
@@ -299,10 +316,31 @@ fn survives_kill_9_twenty_times_under_load() {
     assert!(!crashes.must_export.is_empty(), "no crash caught a trace in the store: the test proved nothing");
 }
 
+/// The crash test's stack: one `HAProxy`, or (`chain`) a front one whose backend is a second
+/// one, both traced (checked with a first request) before this returns it.
+fn crash_stack(chain: bool, env: &[(&'static str, String)]) -> (Stack, Option<Haproxy>) {
+    if !chain {
+        return (Stack::start("", env), None);
+    }
+    let back_port = free_port();
+    let back_addr = SocketAddr::from(([127, 0, 0, 1], back_port));
+    let s = Stack::with_config(|port, _| haproxy::config(port, &[back_addr], ""), env);
+    let config = haproxy::config(back_port, &[s.backend.addr], "");
+    let back = Haproxy::start_in(&s.haproxy.comm, "back", &config, back_port);
+    let mut conn = Conn::connect(s.front).expect("connect");
+    let trace = traced_get(&mut conn, "/warm-up", &mut fastrand::Rng::with_seed(99));
+    let whole = wait_for(Duration::from_secs(30), || {
+        (by_trace(&s.receiver.spans()).get(&trace).map(Vec::len) == Some(4)).then_some(())
+    });
+    assert!(whole.is_some(), "the chain is traced, both processes' spans; log:\n{}", s.agent.log());
+    (s, Some(back))
+}
+
 /// What the crash test learnt at its kills.
 #[derive(Default)]
 struct Crashes {
-    /// Every trace some crash found waiting in the store, with the most spans it had then.
+    /// Every trace some crash found in the store, with the most spans it had there then (decided
+    /// or not: at ratio 1.0 each of them is exported in the end).
     must_export: BTreeMap<String, usize>,
     ever_in_outbox: BTreeSet<String>,
     /// What each crash's dump said of each trace, for a failure to tell its story.
@@ -316,7 +354,7 @@ impl Crashes {
         let log = killed.log();
         let warned = log.lines().filter(|l| l.contains("WARN") || l.contains("ERROR"));
         self.warnings.extend(warned.map(|l| format!("agent {crash}: {l}")));
-        for (trace, n) in dump.waiting {
+        for (trace, n) in dump.stored {
             let seen = self.must_export.entry(trace).or_default();
             *seen = (*seen).max(n);
         }

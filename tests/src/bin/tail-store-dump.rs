@@ -1,6 +1,7 @@
 //! Prints what a tail store holds, one line per trace: `pending|outbox|decided <trace id hex>
-//! <spans>`. The crash test runs it between a `kill -9` of the agent and its restart: a separate
-//! process, so that the store's directory lock is surely released when it exits.
+//! <spans>`, and `stored <trace id hex> <spans>` for every span on disk, decided or not. The
+//! crash test runs it between a `kill -9` of the agent and its restart: a separate process, so
+//! that the store's directory lock is surely released when it exits.
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;
@@ -25,6 +26,9 @@ fn main() {
     for entry in &recovered.outbox {
         let spans = store.spans(&entry.trace, &entry.spans).expect("spans");
         println!("outbox {} {}", hex(&entry.trace), spans.len());
+    }
+    for (trace, spans) in store.stored_spans().unwrap_or_else(|e| panic!("store does not read back: {e}")) {
+        println!("stored {} {spans}", hex(&trace));
     }
     for d in &recovered.decisions {
         let outcome = if matches!(d.outcome, Outcome::Kept { .. }) { "kept" } else { "dropped" };
