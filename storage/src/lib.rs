@@ -23,18 +23,20 @@
 //! per span with an insert per decision, 2.4 to 3 without). A decision that was not committed when
 //! the agent died is simply made again after the restart, from the same spans: the agent commits
 //! and flushes before any kept trace goes to the exporter, so nothing that left the agent is ever
-//! decided twice. A kept trace stays in the *outbox* until an exported marker (one small write per
-//! kept trace) names its decision. multi-key `sled::Batch`es are avoided: each forces a synchronous
+//! decided twice. A kept decision stays in the *outbox* until its trace's exported marker (one
+//! small write per kept decision) reaches it: the marker holds the latest decision exported, and
+//! the exporter reports decisions in the order they were made. multi-key `sled::Batch`es are avoided: each forces a synchronous
 //! log write (measured: about 60 µs).
 
 //! # Invariants (checked by the model test in `tests/model.rs` against [`memory::MemoryStore`])
 //!
 //! - A fragment is decided when a decision of its trace in its partition covers it (the
-//!   decision's span range holds its append), and pending otherwise: a part of a trace appended
-//!   before another part's decision but decided after it (it follows that decision) is pending
-//!   again if a crash comes in between, never taken for decided. A trace's latest decision in a
-//!   partition is its decision there (the outbox's). A committed decision survives a crash, an
-//!   uncommitted one is lost whole, never half.
+//!   decision's span range holds its append; a decision's range holds the appends it decided and
+//!   no other), and pending otherwise: a part of a trace appended before another part's decision
+//!   but decided after it (it follows that decision) is pending again if a crash comes in between,
+//!   never taken for decided. A trace may have several decisions in a partition (one per part),
+//!   each in the outbox until exported. A committed decision survives a crash, an uncommitted one
+//!   is lost whole, never half.
 //! - Decisions are forgotten in sequence order, and only once their partitions were dropped (else
 //!   the traces would turn pending again); the memory model panics on a violation, so the agent's
 //!   tests catch it.
@@ -52,11 +54,13 @@
 //! - tree `decisions`: batch sequence (8 bytes, big endian) -> the decisions of one commit, each
 //!   partition, trace id, sequence, outcome, threshold and span range (57 bytes).
 //! - tree `state`: partition (8 bytes, big endian) + trace id -> exported marker of a kept trace
-//!   (the sequence of the decision it was exported under).
+//!   (the sequence of the latest of its decisions exported: every kept decision up to it was).
 //! - tree `spans/{partition:016x}`: append sequence (8 bytes, big endian) -> fragments, each the
 //!   trace id, first-seen and root-ended times and its spans, length-prefixed. Keys only grow, so
 //!   appends go to the right edge of the tree. Dropping the partition is `drop_tree`.
 #![forbid(unsafe_code)]
+
+use std::collections::BTreeMap;
 
 pub mod memory;
 pub mod sled_store;
@@ -162,14 +166,71 @@ pub struct OutboxEntry {
     pub threshold: u64,
 }
 
+impl OutboxEntry {
+    /// The outbox entry of a decision, if it kept its trace.
+    #[must_use]
+    pub fn of(d: &DecisionRecord) -> Option<Self> {
+        match d.outcome {
+            Outcome::Kept { threshold } => Some(Self { trace: d.trace, seq: d.seq, spans: d.spans, threshold }),
+            Outcome::Dropped => None,
+        }
+    }
+}
+
+/// Whether one of a trace's decisions in a partition covers its append at `seq` there.
+fn covered(decisions: &[DecisionRecord], seq: u64) -> bool {
+    decisions.iter().any(|d| d.spans.covers(seq))
+}
+
+/// The pending traces of a recovery, built from a partition's appends in order: each run of a
+/// trace's appends that no decision covers is one [`PendingTrace`], so that a pending range never
+/// takes in an append a decision covers (reading it back would export or decide it again).
+#[derive(Default)]
+struct PendingRuns {
+    /// Per partition and trace: its runs, and whether a covered append came after the last one.
+    runs: BTreeMap<(Partition, TraceId), (Vec<PendingTrace>, bool)>,
+}
+
+impl PendingRuns {
+    /// The next append (in sequence order within its partition) that holds a fragment of `trace`.
+    fn fragment(
+        &mut self,
+        partition: Partition,
+        trace: TraceId,
+        seq: u64,
+        first_seen: u64,
+        root_ended: Option<u64>,
+        covered: bool,
+    ) {
+        let (runs, broken) = self.runs.entry((partition, trace)).or_default();
+        if covered {
+            *broken = true;
+        } else if let (false, Some(run)) = (*broken, runs.last_mut()) {
+            *run = PendingTrace::merge(Some(*run), partition, seq, first_seen, root_ended);
+        } else {
+            runs.push(PendingTrace::merge(None, partition, seq, first_seen, root_ended));
+            *broken = false;
+        }
+    }
+
+    /// By partition, then trace id, then append order.
+    fn into_sorted(self) -> Vec<(TraceId, PendingTrace)> {
+        self.runs.into_iter().flat_map(|((_, trace), (runs, _))| runs.into_iter().map(move |p| (trace, p))).collect()
+    }
+}
+
 /// Everything a reopened store holds, for the agent to re-arm its timers and caches.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Recovered {
-    /// Sorted by partition, then trace id.
+    /// Sorted by partition, then trace id, then append order: a trace is here once per run of its
+    /// appends in a partition that no decision covers (usually once).
     pub pending: Vec<(TraceId, PendingTrace)>,
-    /// Sorted by sequence.
+    /// Every decision, sorted by sequence (a trace may have several in a partition, one per part
+    /// decided; the latest counts for parts to come). The agent forgets decisions in sequence
+    /// order, once their partitions are gone, so it must know each of them.
     pub decisions: Vec<DecisionRecord>,
-    /// Sorted by partition, then trace id.
+    /// Every kept decision whose spans were not reported exported; sorted by partition, then trace
+    /// id, then sequence.
     pub outbox: Vec<OutboxEntry>,
     /// Every partition that holds spans, ascending.
     pub partitions: Vec<Partition>,

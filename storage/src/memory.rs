@@ -5,28 +5,19 @@
 use std::collections::BTreeMap;
 
 use crate::{
-    AppendedFragment, DecisionRecord, Fragment, OutboxEntry, Outcome, Partition, PendingTrace, Recovered, SpanRange,
-    StoreError, TailStore, TraceId,
+    AppendedFragment, DecisionRecord, Fragment, OutboxEntry, Outcome, Partition, PendingRuns, Recovered, SpanRange,
+    StoreError, TailStore, TraceId, covered,
 };
-
-/// A decided trace's record (see the crate note).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Decided {
-    seq: u64,
-    outcome: Outcome,
-    spans: SpanRange,
-    exported: bool,
-}
 
 /// A stored fragment: trace, first seen, root ended, spans.
 type StoredFragment = (TraceId, u64, Option<u64>, Vec<Vec<u8>>);
 
 #[derive(Debug, Default, Clone)]
 pub struct MemoryStore {
-    /// The latest decision of each trace in each partition.
-    decided: BTreeMap<(Partition, TraceId), Decided>,
-    /// Every decision's sequence and span range, until forgotten: what they cover is decided.
-    coverage: BTreeMap<(Partition, TraceId), Vec<(u64, SpanRange)>>,
+    /// Every decision of each trace in each partition, in decision order, until forgotten.
+    decisions: BTreeMap<(Partition, TraceId), Vec<DecisionRecord>>,
+    /// Exported markers: every kept decision of the trace up to this sequence was exported.
+    exported: BTreeMap<(Partition, TraceId), u64>,
     partitions: BTreeMap<Partition, BTreeMap<u64, Vec<StoredFragment>>>,
     next_append: u64,
     next_decision: u64,
@@ -80,9 +71,8 @@ impl TailStore for MemoryStore {
 
     fn decide(&mut self, trace: &TraceId, spans: &SpanRange, outcome: Outcome) -> Result<u64, StoreError> {
         self.next_decision += 1;
-        let record = Decided { seq: self.next_decision, outcome, spans: *spans, exported: false };
-        self.decided.insert((spans.partition, *trace), record);
-        self.coverage.entry((spans.partition, *trace)).or_default().push((self.next_decision, *spans));
+        let record = DecisionRecord { seq: self.next_decision, trace: *trace, spans: *spans, outcome };
+        self.decisions.entry((spans.partition, *trace)).or_default().push(record);
         Ok(self.next_decision)
     }
 
@@ -91,26 +81,25 @@ impl TailStore for MemoryStore {
     }
 
     fn exported(&mut self, trace: &TraceId, partition: Partition, seq: u64) -> Result<(), StoreError> {
-        if let Some(d) = self.decided.get_mut(&(partition, *trace))
-            && d.seq == seq
-        {
-            d.exported = true;
-        }
+        let marker = self.exported.entry((partition, *trace)).or_default();
+        *marker = (*marker).max(seq);
         Ok(())
     }
 
     fn forget_decisions(&mut self, up_to: u64) -> Result<(), StoreError> {
-        for (&(partition, _), d) in &self.decided {
-            assert!(
-                d.seq > up_to || !self.partitions.contains_key(&partition),
-                "a decision was forgotten while its partition {partition} still holds the trace: it would turn pending again"
-            );
+        for (&(partition, _), of_trace) in &self.decisions {
+            for d in of_trace {
+                assert!(
+                    d.seq > up_to || !self.partitions.contains_key(&partition),
+                    "a decision was forgotten while its partition {partition} still holds the trace: it would turn pending again"
+                );
+            }
         }
-        self.decided.retain(|_, d| d.seq > up_to);
-        for ranges in self.coverage.values_mut() {
-            ranges.retain(|&(seq, _)| seq > up_to);
+        for of_trace in self.decisions.values_mut() {
+            of_trace.retain(|d| d.seq > up_to);
         }
-        self.coverage.retain(|_, ranges| !ranges.is_empty());
+        self.decisions.retain(|_, of_trace| !of_trace.is_empty());
+        self.exported.retain(|_, marker| *marker > up_to);
         Ok(())
     }
 
@@ -124,31 +113,20 @@ impl TailStore for MemoryStore {
 
     fn recover(&self) -> Result<Recovered, StoreError> {
         let mut out = Recovered { partitions: self.partitions.keys().copied().collect(), ..Recovered::default() };
-        let mut pending: BTreeMap<(Partition, TraceId), PendingTrace> = BTreeMap::new();
+        let mut pending = PendingRuns::default();
         for (&partition, appends) in &self.partitions {
             for (&seq, fragments) in appends {
                 for &(trace, first_seen, root_ended, _) in fragments {
-                    let ranges = self.coverage.get(&(partition, trace));
-                    if ranges.is_some_and(|r| r.iter().any(|(_, range)| range.covers(seq))) {
-                        continue;
-                    }
-                    let merged = PendingTrace::merge(
-                        pending.get(&(partition, trace)).copied(),
-                        partition,
-                        seq,
-                        first_seen,
-                        root_ended,
-                    );
-                    pending.insert((partition, trace), merged);
+                    let covered = self.decisions.get(&(partition, trace)).is_some_and(|of| covered(of, seq));
+                    pending.fragment(partition, trace, seq, first_seen, root_ended, covered);
                 }
             }
         }
-        out.pending = pending.into_iter().map(|((_, trace), p)| (trace, p)).collect();
-        for (&(_, trace), d) in &self.decided {
-            out.decisions.push(DecisionRecord { seq: d.seq, trace, spans: d.spans, outcome: d.outcome });
-            if let (Outcome::Kept { threshold }, false) = (d.outcome, d.exported) {
-                out.outbox.push(OutboxEntry { trace, seq: d.seq, spans: d.spans, threshold });
-            }
+        out.pending = pending.into_sorted();
+        for (key, of_trace) in &self.decisions {
+            let marker = self.exported.get(key).copied().unwrap_or(0);
+            out.decisions.extend(of_trace.iter().copied());
+            out.outbox.extend(of_trace.iter().filter(|d| d.seq > marker).filter_map(OutboxEntry::of));
         }
         out.decisions.sort_by_key(|d| d.seq);
         Ok(out)

@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use crate::{
-    AppendedFragment, DecisionRecord, Fragment, OutboxEntry, Outcome, Partition, PendingTrace, Recovered, SpanRange,
-    StoreError, TailStore, TraceId,
+    AppendedFragment, DecisionRecord, Fragment, OutboxEntry, Outcome, Partition, PendingRuns, Recovered, SpanRange,
+    StoreError, TailStore, TraceId, covered,
 };
 
 /// The version of the layout below (the crate note): bump it with any change to a key or value.
@@ -179,11 +179,8 @@ fn encode_decision(d: &DecisionRecord, out: &mut Vec<u8>) {
     out.extend_from_slice(&d.spans.last.to_be_bytes());
 }
 
-/// The latest decision of each decided trace in each partition.
-type CurrentDecisions = BTreeMap<(Partition, TraceId), DecisionRecord>;
-
-/// The span ranges of every decision of each decided trace in each partition.
-type Coverage = HashMap<(Partition, TraceId), Vec<SpanRange>>;
+/// Every decision of each decided trace in each partition, in decision order.
+type Decisions = BTreeMap<(Partition, TraceId), Vec<DecisionRecord>>;
 
 /// Decisions per value of the log: a full leaf (16 values) stays under the 128 KiB at which sled
 /// writes a node as a blob file of its own.
@@ -293,27 +290,19 @@ fn fragments(mut v: &[u8]) -> impl Iterator<Item = Result<StoredFragment<'_>, St
 }
 
 impl SledStore {
-    /// The current decision of every decided trace (the latest of each), and the span ranges of all
-    /// its decisions, from the log and the uncommitted decisions.
-    fn current_decisions(&self) -> Result<(CurrentDecisions, Coverage), StoreError> {
-        let mut current = CurrentDecisions::new();
-        let mut coverage = Coverage::new();
-        let mut take = |d: DecisionRecord| {
-            let key = (d.spans.partition, d.trace);
-            coverage.entry(key).or_default().push(d.spans);
-            if current.get(&key).is_none_or(|old| old.seq < d.seq) {
-                current.insert(key, d);
-            }
-        };
+    /// Every decision of every decided trace, per partition and trace, in decision order (the log's
+    /// batches are in that order, and the uncommitted decisions come after them).
+    fn all_decisions(&self) -> Result<Decisions, StoreError> {
+        let mut all = Decisions::new();
         for batch in self.decision_log.iter().values() {
             for d in decode_decisions(&batch?)? {
-                take(d);
+                all.entry((d.spans.partition, d.trace)).or_default().push(d);
             }
         }
         for d in &self.uncommitted {
-            take(*d);
+            all.entry((d.spans.partition, d.trace)).or_default().push(*d);
         }
-        Ok((current, coverage))
+        Ok(all)
     }
 
     fn existing_partition(&self, partition: Partition) -> Result<Option<sled::Tree>, StoreError> {
@@ -329,11 +318,11 @@ impl SledStore {
 }
 
 impl SledStore {
-    /// How many spans the store holds of each trace, decided or not, in every live partition: what
-    /// a crash left on disk, for inspection tools (the crash test's `tail-store-dump`), whatever the
-    /// decisions say of it.
-    pub fn stored_spans(&self) -> Result<BTreeMap<TraceId, usize>, StoreError> {
-        let mut out: BTreeMap<TraceId, usize> = BTreeMap::new();
+    /// Every span the store holds of each trace (as appended), decided or not, in every live
+    /// partition: what a crash left on disk, for inspection tools (the crash test's
+    /// `tail-store-dump`), whatever the decisions say of it.
+    pub fn stored_spans(&self) -> Result<BTreeMap<TraceId, Vec<Vec<u8>>>, StoreError> {
+        let mut out: BTreeMap<TraceId, Vec<Vec<u8>>> = BTreeMap::new();
         for name in self.db.tree_names() {
             if !name.starts_with(SPANS_TREE_PREFIX.as_bytes()) {
                 continue;
@@ -341,7 +330,7 @@ impl SledStore {
             for value in self.db.open_tree(name)?.iter().values() {
                 for f in fragments(&value?) {
                     let f = f?;
-                    *out.entry(f.trace).or_default() += f.count as usize;
+                    out.entry(f.trace).or_default().extend(f.spans().map(<[u8]>::to_vec));
                 }
             }
         }
@@ -447,9 +436,16 @@ impl TailStore for SledStore {
     }
 
     fn exported(&mut self, trace: &TraceId, partition: Partition, seq: u64) -> Result<(), StoreError> {
+        let key = state_key(partition, trace);
+        // The marker only grows: it says every kept decision up to it was exported.
+        if let Some(v) = self.state.get(key)?
+            && decode_exported(&v)? >= seq
+        {
+            return Ok(());
+        }
         let mut marker = [EXPORTED; EXPORTED_LEN];
         marker[1..].copy_from_slice(&seq.to_be_bytes());
-        self.state.insert(state_key(partition, trace), &marker[..])?;
+        self.state.insert(key, &marker[..])?;
         Ok(())
     }
 
@@ -460,11 +456,12 @@ impl TailStore for SledStore {
             let (key, value) = entry?;
             let records = decode_decisions(&value)?;
             let (old, keep): (Vec<_>, Vec<_>) = records.into_iter().partition(|d| d.seq <= up_to);
-            // Only kept traces have exported markers.
+            // Only kept traces have exported markers; one that names no decision left goes (the
+            // trace's decisions after it, if any, are newer: in the outbox without it too).
             for d in old.iter().filter(|d| matches!(d.outcome, Outcome::Kept { .. })) {
                 let marker = state_key(d.spans.partition, &d.trace);
                 if let Some(v) = self.state.get(marker)?
-                    && decode_exported(&v)? == d.seq
+                    && decode_exported(&v)? <= up_to
                 {
                     self.state.remove(marker)?;
                 }
@@ -498,14 +495,11 @@ impl TailStore for SledStore {
             let (k, v) = entry?;
             exported.insert(decode_state_key(&k)?, decode_exported(&v)?);
         }
-        let (current, coverage) = self.current_decisions()?;
-        for ((partition, trace), d) in &current {
-            out.decisions.push(*d);
-            if let Outcome::Kept { threshold } = d.outcome
-                && exported.get(&(*partition, *trace)) != Some(&d.seq)
-            {
-                out.outbox.push(OutboxEntry { trace: *trace, seq: d.seq, spans: d.spans, threshold });
-            }
+        let decisions = self.all_decisions()?;
+        for (key, of_trace) in &decisions {
+            let marker = exported.get(key).copied().unwrap_or(0);
+            out.decisions.extend(of_trace.iter().copied());
+            out.outbox.extend(of_trace.iter().filter(|d| d.seq > marker).filter_map(OutboxEntry::of));
         }
         out.decisions.sort_by_key(|d| d.seq);
         for name in self.db.tree_names() {
@@ -517,7 +511,7 @@ impl TailStore for SledStore {
             out.partitions.push(partition);
         }
         out.partitions.sort_unstable();
-        let mut pending: BTreeMap<(Partition, TraceId), PendingTrace> = BTreeMap::new();
+        let mut pending = PendingRuns::default();
         for &partition in &out.partitions {
             let tree = self.db.open_tree(partition_name(partition))?;
             for entry in &tree {
@@ -527,20 +521,12 @@ impl TailStore for SledStore {
                 let seq = u64::from_be_bytes(key);
                 for f in fragments(&v) {
                     let f = f?;
-                    // Decided if a decision of its trace here covers it; a part appended before
-                    // a decision but outside its range was still to follow it (the crate note).
-                    let ranges = coverage.get(&(partition, f.trace));
-                    if ranges.is_some_and(|r| r.iter().any(|range| range.covers(seq))) {
-                        continue;
-                    }
-                    let at = (partition, f.trace);
-                    let merged =
-                        PendingTrace::merge(pending.get(&at).copied(), partition, seq, f.first_seen, f.root_ended);
-                    pending.insert(at, merged);
+                    let covered = decisions.get(&(partition, f.trace)).is_some_and(|of| covered(of, seq));
+                    pending.fragment(partition, f.trace, seq, f.first_seen, f.root_ended, covered);
                 }
             }
         }
-        out.pending = pending.into_iter().map(|((_, trace), p)| (trace, p)).collect();
+        out.pending = pending.into_sorted();
         Ok(out)
     }
 
@@ -638,38 +624,48 @@ mod tests {
     fn a_part_that_was_to_follow_its_traces_decision_is_pending_after_a_reopen() {
         let dir = tempfile::tempdir().unwrap();
         let trace = [1; 16];
-        let (client, server, after) = {
+        let kept = Outcome::Kept { threshold: 0 };
+        let (client, late, root_decision) = {
             let mut s = open(dir.path());
             // Three parts of one trace in three appends; the middle one (its root) is decided
             // first, as the engine decides a rooted group before a rootless one, and the store is
             // flushed: the crash comes before the other two follow that decision.
             let client = s.append(3, &[fragment(1, 5, None, &[b"client"])]).unwrap()[0];
             let server = s.append(3, &[fragment(1, 6, Some(7), &[b"server"])]).unwrap()[0];
-            let after = s.append(3, &[fragment(1, 8, None, &[b"late"])]).unwrap()[0];
-            s.decide(&trace, &SpanRange::one(3, server), Outcome::Kept { threshold: 0 }).unwrap();
+            let late = s.append(3, &[fragment(1, 8, None, &[b"late"])]).unwrap()[0];
+            let root_decision = s.decide(&trace, &SpanRange::one(3, server), kept).unwrap();
             s.flush().unwrap();
-            (client, server, after)
+            (client, late, root_decision)
         };
-        let s = open(dir.path());
+        let mut s = open(dir.path());
         let r = s.recover().unwrap();
-        let [(pending_trace, pending)] = r.pending[..] else { panic!("one pending trace: {:?}", r.pending) };
-        assert_eq!(pending_trace, trace);
-        assert_eq!(pending.spans, SpanRange { partition: 3, first: client, last: after });
-        assert_eq!((pending.first_seen_unix_ns, pending.root_ended_unix_ns), (5, None), "the parts not decided");
-        let want: Vec<Vec<u8>> = vec![b"client".to_vec(), b"late".to_vec()];
+        // One pending entry per run of appends no decision covers: the decided root between them
+        // is read back by neither (it would be exported, or decided, again).
+        let runs: Vec<(TraceId, SpanRange, Vec<Vec<u8>>)> =
+            r.pending.iter().map(|(t, p)| (*t, p.spans, s.spans(t, &p.spans).unwrap())).collect();
         assert_eq!(
-            s.spans(&trace, &pending.spans).unwrap().into_iter().filter(|x| x != b"server").collect::<Vec<_>>(),
-            want
+            runs,
+            vec![
+                (trace, SpanRange::one(3, client), vec![b"client".to_vec()]),
+                (trace, SpanRange::one(3, late), vec![b"late".to_vec()]),
+            ]
         );
         assert_eq!(r.outbox.len(), 1, "the decided part waits for its export");
         assert_eq!(s.spans(&trace, &r.outbox[0].spans).unwrap(), vec![b"server".to_vec()]);
-        // Once a decision's range covers every part (the engine's follow), nothing is pending.
-        let mut s = s;
-        s.decide(&trace, &SpanRange { partition: 3, first: client, last: after }, Outcome::Kept { threshold: 0 })
-            .unwrap();
+        // The other parts follow, each with a decision of its own: nothing is pending, and each
+        // kept decision stays in the outbox until the marker reaches it.
+        let for_client = s.decide(&trace, &SpanRange::one(3, client), kept).unwrap();
+        let for_late = s.decide(&trace, &SpanRange::one(3, late), kept).unwrap();
+        s.exported(&trace, 3, root_decision).unwrap();
         s.commit().unwrap();
-        assert!(s.recover().unwrap().pending.is_empty());
-        let _ = server;
+        let r = s.recover().unwrap();
+        assert!(r.pending.is_empty());
+        assert_eq!(r.outbox.iter().map(|o| o.seq).collect::<Vec<_>>(), vec![for_client, for_late]);
+        let decisions: Vec<u64> = r.decisions.iter().map(|d| d.seq).collect();
+        assert_eq!(decisions, vec![root_decision, for_client, for_late], "every decision, in order");
+        s.exported(&trace, 3, for_late).unwrap();
+        s.exported(&trace, 3, for_client).unwrap();
+        assert!(s.recover().unwrap().outbox.is_empty(), "the marker only grows");
     }
 
     #[test]

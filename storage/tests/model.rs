@@ -15,12 +15,27 @@ type FragmentSpec = (u8, u64, Option<u64>, Vec<Vec<u8>>);
 
 #[derive(Clone, Debug)]
 enum Op {
-    Append { partition: u64, fragments: Vec<FragmentSpec> },
-    Decide { trace: u8, partition: u64, kept: Option<u64> },
-    Exported { trace: u8, partition: u64 },
+    Append {
+        partition: u64,
+        fragments: Vec<FragmentSpec>,
+    },
+    /// `part`: one of the trace's appends there (by index), as the engine decides a part that
+    /// follows another's decision; `None`: all of them so far.
+    Decide {
+        trace: u8,
+        partition: u64,
+        kept: Option<u64>,
+        part: Option<u8>,
+    },
+    Exported {
+        trace: u8,
+        partition: u64,
+    },
     Commit,
     ForgetDecisionsOfDroppedPartitions,
-    DropPartition { partition: u64 },
+    DropPartition {
+        partition: u64,
+    },
     Reopen,
 }
 
@@ -32,8 +47,8 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => (partition.clone(), proptest::collection::vec(fragment, 1..4))
             .prop_map(|(partition, fragments)| Op::Append { partition, fragments }),
-        2 => (trace.clone(), partition.clone(), proptest::option::of(0..(1u64 << 56)))
-            .prop_map(|(trace, partition, kept)| Op::Decide { trace, partition, kept }),
+        2 => (trace.clone(), partition.clone(), proptest::option::of(0..(1u64 << 56)), proptest::option::of(0..4u8))
+            .prop_map(|(trace, partition, kept, part)| Op::Decide { trace, partition, kept, part }),
         1 => (trace, partition.clone()).prop_map(|(trace, partition)| Op::Exported { trace, partition }),
         1 => Just(Op::Commit),
         1 => Just(Op::ForgetDecisionsOfDroppedPartitions),
@@ -92,9 +107,18 @@ impl<S: TailStore> Subject<S> {
                     self.appends.insert((f.0, *partition), grown);
                 }
             }
-            Op::Decide { trace, partition, kept } => {
+            Op::Decide { trace, partition, kept, part } => {
                 let outcome = kept.map_or(Outcome::Dropped, |threshold| Outcome::Kept { threshold });
-                let range = self.range(*trace, *partition);
+                let seqs: Vec<u64> = self
+                    .landed
+                    .iter()
+                    .filter(|(p, _, f)| p == partition && f.trace == id(*trace))
+                    .map(|(_, seq, _)| *seq)
+                    .collect();
+                let range = match part {
+                    Some(i) if !seqs.is_empty() => SpanRange::one(*partition, seqs[usize::from(*i) % seqs.len()]),
+                    _ => self.range(*trace, *partition),
+                };
                 let seq = self.store.decide(&id(*trace), &range, outcome).unwrap();
                 self.decisions.insert((*trace, *partition), seq);
             }

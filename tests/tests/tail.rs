@@ -152,8 +152,8 @@ fn keeps_every_error_and_slow_trace_and_one_percent_of_the_rest() {
 struct Dump {
     /// Traces kept but not exported.
     outbox: BTreeSet<String>,
-    /// Every trace with spans on disk, decided or not, with their count.
-    stored: BTreeMap<String, usize>,
+    /// Every trace with spans on disk, decided or not, with their span ids (hex).
+    stored: BTreeMap<String, BTreeSet<String>>,
     /// What the dump said of each trace it held (`stored N`, `pending N`, `outbox N`).
     lines: BTreeMap<String, Vec<String>>,
 }
@@ -168,11 +168,12 @@ fn dump(dir: &Path) -> Dump {
     for line in String::from_utf8(out.stdout).expect("utf-8").lines() {
         let fields: Vec<&str> = line.split_whitespace().collect();
         if let [kind @ ("stored" | "pending" | "outbox"), trace, spans] = fields[..] {
+            let spans = if kind == "stored" { spans.split(',').count().to_string() } else { spans.to_owned() };
             d.lines.entry(trace.to_owned()).or_default().push(format!("{kind} {spans}"));
         }
         match fields[..] {
-            ["stored", trace, n] => {
-                d.stored.insert(trace.to_owned(), n.parse().expect("count"));
+            ["stored", trace, ids] => {
+                d.stored.insert(trace.to_owned(), ids.split(',').map(str::to_owned).collect());
             }
             ["outbox", trace, _] => {
                 d.outbox.insert(trace.to_owned());
@@ -206,13 +207,18 @@ fn crash_twenty_times(chain: bool) {
     }
     let dir = tempfile::tempdir().expect("state dir");
     // Keep everything, so that every trace that reached the store must come out. Every trace waits
-    // in the store (no memory): this test is about the store's crash semantics.
+    // in the store (no memory): this test is about the store's crash semantics. The collector
+    // below takes three tries (300 ms of backoff) per request, one request at a time: requests of
+    // 4096 spans let the exporter keep up with the load (with 512, most traces would be shed
+    // before the store, counted, and the test would prove less).
     let env = tail_env(
         dir.path(),
         &[
             ("TRACETAP_TAIL_KEEP_ERRORS", "false"),
             ("TRACETAP_TAIL_RATIO", "1.0"),
             ("TRACETAP_TAIL_MAX_MEMORY_BYTES", "0"),
+            ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "4096"),
+            ("OTEL_BSP_MAX_QUEUE_SIZE", "32768"),
         ],
     );
     let (mut s, _back) = crash_stack(chain, &env);
@@ -327,10 +333,14 @@ fn crash_stack(chain: bool, env: &[(&'static str, String)]) -> (Stack, Option<Ha
     let s = Stack::with_config(|port, _| haproxy::config(port, &[back_addr], ""), env);
     let config = haproxy::config(back_port, &[s.backend.addr], "");
     let back = Haproxy::start_in(&s.haproxy.comm, "back", &config, back_port);
+    // The agent finds the second process as it starts: requests until one comes out whole.
     let mut conn = Conn::connect(s.front).expect("connect");
-    let trace = traced_get(&mut conn, "/warm-up", &mut fastrand::Rng::with_seed(99));
+    let mut rng = fastrand::Rng::with_seed(99);
     let whole = wait_for(Duration::from_secs(30), || {
-        (by_trace(&s.receiver.spans()).get(&trace).map(Vec::len) == Some(4)).then_some(())
+        let trace = traced_get(&mut conn, "/warm-up", &mut rng);
+        wait_for(Duration::from_secs(3), || {
+            (by_trace(&s.receiver.spans()).get(&trace).map(Vec::len) == Some(4)).then_some(())
+        })
     });
     assert!(whole.is_some(), "the chain is traced, both processes' spans; log:\n{}", s.agent.log());
     (s, Some(back))
@@ -339,9 +349,9 @@ fn crash_stack(chain: bool, env: &[(&'static str, String)]) -> (Stack, Option<Ha
 /// What the crash test learnt at its kills.
 #[derive(Default)]
 struct Crashes {
-    /// Every trace some crash found in the store, with the most spans it had there then (decided
+    /// Every trace some crash found in the store, with the ids of the spans it had there (decided
     /// or not: at ratio 1.0 each of them is exported in the end).
-    must_export: BTreeMap<String, usize>,
+    must_export: BTreeMap<String, BTreeSet<String>>,
     ever_in_outbox: BTreeSet<String>,
     /// What each crash's dump said of each trace, for a failure to tell its story.
     history: BTreeMap<String, Vec<(usize, Vec<String>)>>,
@@ -354,9 +364,8 @@ impl Crashes {
         let log = killed.log();
         let warned = log.lines().filter(|l| l.contains("WARN") || l.contains("ERROR"));
         self.warnings.extend(warned.map(|l| format!("agent {crash}: {l}")));
-        for (trace, n) in dump.stored {
-            let seen = self.must_export.entry(trace).or_default();
-            *seen = (*seen).max(n);
+        for (trace, ids) in dump.stored {
+            self.must_export.entry(trace).or_default().extend(ids);
         }
         self.ever_in_outbox.extend(dump.outbox);
         for (trace, lines) in dump.lines {
@@ -364,15 +373,16 @@ impl Crashes {
         }
     }
 
-    /// The traces found in the store that `exported` lacks spans of: (trace, spans stored, distinct
-    /// spans exported).
+    /// The traces found in the store of which `exported` lacks a span: (trace, spans stored, of
+    /// them exported), by span id.
     fn missing(&self, exported: &BTreeMap<String, Vec<&Received>>) -> Vec<(&String, usize, usize)> {
         self.must_export
             .iter()
-            .filter_map(|(trace, &stored)| {
-                let distinct: BTreeSet<&Vec<u8>> =
-                    exported.get(trace).into_iter().flatten().map(|x| &x.span.span_id).collect();
-                (distinct.len() < stored).then_some((trace, stored, distinct.len()))
+            .filter_map(|(trace, stored)| {
+                let out: BTreeSet<String> =
+                    exported.get(trace).into_iter().flatten().map(|x| hex(&x.span.span_id)).collect();
+                let found = stored.iter().filter(|id| out.contains(*id)).count();
+                (found < stored.len()).then_some((trace, stored.len(), found))
             })
             .collect()
     }

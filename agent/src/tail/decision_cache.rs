@@ -20,15 +20,12 @@ pub(super) struct Cached {
     pub(super) seq: u64,
     pub(super) kept: bool,
     pub(super) threshold: u64,
-    /// The appends the store's record of it covers (0, 0: unknown, a decision recovered at start).
-    pub(super) first: u64,
-    pub(super) last: u64,
 }
 
 impl Cached {
     /// A decision made in memory (no record in the store), at `now`.
     pub(super) fn in_memory(now: u64, partition_ns: u64, kept: bool, threshold: u64) -> Self {
-        Self { partition: now / partition_ns, seq: 0, kept, threshold, first: 0, last: 0 }
+        Self { partition: now / partition_ns, seq: 0, kept, threshold }
     }
 }
 
@@ -97,7 +94,7 @@ mod tests {
     use super::*;
 
     fn decision(partition: Partition, seq: u64) -> Cached {
-        Cached { partition, seq, kept: true, threshold: 0, first: 0, last: 0 }
+        Cached { partition, seq, kept: true, threshold: 0 }
     }
 
     #[test]

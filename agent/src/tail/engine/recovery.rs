@@ -181,10 +181,7 @@ impl<S: TailStore> Engine<S> {
                 Outcome::Kept { threshold } => (true, threshold),
                 Outcome::Dropped => (false, 0),
             };
-            // With its range: a part of the trace that follows it is recorded with both (see
-            // `follow`), so that the record covers every part it decided.
-            let (partition, first, last) = (d.spans.partition, d.spans.first, d.spans.last);
-            self.cache.remember(d.trace, Cached { partition, seq: d.seq, kept, threshold, first, last });
+            self.cache.remember(d.trace, Cached { partition: d.spans.partition, seq: d.seq, kept, threshold });
         }
         for (trace, p) in &recovered.pending {
             if self.pending.contains_key(trace) {
@@ -216,6 +213,10 @@ impl<S: TailStore> Engine<S> {
                 seq: entry.seq,
             });
             self.outgoing.traces += 1;
+            // A restart may find a large outbox: export requests stay within the batch size.
+            if self.outgoing.spans >= self.limits.export_batch_spans as u64 {
+                self.flush_export();
+            }
         }
         self.flush_export();
         Ok(())

@@ -58,6 +58,10 @@ impl<S: TailStore> Engine<S> {
                 self.partitions.entry(range.partition).or_default().outbox += 1;
                 self.queue_kept(stored.iter().map(Vec::as_slice), cached.threshold);
                 self.outgoing.deliver(Delivery::Stored { trace, partition: range.partition, seq: decision });
+                self.outgoing.traces += 1;
+                if self.outgoing.spans >= self.limits.export_batch_spans as u64 {
+                    self.flush_export();
+                }
             } else {
                 self.counts.late_dropped += stored.len() as u64;
             }
@@ -72,8 +76,7 @@ impl<S: TailStore> Engine<S> {
         self.counts.decision(verdict.policy, keep);
         self.untrack(&trace);
         self.unflushed_decisions = true;
-        let (first, last) = (range.first, range.last);
-        self.cache.remember(trace, Cached { partition: range.partition, seq, kept: keep, threshold, first, last });
+        self.cache.remember(trace, Cached { partition: range.partition, seq, kept: keep, threshold });
         if keep {
             self.partitions.entry(range.partition).or_default().outbox += 1;
             self.queue_kept(stored.iter().map(Vec::as_slice), threshold);
@@ -168,6 +171,10 @@ impl<S: TailStore> Engine<S> {
                 }
                 self.partitions.entry(partition).or_default().outbox += 1;
                 self.outgoing.deliver(Delivery::Stored { trace, partition, seq: decision });
+                self.outgoing.traces += 1;
+                if self.outgoing.spans >= self.limits.export_batch_spans as u64 {
+                    self.flush_export();
+                }
             } else {
                 self.counts.late_dropped += spans;
             }
@@ -196,7 +203,7 @@ impl<S: TailStore> Engine<S> {
         self.counts.decision(verdict.policy, keep);
         drop(facts);
         self.unflushed_decisions = true;
-        self.cache.remember(trace, Cached { partition, seq: decision, kept: keep, threshold, first: seq, last: seq });
+        self.cache.remember(trace, Cached { partition, seq: decision, kept: keep, threshold });
         if let Some(part) = &part {
             self.counts.fragments_joined += 1;
             self.release_journaled(&trace, part);
@@ -219,24 +226,14 @@ impl<S: TailStore> Engine<S> {
     }
 
     /// Records that a part of `trace` stored at `part` follows the decision another part got
-    /// before (`cached`), like any decision (kept: in the outbox). On the same partition as that
-    /// decision's record, the new record's range covers both parts (a partition holds one record
-    /// per trace, the latest), so that a crash before their export re-exports both.
+    /// before (`cached`), like any decision (kept: in the outbox). The record covers this part
+    /// only: a decision covers the appends it decided and no other (the store's note), and each
+    /// kept decision stays in the outbox until it is exported.
     pub(super) fn follow(&mut self, trace: TraceId, part: SpanRange, cached: Cached) -> Result<u64, StoreError> {
-        let range = if cached.seq != 0 && cached.partition == part.partition && cached.last != 0 {
-            SpanRange {
-                partition: part.partition,
-                first: cached.first.min(part.first),
-                last: cached.last.max(part.last),
-            }
-        } else {
-            part
-        };
         let outcome = if cached.kept { Outcome::Kept { threshold: cached.threshold } } else { Outcome::Dropped };
-        let decision = self.store.decide(&trace, &range, outcome)?;
+        let decision = self.store.decide(&trace, &part, outcome)?;
         self.unflushed_decisions = true;
-        let (first, last) = (range.first, range.last);
-        self.cache.remember(trace, Cached { partition: part.partition, seq: decision, first, last, ..cached });
+        self.cache.remember(trace, Cached { partition: part.partition, seq: decision, ..cached });
         Ok(decision)
     }
 

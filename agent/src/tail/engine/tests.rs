@@ -606,7 +606,7 @@ fn a_trace_waiting_in_two_partitions_after_a_restart_is_decided_once_and_leaves_
 }
 
 #[test]
-fn a_later_part_in_the_same_partition_follows_and_its_record_covers_both_parts() {
+fn a_later_part_in_the_same_partition_follows_with_a_record_of_its_own() {
     let mut e = Engine::open(MemoryStore::new(), policies(), memory_first(1), Vec::new(), T0).unwrap();
     // Part A, complete, goes to the store at once (budget) and is kept for its error at 2 s.
     e.ingest(&exchange(trace(1, false), T0, true).encode_to_vec(), T0).unwrap();
@@ -621,12 +621,17 @@ fn a_later_part_in_the_same_partition_follows_and_its_record_covers_both_parts()
     assert_eq!(e.take_export().map(|x| x.spans), Some(2), "part A kept (not reported exported yet)");
     e.tick(T0 + 35 * S);
     assert_eq!(e.take_export().map(|x| x.spans), Some(1), "part B follows");
-    // Neither export reported done: a crash now re-exports both parts from the one record.
-    let recovered = e.into_store().recover().unwrap();
-    let [entry] = recovered.outbox[..] else { panic!("one outbox entry: {:?}", recovered.outbox) };
-    let store_spans = recovered.decisions.len();
-    assert_eq!(store_spans, 1, "the partition's record of the trace, covering both parts");
-    assert!(entry.spans.first < entry.spans.last);
+    // Neither export reported done: a crash now re-exports both parts, each from its own record
+    // (a record covers the appends it decided and no other).
+    let store = e.into_store();
+    let recovered = store.recover().unwrap();
+    let [a, b] = recovered.outbox[..] else { panic!("two outbox entries: {:?}", recovered.outbox) };
+    assert_eq!(recovered.decisions.len(), 2, "one record per part");
+    assert_eq!(a.spans.first, a.spans.last, "part A's record covers its one append");
+    assert!(a.spans.last < b.spans.first, "the records do not overlap: {a:?} {b:?}");
+    let spans = |entry: &tracetap_storage::OutboxEntry| store.spans(&entry.trace, &entry.spans).unwrap().len();
+    assert_eq!((spans(&a), spans(&b)), (2, 1));
+    assert!(recovered.pending.is_empty());
 }
 
 #[test]
@@ -816,6 +821,36 @@ fn a_part_stored_before_its_traces_decision_and_decided_after_survives_a_crash()
     let ids: BTreeSet<Vec<u8>> = spans.iter().map(|s| s.span_id.clone()).collect();
     assert_eq!((spans.len(), ids.len()), (2, 2), "the root again and the CLIENT span: {spans:?}");
     // The second decision covers both parts: after another restart nothing waits or goes again.
+    let mut e = open(e.into_store(), T0 + 32 * S);
+    assert_eq!(e.pending_traces(), 0);
+    assert!(exported(&mut e).is_empty(), "nothing decided or exported twice");
+}
+
+#[test]
+fn a_rootless_part_between_two_decided_parts_survives_a_crash() {
+    let t = trace(1, false);
+    let mut e = open(MemoryStore::new(), T0);
+    // Three batches, three appends of one trace: a root, a rootless part (due at the decision
+    // wait), another root. Both roots' groups are decided at the grace, the second following the
+    // first; the crash comes before the rootless part follows them.
+    e.ingest(&request(vec![span(t, 1, SpanKind::Server, T0, true)]).encode_to_vec(), T0).unwrap();
+    e.ingest(&request(vec![span(t, 2, SpanKind::Client, T0, false)]).encode_to_vec(), T0).unwrap();
+    e.ingest(&request(vec![span(t, 3, SpanKind::Server, T0, false)]).encode_to_vec(), T0).unwrap();
+    e.tick(T0 + 2 * S);
+    let roots: u64 = std::iter::from_fn(|| e.take_export()).map(|x| x.spans).sum();
+    assert_eq!(roots, 2, "both roots decided at the grace (not reported exported)");
+    let store = e.into_store();
+    let r = store.recover().unwrap();
+    let pending: Vec<Vec<Vec<u8>>> = r.pending.iter().map(|(t, p)| store.spans(t, &p.spans).unwrap()).collect();
+    assert_eq!(pending.len(), 1, "the rootless part, and nothing the roots' records cover: {:?}", r.pending);
+    assert_eq!(pending[0].len(), 1);
+    // After the restart: both roots again (never reported exported), then the rootless part.
+    let mut e = open(store, T0 + 3 * S);
+    let mut spans = exported(&mut e);
+    e.tick(T0 + 31 * S);
+    spans.extend(exported(&mut e));
+    let ids: BTreeSet<Vec<u8>> = spans.iter().map(|s| s.span_id.clone()).collect();
+    assert_eq!((spans.len(), ids.len()), (3, 3), "each span once after the restart: {spans:?}");
     let mut e = open(e.into_store(), T0 + 32 * S);
     assert_eq!(e.pending_traces(), 0);
     assert!(exported(&mut e).is_empty(), "nothing decided or exported twice");
