@@ -23,10 +23,11 @@
 //! per span with an insert per decision, 2.4 to 3 without). A decision that was not committed when
 //! the agent died is simply made again after the restart, from the same spans: the agent commits
 //! and flushes before any kept trace goes to the exporter, so nothing that left the agent is ever
-//! decided twice. A kept decision stays in the *outbox* until its trace's exported marker (one
-//! small write per kept decision) reaches it: the marker holds the latest decision exported, and
-//! the exporter reports decisions in the order they were made. multi-key `sled::Batch`es are avoided: each forces a synchronous
-//! log write (measured: about 60 µs).
+//! decided twice. A kept decision stays in the *outbox* until its trace's exported marker (a read
+//! and a small write per kept decision) reaches it: the marker holds the latest decision reported
+//! exported, so the agent must report a trace's kept decisions in the order they were made (it
+//! sends them in that order, the restart's outbox first). Multi-key `sled::Batch`es are avoided:
+//! each forces a synchronous log write (measured: about 60 µs).
 
 //! # Invariants (checked by the model test in `tests/model.rs` against [`memory::MemoryStore`])
 //!
@@ -103,8 +104,8 @@ impl SpanRange {
     }
 }
 
-/// What the store knows about a trace that is not decided yet, from its fragments: the earliest
-/// first-seen time, the latest root end, the range of their appends.
+/// What the store knows about a run of a trace's appends that no decision covers, from its
+/// fragments: the earliest first-seen time, the latest root end, the range of the run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PendingTrace {
     /// Wall-clock time of the trace's first span here, in ns since the Unix epoch (it must survive
@@ -295,14 +296,17 @@ pub trait TailStore {
     /// per-trace index in memory.
     fn fragments(&self, partition: Partition, seq: u64) -> Result<Vec<AppendedFragment>, StoreError>;
 
-    /// Decides a trace: it is no longer pending, and a kept trace enters the outbox. Returns the
-    /// decision's sequence number. Held in memory until [`TailStore::commit`].
+    /// Decides the appends of a trace in `spans` (and no other: they are no longer pending); a kept
+    /// decision enters the outbox. Returns the decision's sequence number. Held in memory until
+    /// [`TailStore::commit`].
     fn decide(&mut self, trace: &TraceId, spans: &SpanRange, outcome: Outcome) -> Result<u64, StoreError>;
 
     /// Writes the decisions made since the last commit, as one write (durable at the next flush).
     fn commit(&mut self) -> Result<(), StoreError>;
 
-    /// A kept trace's spans were handed to the exporter under decision `seq`: it leaves the outbox.
+    /// A kept trace's spans were handed to the exporter under decision `seq`: it leaves the outbox,
+    /// with every earlier kept decision of the trace in that partition (callers report a trace's
+    /// decisions in the order they were made).
     fn exported(&mut self, trace: &TraceId, partition: Partition, seq: u64) -> Result<(), StoreError>;
 
     /// Forgets every decision up to sequence `up_to` (the agent bounds its decision cache), outbox

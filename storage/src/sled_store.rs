@@ -209,7 +209,7 @@ fn decode_decisions(v: &[u8]) -> Result<Vec<DecisionRecord>, StoreError> {
         .collect()
 }
 
-/// The exported marker of a kept trace names the decision it belongs to.
+/// The exported marker of a kept trace: the latest of its decisions reported exported.
 fn decode_exported(v: &[u8]) -> Result<u64, StoreError> {
     match (v.first(), v.len()) {
         (Some(&EXPORTED), EXPORTED_LEN) => Ok(u64_at(v, 1)),

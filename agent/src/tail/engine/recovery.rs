@@ -183,10 +183,30 @@ impl<S: TailStore> Engine<S> {
             };
             self.cache.remember(d.trace, Cached { partition: d.spans.partition, seq: d.seq, kept, threshold });
         }
+        // The outbox before anything this start decides: the store's exported marker of a trace
+        // holds the latest of its decisions reported exported, so a trace's kept decisions must
+        // reach the exporter in the order they were made (a pending part that follows below gets
+        // a newer record; exported first, it would take the older one out of the outbox).
+        for entry in &recovered.outbox {
+            let spans = self.store.spans(&entry.trace, &entry.spans)?;
+            self.partitions.entry(entry.spans.partition).or_default().outbox += 1;
+            self.queue_kept(spans.iter().map(Vec::as_slice), entry.threshold);
+            self.outgoing.deliver(Delivery::Stored {
+                trace: entry.trace,
+                partition: entry.spans.partition,
+                seq: entry.seq,
+            });
+            self.outgoing.traces += 1;
+            // A restart may find a large outbox: export requests stay within the batch size.
+            if self.outgoing.spans >= self.limits.export_batch_spans as u64 {
+                self.flush_export();
+            }
+        }
         for (trace, p) in &recovered.pending {
             if self.pending.contains_key(trace) {
-                // The trace waits in two partitions (parts that went to the store apart): the
-                // earlier part is decided now, and this one follows it when due.
+                // Another part of the trace waits too (in another partition, or in the same one
+                // with a decided append between them): the earlier part is decided now, and this
+                // one follows it when due.
                 self.counts.early += 1;
                 if !self.decide_logged(*trace, now)
                     && let Some(lost) = self.untrack(trace)
@@ -202,21 +222,6 @@ impl<S: TailStore> Engine<S> {
             let pending = Pending::new(p.first_seen_unix_ns, p.root_ended_unix_ns, p.spans, spans.len());
             self.spans_pending += spans.len() as u64;
             self.track(*trace, pending);
-        }
-        for entry in &recovered.outbox {
-            let spans = self.store.spans(&entry.trace, &entry.spans)?;
-            self.partitions.entry(entry.spans.partition).or_default().outbox += 1;
-            self.queue_kept(spans.iter().map(Vec::as_slice), entry.threshold);
-            self.outgoing.deliver(Delivery::Stored {
-                trace: entry.trace,
-                partition: entry.spans.partition,
-                seq: entry.seq,
-            });
-            self.outgoing.traces += 1;
-            // A restart may find a large outbox: export requests stay within the batch size.
-            if self.outgoing.spans >= self.limits.export_batch_spans as u64 {
-                self.flush_export();
-            }
         }
         self.flush_export();
         Ok(())

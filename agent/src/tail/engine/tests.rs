@@ -820,7 +820,8 @@ fn a_part_stored_before_its_traces_decision_and_decided_after_survives_a_crash()
     spans.extend(exported(&mut e));
     let ids: BTreeSet<Vec<u8>> = spans.iter().map(|s| s.span_id.clone()).collect();
     assert_eq!((spans.len(), ids.len()), (2, 2), "the root again and the CLIENT span: {spans:?}");
-    // The second decision covers both parts: after another restart nothing waits or goes again.
+    // Each part has its record, both reported exported: after another restart nothing waits or
+    // goes again.
     let mut e = open(e.into_store(), T0 + 32 * S);
     assert_eq!(e.pending_traces(), 0);
     assert!(exported(&mut e).is_empty(), "nothing decided or exported twice");
@@ -854,4 +855,41 @@ fn a_rootless_part_between_two_decided_parts_survives_a_crash() {
     let mut e = open(e.into_store(), T0 + 32 * S);
     assert_eq!(e.pending_traces(), 0);
     assert!(exported(&mut e).is_empty(), "nothing decided or exported twice");
+}
+
+#[test]
+fn a_restart_exports_a_traces_kept_decisions_in_the_order_they_were_made() {
+    let t = trace(1, false);
+    let record = |span: Span| [42u32.to_be_bytes().as_slice(), &span.encode_to_vec()].concat();
+    let (client, root, late) = (
+        record(span(t, 2, SpanKind::Client, T0, false)),
+        record(span(t, 1, SpanKind::Server, T0, true)),
+        record(span(t, 3, SpanKind::Client, T0, false)),
+    );
+    let mut store = MemoryStore::new();
+    let partition = T0 / PARTITION_NS;
+    let mut append = |spans: &[&[u8]], root_ended: Option<u64>| {
+        let fragment = Fragment { trace: t, first_seen_unix_ns: T0, root_ended_unix_ns: root_ended, spans };
+        store.append(partition, &[fragment]).unwrap()[0]
+    };
+    // A crash left the root's part decided (kept, not exported) between two parts still to follow.
+    let (_, root_seq, _) = (append(&[&client], None), append(&[&root], Some(T0)), append(&[&late], None));
+    store.decide(&t, &SpanRange::one(partition, root_seq), Outcome::Kept { threshold: 0 }).unwrap();
+    // One span per export request: the restart's kept decisions leave in separate requests.
+    let mut e =
+        Engine::open(store, policies(), Limits { export_batch_spans: 1, ..limits() }, Vec::new(), T0 + 40 * S).unwrap();
+    let first = e.take_export().expect("an export at the restart");
+    let first_spans = ExportTraceServiceRequest::decode(first.request.as_slice()).unwrap().resource_spans[0]
+        .scope_spans[0]
+        .spans
+        .clone();
+    assert_eq!(first_spans[0].span_id, vec![1; 8], "the oldest kept decision (the root's) goes first");
+    // Only that request is reported done before the next crash: the parts that followed stay in
+    // the outbox, each under its own record, and nothing of the trace is lost.
+    e.delivered(&first.deliveries);
+    let store = e.into_store();
+    let r = store.recover().unwrap();
+    let waiting: Vec<Vec<Vec<u8>>> = r.outbox.iter().map(|o| store.spans(&o.trace, &o.spans).unwrap()).collect();
+    assert_eq!(waiting, vec![vec![client], vec![late]], "the two parts that followed, in the outbox");
+    assert!(r.pending.is_empty());
 }
