@@ -14,6 +14,17 @@ impl<S: TailStore> Engine<S> {
         self.counts.spans_lost += self.outgoing.queue_kept(stored, min_threshold);
     }
 
+    /// A decided trace's spans were queued: its delivery goes with them (reported back once they
+    /// are exported), and the export batch is closed once it holds a batch's worth of spans (a
+    /// restart's outbox, or a burst of decisions, never makes one oversized request).
+    pub(super) fn deliver_decided(&mut self, delivery: Delivery) {
+        self.outgoing.deliver(delivery);
+        self.outgoing.traces += 1;
+        if self.outgoing.spans >= self.limits.export_batch_spans as u64 {
+            self.flush_export();
+        }
+    }
+
     /// Closes the current export batch (if it holds anything). The decisions behind it are made
     /// durable first: a kept trace must never reach the exporter while a crash could still undo its
     /// decision, or it would be decided, and exported, twice.

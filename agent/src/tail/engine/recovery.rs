@@ -191,16 +191,11 @@ impl<S: TailStore> Engine<S> {
             let spans = self.store.spans(&entry.trace, &entry.spans)?;
             self.partitions.entry(entry.spans.partition).or_default().outbox += 1;
             self.queue_kept(spans.iter().map(Vec::as_slice), entry.threshold);
-            self.outgoing.deliver(Delivery::Stored {
+            self.deliver_decided(Delivery::Stored {
                 trace: entry.trace,
                 partition: entry.spans.partition,
                 seq: entry.seq,
             });
-            self.outgoing.traces += 1;
-            // A restart may find a large outbox: export requests stay within the batch size.
-            if self.outgoing.spans >= self.limits.export_batch_spans as u64 {
-                self.flush_export();
-            }
         }
         for (trace, p) in &recovered.pending {
             if self.pending.contains_key(trace) {

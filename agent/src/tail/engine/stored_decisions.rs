@@ -57,11 +57,7 @@ impl<S: TailStore> Engine<S> {
                 self.counts.late_kept += stored.len() as u64;
                 self.partitions.entry(range.partition).or_default().outbox += 1;
                 self.queue_kept(stored.iter().map(Vec::as_slice), cached.threshold);
-                self.outgoing.deliver(Delivery::Stored { trace, partition: range.partition, seq: decision });
-                self.outgoing.traces += 1;
-                if self.outgoing.spans >= self.limits.export_batch_spans as u64 {
-                    self.flush_export();
-                }
+                self.deliver_decided(Delivery::Stored { trace, partition: range.partition, seq: decision });
             } else {
                 self.counts.late_dropped += stored.len() as u64;
             }
@@ -80,11 +76,7 @@ impl<S: TailStore> Engine<S> {
         if keep {
             self.partitions.entry(range.partition).or_default().outbox += 1;
             self.queue_kept(stored.iter().map(Vec::as_slice), threshold);
-            self.outgoing.deliver(Delivery::Stored { trace, partition: range.partition, seq });
-            self.outgoing.traces += 1;
-            if self.outgoing.spans >= self.limits.export_batch_spans as u64 {
-                self.flush_export();
-            }
+            self.deliver_decided(Delivery::Stored { trace, partition: range.partition, seq });
         }
         Ok(())
     }
@@ -170,11 +162,7 @@ impl<S: TailStore> Engine<S> {
                     self.queue_kept(part.spans.records(), cached.threshold);
                 }
                 self.partitions.entry(partition).or_default().outbox += 1;
-                self.outgoing.deliver(Delivery::Stored { trace, partition, seq: decision });
-                self.outgoing.traces += 1;
-                if self.outgoing.spans >= self.limits.export_batch_spans as u64 {
-                    self.flush_export();
-                }
+                self.deliver_decided(Delivery::Stored { trace, partition, seq: decision });
             } else {
                 self.counts.late_dropped += spans;
             }
@@ -216,11 +204,7 @@ impl<S: TailStore> Engine<S> {
                 // `release_journaled`).
                 self.queue_kept(part.spans.records(), threshold);
             }
-            self.outgoing.deliver(Delivery::Stored { trace, partition, seq: decision });
-            self.outgoing.traces += 1;
-            if self.outgoing.spans >= self.limits.export_batch_spans as u64 {
-                self.flush_export();
-            }
+            self.deliver_decided(Delivery::Stored { trace, partition, seq: decision });
         }
         Ok(())
     }
